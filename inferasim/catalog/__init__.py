@@ -1,0 +1,1 @@
+"""Catalog: models, GPUs, engines."""

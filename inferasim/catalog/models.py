@@ -1,0 +1,833 @@
+"""Model architectures read from Hugging Face ``config.json`` files.
+
+A :class:`ModelSpec` is a list of :class:`LayerSpec` (attention + MLP per decoder layer) plus
+embeddings and head. Everything the performance model needs follows from it, per precision:
+parameter counts (total and active), weight bytes split by kind, KV bytes per token, and FLOPs
+per token of prefill and decode as functions of context length.
+
+Units: parameters and elements are counts, bytes are bytes, FLOPs are floating-point operations
+(one multiply-add = 2 FLOPs). No network access: configs are read from a path, a dict, or the
+copies shipped in ``inferasim/catalog/configs/``.
+
+Families understood: dense GQA (Llama 2/3.x, Qwen2/3, Mistral, MiMo), MoE with shared experts and
+first-k dense layers (DeepSeek-V3/R1/V3.2, Kimi-K2.x, GLM-5, Qwen3-MoE, Qwen3.5, MiniMax-M2.x/M3,
+Mixtral, Llama 4, Step-3.7, MiMo-V2), MLA attention (latent KV), sliding-window / alternating
+attention (gpt-oss, Step, MiMo-V2), gated linear attention layers (Qwen3.5) and Mamba-2 layers
+(Nemotron-H), which keep a per-sequence state instead of a per-token KV cache.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+AttentionKind = Literal["gqa", "mla", "linear", "mamba"]
+
+# Bytes per parameter of each weight format. Block scales are included: NVFP4 carries one fp8
+# scale per 16 values (NVIDIA, "Introducing NVFP4", 2025), MXFP4 one e8m0 scale per 32 values
+# (OCP Microscaling Formats v1.0), int4 weight-only (compressed-tensors / AWQ / GPTQ) one bf16
+# scale per group of 32 to 128 values (0.5 + 2/32 taken as the conservative case).
+WEIGHT_FORMAT_BYTES: dict[str, float] = {
+    "fp32": 4.0,
+    "bf16": 2.0,
+    "fp16": 2.0,
+    "fp8": 1.0,
+    "int8": 1.0,
+    "nvfp4": 0.5 + 1.0 / 16,
+    "mxfp4": 0.5 + 1.0 / 32,
+    "int4": 0.5 + 2.0 / 32,
+}
+
+# Serving precision names accepted from users and data files -> canonical precision.
+PRECISION_ALIASES: dict[str, str] = {
+    "": "auto",
+    "auto": "auto",
+    "bf16": "bf16",
+    "bfloat16": "bf16",
+    "fp16": "fp16",
+    "float16": "fp16",
+    "half": "fp16",
+    "fp8": "fp8",
+    "fp8_e4m3": "fp8",
+    "e4m3": "fp8",
+    "fp8_block": "fp8",
+    "w8a8": "fp8",
+    "int8": "int8",
+    "fp4": "fp4",
+    "nvfp4": "fp4",
+    "mxfp4": "mxfp4",
+    "int4": "int4",
+    "w4a16": "int4",
+    "awq": "int4",
+    "gptq": "int4",
+}
+PRECISIONS: tuple[str, ...] = ("auto", "bf16", "fp16", "fp8", "int8", "fp4", "mxfp4", "int4")
+
+
+class ModelConfigError(ValueError):
+    """A config.json that inferasim cannot turn into a ModelSpec; the message names the field."""
+
+
+class UnknownModelError(ValueError):
+    """A model name that is neither a known Hugging Face id, an alias, nor a config.json path."""
+
+
+def normalize_precision(precision: str) -> str:
+    key = (precision or "").strip().lower()
+    if key not in PRECISION_ALIASES:
+        raise ValueError(
+            f"unknown precision {precision!r}; accepted: {', '.join(sorted(set(PRECISION_ALIASES) - {''}))}"
+        )
+    return PRECISION_ALIASES[key]
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    """One layer's token mixer."""
+
+    kind: AttentionKind
+    n_heads: int
+    n_kv_heads: int  # GQA KV heads; MLA: 1 (one shared latent); linear/mamba: state heads
+    qk_head_dim: int  # per-head dim of q.k (MLA: nope + rope)
+    v_head_dim: int
+    params: int  # weights of the projections (q, k, v, o, and MLA/linear/mamba specifics)
+    window: int | None = None  # sliding window in tokens (None = full attention)
+    kv_elems_per_token: int = 0  # KV cache elements per token for this layer (all heads)
+    state_elems: int = 0  # fixed per-sequence state (linear attention / Mamba / conv)
+    # MLA latent dims; decode runs in the absorbed form over the latent.
+    kv_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+
+    def attn_flops_per_token(self, context: float, phase: Literal["prefill", "decode"]) -> float:
+        """FLOPs of score and value mixing for one query token that sees `context` tokens."""
+        if self.kind in ("linear", "mamba"):
+            # Recurrent state update: O(state) per token, independent of context.
+            return 4.0 * self.state_elems
+        ctx = min(context, self.window) if self.window else context
+        if self.kind == "mla" and phase == "decode":
+            # Absorbed MLA: scores over (kv_lora + rope), values over kv_lora, per head.
+            return 2.0 * self.n_heads * (2 * self.kv_lora_rank + self.qk_rope_head_dim) * ctx
+        return 2.0 * self.n_heads * (self.qk_head_dim + self.v_head_dim) * ctx
+
+
+@dataclass(frozen=True)
+class MLPSpec:
+    kind: Literal["dense", "moe"]
+    dense_params: int = 0  # dense FFN weights (dense layers, or a dense FFN beside MoE)
+    n_experts: int = 0
+    top_k: int = 0
+    expert_params: int = 0  # weights of one routed expert
+    shared_params: int = 0  # weights of all shared experts of the layer together
+    router_params: int = 0
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    attention: AttentionSpec
+    mlp: MLPSpec
+    norm_params: int = 0
+
+
+@dataclass(frozen=True)
+class ParamBreakdown:
+    attention: float
+    dense_mlp: float
+    routed_experts: float
+    shared_experts: float
+    embeddings: float
+    head: float
+    other: float  # norms, routers
+
+    @property
+    def total(self) -> float:
+        return (
+            self.attention
+            + self.dense_mlp
+            + self.routed_experts
+            + self.shared_experts
+            + self.embeddings
+            + self.head
+            + self.other
+        )
+
+    def as_dict(self) -> dict[str, float]:
+        return {
+            "attention": self.attention,
+            "dense_mlp": self.dense_mlp,
+            "routed_experts": self.routed_experts,
+            "shared_experts": self.shared_experts,
+            "embeddings": self.embeddings,
+            "head": self.head,
+            "other": self.other,
+            "total": self.total,
+        }
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str  # Hugging Face id, e.g. "meta-llama/Meta-Llama-3.1-70B"
+    architecture: str  # config "architectures"[0] or model_type
+    model_type: str
+    hidden_size: int
+    vocab_size: int
+    layers: tuple[LayerSpec, ...]
+    tie_embeddings: bool
+    checkpoint_format: str  # weight format of the published checkpoint: bf16, fp8, nvfp4, mxfp4, int4
+    max_context: int
+    source: str = ""  # where the config came from
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    # ---- structure -------------------------------------------------------------------------
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def is_moe(self) -> bool:
+        return any(layer.mlp.kind == "moe" for layer in self.layers)
+
+    @property
+    def uses_mla(self) -> bool:
+        return any(layer.attention.kind == "mla" for layer in self.layers)
+
+    @property
+    def n_experts(self) -> int:
+        return max((layer.mlp.n_experts for layer in self.layers), default=0)
+
+    @property
+    def top_k(self) -> int:
+        return max((layer.mlp.top_k for layer in self.layers), default=0)
+
+    @property
+    def moe_layers(self) -> int:
+        return sum(1 for layer in self.layers if layer.mlp.kind == "moe")
+
+    @property
+    def kv_heads(self) -> int:
+        """KV heads of the full-attention GQA layers (1 for MLA), for TP splitting rules."""
+        heads = [a.attention.n_kv_heads for a in self.layers if a.attention.kind in ("gqa", "mla")]
+        return max(heads) if heads else 1
+
+    @property
+    def attention_heads(self) -> int:
+        return max(layer.attention.n_heads for layer in self.layers)
+
+    # ---- parameters ------------------------------------------------------------------------
+    def params(self) -> ParamBreakdown:
+        attn = dense = routed = shared = other = 0.0
+        for layer in self.layers:
+            attn += layer.attention.params
+            dense += layer.mlp.dense_params
+            routed += layer.mlp.n_experts * layer.mlp.expert_params
+            shared += layer.mlp.shared_params
+            other += layer.norm_params + layer.mlp.router_params
+        emb = float(self.vocab_size * self.hidden_size)
+        head = 0.0 if self.tie_embeddings else emb
+        return ParamBreakdown(attn, dense, routed, shared, emb, head, other + self.hidden_size)
+
+    def active_params(self) -> ParamBreakdown:
+        """Parameters one token computes with: routed experts count top_k of n_experts, and the
+        input embedding table counts zero (a token reads one row of it; OpenAI's gpt-oss model
+        card counts active parameters the same way: 5.1B of 116.8B)."""
+        p = self.params()
+        routed_active = sum(layer.mlp.top_k * layer.mlp.expert_params for layer in self.layers)
+        return ParamBreakdown(
+            p.attention, p.dense_mlp, routed_active, p.shared_experts, 0.0, p.head, p.other
+        )
+
+    @property
+    def total_params(self) -> float:
+        return self.params().total
+
+    @property
+    def active_param_count(self) -> float:
+        return self.active_params().total
+
+    # ---- weights by precision ----------------------------------------------------------------
+    def weight_formats(self, precision: str = "auto") -> dict[str, str]:
+        """Weight format per kind of weight when served at `precision`.
+
+        Why this split: published low-bit checkpoints quantize what dominates the bytes. 4-bit MoE
+        checkpoints (gpt-oss MXFP4, Kimi-K2.5 int4, NVIDIA NVFP4 DeepSeek/Kimi/Qwen3.5) keep
+        attention, shared experts and dense layers at 8 or 16 bits (their `ignore` /
+        `modules_to_not_convert` lists say so); dense 4-bit checkpoints quantize every linear
+        layer. Embeddings and the LM head stay in 16 bits throughout.
+        """
+        p = normalize_precision(precision)
+        if p == "auto":
+            p = {"nvfp4": "fp4"}.get(self.checkpoint_format, self.checkpoint_format)
+        four_bit = {"fp4": "nvfp4", "mxfp4": "mxfp4", "int4": "int4"}
+        if p in four_bit:
+            low = four_bit[p]
+            if self.is_moe:
+                rest = "fp8" if self.checkpoint_format == "fp8" else "bf16"
+                return {"attention": rest, "dense_mlp": rest, "routed_experts": low,
+                        "shared_experts": rest, "embeddings": "bf16", "head": "bf16", "other": "bf16"}
+            return {"attention": low, "dense_mlp": low, "routed_experts": low, "shared_experts": low,
+                    "embeddings": "bf16", "head": "bf16", "other": "bf16"}
+        return {"attention": p, "dense_mlp": p, "routed_experts": p, "shared_experts": p,
+                "embeddings": "bf16", "head": "bf16", "other": "bf16"}
+
+    def weight_bytes(self, precision: str = "auto") -> dict[str, float]:
+        """Bytes of each kind of weight and the total, at a serving precision."""
+        fmts = self.weight_formats(precision)
+        parts = self.params().as_dict()
+        out = {k: parts[k] * WEIGHT_FORMAT_BYTES[fmts[k]] for k in fmts}
+        out["total"] = sum(out.values())
+        return out
+
+    def layer_weight_bytes(self, precision: str = "auto") -> list[dict[str, float]]:
+        """Per decoder layer: attention, dense MLP, routed experts (all), shared experts."""
+        fmts = self.weight_formats(precision)
+        rows = []
+        for layer in self.layers:
+            rows.append({
+                "attention": layer.attention.params * WEIGHT_FORMAT_BYTES[fmts["attention"]],
+                "dense_mlp": layer.mlp.dense_params * WEIGHT_FORMAT_BYTES[fmts["dense_mlp"]],
+                "routed_experts": layer.mlp.n_experts * layer.mlp.expert_params
+                * WEIGHT_FORMAT_BYTES[fmts["routed_experts"]],
+                "shared_experts": layer.mlp.shared_params * WEIGHT_FORMAT_BYTES[fmts["shared_experts"]],
+            })
+        return rows
+
+    def bytes_per_param(self, kind: str, precision: str = "auto") -> float:
+        return WEIGHT_FORMAT_BYTES[self.weight_formats(precision)[kind]]
+
+    # ---- KV cache ------------------------------------------------------------------------------
+    def kv_elems_per_token(self, context: float | None = None) -> float:
+        """KV elements one token adds, over all layers. Sliding-window layers stop growing at
+        the window, so with `context` given their share is averaged over that context."""
+        total = 0.0
+        for layer in self.layers:
+            a = layer.attention
+            if a.kv_elems_per_token == 0:
+                continue
+            if a.window and context and context > a.window:
+                total += a.kv_elems_per_token * a.window / context
+            else:
+                total += a.kv_elems_per_token
+        return total
+
+    def kv_bytes_per_token(self, kv_dtype_bytes: float = 2.0, context: float | None = None) -> float:
+        return self.kv_elems_per_token(context) * kv_dtype_bytes
+
+    def state_bytes_per_seq(self, state_dtype_bytes: float = 4.0) -> float:
+        """Per-sequence recurrent state of linear-attention / Mamba layers (fp32 in vLLM)."""
+        return sum(layer.attention.state_elems for layer in self.layers) * state_dtype_bytes
+
+    def kv_read_bytes(self, context: float, kv_dtype_bytes: float = 2.0) -> float:
+        """KV bytes one decode step reads for a sequence at `context` (windows capped)."""
+        total = 0.0
+        for layer in self.layers:
+            a = layer.attention
+            if a.kv_elems_per_token:
+                ctx = min(context, a.window) if a.window else context
+                total += a.kv_elems_per_token * ctx * kv_dtype_bytes
+            total += a.state_elems * 4.0
+        return total
+
+    # ---- FLOPs -----------------------------------------------------------------------------------
+    def linear_flops_per_token(self) -> float:
+        """Matmul FLOPs per token through all active weights (embedding lookup excluded)."""
+        a = self.active_params()
+        return 2.0 * (a.attention + a.dense_mlp + a.routed_experts + a.shared_experts + a.head)
+
+    def attn_flops_per_token(self, context: float, phase: Literal["prefill", "decode"] = "decode") -> float:
+        return sum(layer.attention.attn_flops_per_token(context, phase) for layer in self.layers)
+
+    def decode_flops_per_token(self, context: float) -> float:
+        """FLOPs to generate one token at `context` tokens of history."""
+        return self.linear_flops_per_token() + self.attn_flops_per_token(context, "decode")
+
+    def prefill_flops(self, prompt: float, cached: float = 0.0) -> float:
+        """FLOPs to prefill `prompt` new tokens after `cached` prefix tokens (causal mask: a
+        token at position i attends to i tokens, so the mean context is cached + prompt/2)."""
+        mean_ctx = cached + prompt / 2.0
+        return prompt * (self.linear_flops_per_token() + self.attn_flops_per_token(mean_ctx, "prefill"))
+
+    # ---- summary -------------------------------------------------------------------------------
+    def summary(self, precision: str = "auto") -> dict[str, Any]:
+        p = self.params()
+        act = self.active_params()
+        return {
+            "name": self.name,
+            "architecture": self.architecture,
+            "model_type": self.model_type,
+            "layers": self.num_layers,
+            "hidden_size": self.hidden_size,
+            "attention": sorted({layer.attention.kind for layer in self.layers}),
+            "moe": self.is_moe,
+            "n_experts": self.n_experts,
+            "top_k": self.top_k,
+            "checkpoint_format": self.checkpoint_format,
+            "total_params": p.total,
+            "active_params": act.total,
+            "params": p.as_dict(),
+            "active": act.as_dict(),
+            "weight_bytes": self.weight_bytes(precision),
+            "kv_bytes_per_token_bf16": self.kv_bytes_per_token(2.0),
+            "state_bytes_per_seq": self.state_bytes_per_seq(),
+            "decode_flops_per_token_at_4k": self.decode_flops_per_token(4096),
+            "max_context": self.max_context,
+            "source": self.source,
+            "notes": list(self.notes),
+        }
+
+
+# ================================================================================================
+# Parsing
+# ================================================================================================
+
+# Fields whose presence means an architecture feature that this model does not price yet; the
+# config is refused with the field named rather than silently mis-counted.
+_UNSUPPORTED_FIELDS: dict[str, str] = {
+    "block_configs": "per-layer NAS block configs (DeciLM / Nemotron-NAS)",
+    "compress_ratios": "compressed sparse attention with per-layer compression ratios (DeepSeek-V4)",
+    "hc_mult": "hyper-connections (DeepSeek-V4)",
+    "attention_k_eq_v": "shared K=V global attention with per-layer inputs (Gemma 4)",
+    "attn_res_block_size": "attention residual blocks with linear-attention layers (Kimi Linear / K3)",
+}
+
+
+def _get(cfg: dict[str, Any], *names: str, default: Any = None) -> Any:
+    for n in names:
+        if n in cfg and cfg[n] is not None:
+            return cfg[n]
+    return default
+
+
+def _require(cfg: dict[str, Any], name: str, *alts: str) -> Any:
+    v = _get(cfg, name, *alts)
+    if v is None:
+        raise ModelConfigError(f"config.json lacks required field {name!r}")
+    return v
+
+
+def _checkpoint_format(cfg: dict[str, Any], text: dict[str, Any]) -> str:
+    q = cfg.get("quantization_config") or text.get("quantization_config")
+    if not q:
+        dtype = str(_get(text, "torch_dtype", "dtype", default=_get(cfg, "torch_dtype", "dtype",
+                                                                     default="bfloat16")))
+        return "fp16" if "16" in dtype and "b" not in dtype else "bf16"
+    method = str(q.get("quant_method", "")).lower()
+    algo = str(q.get("quant_algo", "")).upper()
+    if method == "mxfp4":
+        return "mxfp4"
+    if algo == "NVFP4" or algo == "MIXED_PRECISION" and method == "modelopt":
+        return "nvfp4"
+    if method in ("fp8",) or algo == "FP8":
+        return "fp8"
+    groups = q.get("config_groups") or {}
+    for g in groups.values():
+        w = (g or {}).get("weights") or {}
+        bits = w.get("num_bits")
+        fmt = str(g.get("format", "") or q.get("format", ""))
+        if bits == 4:
+            if "mxfp4" in fmt:
+                return "mxfp4"
+            return "nvfp4" if w.get("type") == "float" else "int4"
+        if bits == 8:
+            return "fp8" if w.get("type") == "float" else "int8"
+    if method in ("awq", "gptq"):
+        return "int4"
+    raise ModelConfigError(
+        f"quantization_config.quant_method={method or '?'!r} is not understood; "
+        "supported: fp8, mxfp4, modelopt (FP8/NVFP4), compressed-tensors (4/8-bit), awq, gptq"
+    )
+
+
+def _gated_mlp(hidden: int, inter: int, act: str = "silu") -> int:
+    # SwiGLU / GeGLU: gate, up, down. relu2 (Nemotron-H) has no gate: up, down.
+    return (2 if act in ("relu2",) else 3) * hidden * inter
+
+
+def _gqa(hidden: int, heads: int, kv_heads: int, head_dim: int, window: int | None = None,
+         v_head_dim: int | None = None, bias: bool = False) -> AttentionSpec:
+    v_dim = v_head_dim or head_dim
+    params = hidden * heads * head_dim + hidden * kv_heads * (head_dim + v_dim) + heads * v_dim * hidden
+    if bias:
+        params += heads * head_dim + kv_heads * (head_dim + v_dim) + hidden
+    return AttentionSpec(
+        kind="gqa", n_heads=heads, n_kv_heads=kv_heads, qk_head_dim=head_dim, v_head_dim=v_dim,
+        params=params, window=window, kv_elems_per_token=kv_heads * (head_dim + v_dim),
+    )
+
+
+def _mla(text: dict[str, Any], hidden: int) -> AttentionSpec:
+    heads = int(_require(text, "num_attention_heads"))
+    q_lora = int(_get(text, "q_lora_rank", default=0) or 0)
+    kv_lora = int(_require(text, "kv_lora_rank"))
+    nope = int(_require(text, "qk_nope_head_dim"))
+    rope = int(_require(text, "qk_rope_head_dim"))
+    v_dim = int(_require(text, "v_head_dim"))
+    qk = nope + rope
+    q_params = hidden * q_lora + q_lora * heads * qk + q_lora if q_lora else hidden * heads * qk
+    kv_params = hidden * (kv_lora + rope) + kv_lora + kv_lora * heads * (nope + v_dim)
+    o_params = heads * v_dim * hidden
+    params = q_params + kv_params + o_params
+    # DeepSeek-V3.2 / GLM-5 sparse attention indexer (DSA): a small extra attention that scores
+    # tokens; its projections are weights, and it caches index keys (index_head_dim per token).
+    idx_heads = int(_get(text, "index_n_heads", default=0) or 0)
+    idx_dim = int(_get(text, "index_head_dim", default=0) or 0)
+    kv_elems = kv_lora + rope
+    if idx_heads and idx_dim:
+        params += (q_lora or hidden) * idx_heads * idx_dim + hidden * idx_dim + hidden * idx_heads
+        kv_elems += idx_dim
+    return AttentionSpec(
+        kind="mla", n_heads=heads, n_kv_heads=1, qk_head_dim=qk, v_head_dim=v_dim, params=params,
+        kv_elems_per_token=kv_elems, kv_lora_rank=kv_lora, qk_rope_head_dim=rope,
+    )
+
+
+def _moe_layer_flags(text: dict[str, Any], n_layers: int) -> list[bool]:
+    """Which layers are MoE: first_k_dense_replace, moe_layer_freq (int or list),
+    decoder_sparse_step / mlp_only_layers (Qwen), interleave_moe_layer_step (Llama 4)."""
+    freq = _get(text, "moe_layer_freq", default=1)
+    first_k = int(_get(text, "first_k_dense_replace", default=0) or 0)
+    if isinstance(freq, list):
+        if len(freq) < n_layers:
+            raise ModelConfigError(f"moe_layer_freq has {len(freq)} entries for {n_layers} layers")
+        flags = [bool(x) for x in freq[:n_layers]]
+    else:
+        step = int(_get(text, "interleave_moe_layer_step", "decoder_sparse_step", default=freq) or 1)
+        flags = [(i + 1) % step == 0 for i in range(n_layers)]
+    only_dense = set(_get(text, "mlp_only_layers", default=[]) or [])
+    return [f and i >= first_k and i not in only_dense for i, f in enumerate(flags)]
+
+
+def _layer_windows(text: dict[str, Any], n_layers: int) -> list[int | None]:
+    window = _get(text, "sliding_window", "sliding_window_size")
+    types = _get(text, "layer_types")
+    pattern = _get(text, "hybrid_layer_pattern")
+    if isinstance(types, list):
+        return [int(window) if t == "sliding_attention" and window else None for t in types[:n_layers]]
+    if isinstance(pattern, list):  # MiMo-V2: 1 = sliding window layer
+        return [int(window) if p == 1 and window else None for p in pattern[:n_layers]]
+    if window and _get(text, "use_sliding_window", default=True) is not False and \
+            text.get("model_type") in ("mistral", "mixtral", "qwen2") and int(window) < int(
+                _get(text, "max_position_embeddings", default=1 << 30)):
+        return [int(window)] * n_layers
+    return [None] * n_layers
+
+
+def _parse_mamba_pattern(text: dict[str, Any], hidden: int) -> list[LayerSpec]:
+    """Nemotron-H: `hybrid_override_pattern` with M = Mamba-2, * = attention, - = MLP, E = MoE.
+    Each character is its own block; we fold it into one LayerSpec per character."""
+    block_types = {"mamba": "M", "attention": "*", "mlp": "-", "moe": "E"}
+    if isinstance(text.get("layers_block_type"), list):
+        try:
+            pattern = "".join(block_types[b] for b in text["layers_block_type"])
+        except KeyError as exc:
+            raise ModelConfigError(f"layers_block_type entry {exc.args[0]!r} is not understood "
+                                   f"({', '.join(block_types)})") from None
+    else:
+        pattern = str(_require(text, "hybrid_override_pattern"))
+    heads = int(_require(text, "num_attention_heads"))
+    kv = int(_require(text, "num_key_value_heads"))
+    hd = int(_get(text, "head_dim", "attention_head_dim", default=hidden // heads))
+    m_heads = int(_require(text, "mamba_num_heads"))
+    m_hd = int(_require(text, "mamba_head_dim"))
+    groups = int(_get(text, "n_groups", default=1))
+    d_state = int(_require(text, "ssm_state_size"))
+    conv_k = int(_get(text, "conv_kernel", default=4))
+    act = str(_get(text, "mlp_hidden_act", default="relu2"))
+    d_inner = m_heads * m_hd
+    conv_dim = d_inner + 2 * groups * d_state
+    mamba_params = hidden * (2 * d_inner + 2 * groups * d_state + m_heads) + conv_dim * conv_k \
+        + d_inner * hidden + 3 * m_heads + d_inner
+    mamba = AttentionSpec(
+        kind="mamba", n_heads=m_heads, n_kv_heads=m_heads, qk_head_dim=m_hd, v_head_dim=m_hd,
+        params=mamba_params, state_elems=m_heads * m_hd * d_state + conv_dim * (conv_k - 1),
+    )
+    none_attn = AttentionSpec(kind="gqa", n_heads=0, n_kv_heads=0, qk_head_dim=0, v_head_dim=0, params=0)
+    no_mlp = MLPSpec(kind="dense")
+    dense_inter = int(_require(text, "intermediate_size"))
+    dense = MLPSpec(kind="dense", dense_params=_gated_mlp(hidden, dense_inter, act))
+    n_exp = int(_get(text, "n_routed_experts", default=0) or 0)
+    moe = None
+    if n_exp:
+        e_inter = int(_require(text, "moe_intermediate_size"))
+        s_inter = int(_get(text, "moe_shared_expert_intermediate_size", default=0) or 0)
+        # Latent MoE (Nemotron 3 Super/Ultra): routed experts work in a smaller latent width,
+        # reached through one down- and one up-projection shared by all experts of the layer.
+        latent = int(_get(text, "moe_latent_size", default=0) or 0)
+        expert_width = latent or hidden
+        moe = MLPSpec(
+            kind="moe", n_experts=n_exp, top_k=int(_require(text, "num_experts_per_tok")),
+            expert_params=_gated_mlp(expert_width, e_inter, act),
+            shared_params=_gated_mlp(hidden, s_inter, act) * int(_get(text, "n_shared_experts", default=1))
+            + (2 * hidden * latent if latent else 0),
+            router_params=hidden * n_exp,
+        )
+    layers = []
+    for ch in pattern:
+        if ch == "M":
+            layers.append(LayerSpec(mamba, no_mlp, hidden))
+        elif ch == "*":
+            layers.append(LayerSpec(_gqa(hidden, heads, kv, hd), no_mlp, hidden))
+        elif ch == "-":
+            layers.append(LayerSpec(none_attn, dense, hidden))
+        elif ch == "E":
+            if moe is None:
+                raise ModelConfigError(
+                    "hybrid_override_pattern has 'E' (MoE) but n_routed_experts is missing")
+            layers.append(LayerSpec(none_attn, moe, hidden))
+        else:
+            raise ModelConfigError(f"hybrid_override_pattern character {ch!r} is not understood (M, *, -, E)")
+    return layers
+
+
+def _linear_attention(text: dict[str, Any], hidden: int) -> AttentionSpec:
+    """Qwen3.5 / Qwen3-Next gated DeltaNet layer: q,k (key heads), v (value heads), gates,
+    output; recurrent state per value head of key_dim x value_dim, plus a short conv."""
+    kh = int(_require(text, "linear_num_key_heads"))
+    vh = int(_require(text, "linear_num_value_heads"))
+    kd = int(_require(text, "linear_key_head_dim"))
+    vd = int(_require(text, "linear_value_head_dim"))
+    conv_k = int(_get(text, "linear_conv_kernel_dim", default=4))
+    qkv = 2 * kh * kd + vh * vd
+    params = hidden * qkv + hidden * vh * vd + 2 * hidden * vh + vh * vd * hidden + qkv * conv_k
+    return AttentionSpec(
+        kind="linear", n_heads=vh, n_kv_heads=kh, qk_head_dim=kd, v_head_dim=vd, params=params,
+        state_elems=vh * kd * vd + qkv * (conv_k - 1),
+    )
+
+
+def model_from_config(config: dict[str, Any] | str | Path, name: str | None = None,
+                      source: str = "") -> ModelSpec:
+    """Build a ModelSpec from a config.json dict or path. Raises ModelConfigError naming the
+    field when the architecture is not understood."""
+    if not isinstance(config, dict):
+        path = Path(config)
+        try:
+            config = json.loads(path.read_text())
+        except FileNotFoundError as exc:
+            raise ModelConfigError(f"config file {path} does not exist") from exc
+        except json.JSONDecodeError as exc:
+            raise ModelConfigError(f"{path} is not valid JSON: {exc}") from exc
+        source = source or str(path)
+        name = name or _name_from_filename(path.name)
+    if not isinstance(config, dict):
+        raise ModelConfigError("config.json must hold a JSON object")
+    text = config.get("text_config") or config.get("llm_config") or config
+    if not isinstance(text, dict):
+        raise ModelConfigError("text_config must be a JSON object")
+    for fld, what in _UNSUPPORTED_FIELDS.items():
+        if fld in text and text[fld] not in (None, [], 0, False):
+            raise ModelConfigError(f"unsupported config field {fld!r}: {what} is not modelled yet")
+    arch = (config.get("architectures") or text.get("architectures") or [None])[0]
+    model_type = str(text.get("model_type") or config.get("model_type") or "")
+    hidden = int(_require(text, "hidden_size", "d_model"))
+    if isinstance(text.get("layers_block_type"), list):
+        n_layers = len(text["layers_block_type"])
+    else:
+        n_layers = int(_require(text, "num_hidden_layers", "n_layers"))
+    vocab = int(_require(text, "vocab_size"))
+    tie = bool(_get(text, "tie_word_embeddings", default=_get(config, "tie_word_embeddings", default=False)))
+    max_ctx = int(_get(text, "max_position_embeddings", "seq_length", default=0) or 0)
+    fmt = _checkpoint_format(config, text)
+    if fmt in ("bf16", "fp16") and name:
+        # NVIDIA's NVFP4/FP8 repositories keep quantization in hf_quant_config.json, not in
+        # config.json; the repository name is then the only sign of the checkpoint format.
+        upper = name.upper()
+        fmt = "nvfp4" if "NVFP4" in upper else "fp8" if "FP8" in upper else fmt
+    notes: list[str] = []
+    act = str(_get(text, "hidden_act", "hidden_activation", default="silu"))
+
+    if "hybrid_override_pattern" in text or "layers_block_type" in text:
+        layers = _parse_mamba_pattern(text, hidden)
+        notes.append("hybrid Mamba-2/attention: per-sequence SSM state, KV only on attention layers")
+    else:
+        heads = int(_require(text, "num_attention_heads", "n_heads"))
+        kv_heads = int(_get(text, "num_key_value_heads", "num_kv_heads", default=heads))
+        head_dim = int(_get(text, "head_dim", default=hidden // heads))
+        v_head_dim = _get(text, "v_head_dim")
+        bias = bool(_get(text, "attention_bias", "qkv_bias", default=model_type.startswith("qwen2")))
+        windows = _layer_windows(text, n_layers)
+        types = text.get("layer_types") if isinstance(text.get("layer_types"), list) else None
+        use_mla = "kv_lora_rank" in text and text.get("kv_lora_rank")
+        moe_flags = _moe_layer_flags(text, n_layers)
+        n_exp = int(_get(text, "n_routed_experts", "num_local_experts", "num_experts", default=0) or 0)
+        top_k = int(_get(text, "num_experts_per_tok", "experts_per_token", "top_k_experts",
+                         "moe_topk", default=0) or 0)
+        dense_inter = int(_get(text, "dense_intermediate_size", "intermediate_size_mlp",
+                               "intermediate_size", default=0) or 0)
+        if n_exp:
+            expert_inter = int(_get(text, "moe_intermediate_size", default=0) or 0)
+            if not expert_inter:
+                # Mixtral, gpt-oss, MiniMax-M2, Llama 4: experts use `intermediate_size`.
+                expert_inter = int(_require(text, "intermediate_size"))
+                if model_type.startswith("llama4"):
+                    dense_inter = int(_get(text, "intermediate_size_mlp", default=expert_inter))
+            shared_inter = int(_get(text, "shared_expert_intermediate_size", "shared_intermediate_size",
+                                    "share_expert_dim", default=0) or 0)
+            n_shared = _get(text, "n_shared_experts", "num_shared_experts")
+            if shared_inter:
+                n_shared = 1 if n_shared is None else int(n_shared)
+                shared_params = n_shared * _gated_mlp(hidden, shared_inter)
+            elif n_shared:
+                shared_params = int(n_shared) * _gated_mlp(hidden, expert_inter)
+            elif model_type.startswith("llama4"):
+                shared_params = _gated_mlp(hidden, expert_inter)  # Llama 4 has one shared expert
+            else:
+                shared_params = 0
+            if not top_k:
+                raise ModelConfigError("MoE config lacks 'num_experts_per_tok' (top-k)")
+            moe = MLPSpec(kind="moe", n_experts=n_exp, top_k=top_k,
+                          expert_params=_gated_mlp(hidden, expert_inter), shared_params=shared_params,
+                          router_params=hidden * n_exp)
+        else:
+            moe = None
+        if not dense_inter and (moe is None or not all(moe_flags)):
+            raise ModelConfigError("config.json lacks required field 'intermediate_size'")
+        dense_mlp = MLPSpec(kind="dense", dense_params=_gated_mlp(hidden, dense_inter, act))
+        layers = []
+        for i in range(n_layers):
+            kind = types[i] if types and i < len(types) else "full_attention"
+            if kind == "linear_attention":
+                attn = _linear_attention(text, hidden)
+            elif use_mla:
+                attn = _mla(text, hidden)
+            elif kind not in ("full_attention", "sliding_attention", "attention"):
+                raise ModelConfigError(f"layer_types entry {kind!r} is not understood")
+            else:
+                hd, vd, kvh = head_dim, v_head_dim, kv_heads
+                if windows[i] and _get(text, "swa_head_dim"):
+                    hd = int(text["swa_head_dim"])
+                    vd = _get(text, "swa_v_head_dim", default=vd)
+                    kvh = int(_get(text, "swa_num_key_value_heads", default=kv_heads))
+                attn = _gqa(hidden, heads, kvh, hd, windows[i], int(vd) if vd else None, bias)
+            mlp = moe if (moe is not None and moe_flags[i]) else dense_mlp
+            layers.append(LayerSpec(attn, mlp, 2 * hidden))
+        if any(w for w in windows):
+            notes.append("sliding-window layers: KV stops growing at the window")
+        if use_mla:
+            notes.append("MLA: KV cache holds the compressed latent (kv_lora_rank + rope dims)")
+    return ModelSpec(
+        name=name or str(text.get("_name_or_path") or arch or model_type),
+        architecture=str(arch or model_type), model_type=model_type, hidden_size=hidden,
+        vocab_size=vocab, layers=tuple(layers), tie_embeddings=tie, checkpoint_format=fmt,
+        max_context=max_ctx, source=source, notes=tuple(notes),
+    )
+
+
+# ================================================================================================
+# The shipped catalog and name resolution
+# ================================================================================================
+
+def _name_from_filename(filename: str) -> str:
+    stem = filename.removesuffix(".json").removesuffix("_config")
+    return stem.replace("--", "/")
+
+
+def _config_dir() -> Path:
+    return Path(str(resources.files("inferasim.catalog") / "configs"))
+
+
+@cache
+def _catalog_files() -> dict[str, Path]:
+    out = {}
+    for path in sorted(_config_dir().glob("*_config.json")):
+        out[_name_from_filename(path.name)] = path
+    return out
+
+
+# Different spellings of one architecture seen in data files and on the Hub. Checkpoint variants
+# (-Instruct, -FP8, ...) share the architecture; precision is a separate serving choice.
+MODEL_ALIASES: dict[str, str] = {
+    "meta-llama/Llama-3.1-8B": "meta-llama/Meta-Llama-3.1-8B",
+    "meta-llama/Llama-3.1-70B": "meta-llama/Meta-Llama-3.1-70B",
+    "meta-llama/Llama-3.1-405B": "meta-llama/Meta-Llama-3.1-405B",
+    "meta-llama/Llama-3.3-70B-Instruct": "meta-llama/Meta-Llama-3.1-70B",
+    "meta-llama/Llama-3-8B": "meta-llama/Meta-Llama-3-8B",
+    "meta-llama/Llama-3-70B": "meta-llama/Meta-Llama-3-70B",
+    "zhipuai/GLM-5": "zai-org/GLM-5",
+    "THUDM/GLM-5": "zai-org/GLM-5",
+    "deepseek-ai/DeepSeek-V3-0324": "deepseek-ai/DeepSeek-V3",
+    "deepseek-ai/DeepSeek-R1-0528": "deepseek-ai/DeepSeek-R1",
+    "deepseek-ai/DeepSeek-V3.1": "deepseek-ai/DeepSeek-V3",
+    "moonshotai/Kimi-K2-Thinking": "moonshotai/Kimi-K2.5",
+}
+
+_SUFFIXES = ("-instruct", "-hf", "-base", "-chat", "-it", "-fp8", "-nvfp4", "-bf16", "-thinking",
+             "-fp8-dynamic", "-v0.1", "-instruct-2507", "-instruct-fp8")
+
+
+def _canon(name: str) -> str:
+    s = name.strip().lower()
+    s = s.split("/", 1)[-1]
+    s = s.removeprefix("meta-")
+    changed = True
+    while changed:
+        changed = False
+        for suf in _SUFFIXES:
+            if s.endswith(suf):
+                s = s[: -len(suf)]
+                changed = True
+    return re.sub(r"[_\s]", "-", s)
+
+
+@cache
+def _canon_index() -> dict[str, str]:
+    index: dict[str, str] = {}
+    # Prefer the authors' own (non-derivative) config for each canonical name.
+    for hf_id in sorted(_catalog_files(), key=lambda n: (n.startswith(("nvidia/", "sgl-project/")), n)):
+        index.setdefault(_canon(hf_id), hf_id)
+    for alias, target in MODEL_ALIASES.items():
+        if target in _catalog_files():
+            index.setdefault(_canon(alias), target)
+    return index
+
+
+def known_models() -> list[str]:
+    return sorted(_catalog_files())
+
+
+def resolve_model_name(name: str) -> str:
+    """Hugging Face id of a known model for `name` (exact id, file-style `org--name`, alias, or
+    a spelling that differs only in org, `Meta-` prefix or checkpoint suffix)."""
+    files = _catalog_files()
+    candidate = name.strip().replace("--", "/")
+    if candidate in files:
+        return candidate
+    if candidate in MODEL_ALIASES and MODEL_ALIASES[candidate] in files:
+        return MODEL_ALIASES[candidate]
+    lower = {k.lower(): k for k in files}
+    if candidate.lower() in lower:
+        return lower[candidate.lower()]
+    hit = _canon_index().get(_canon(candidate))
+    if hit:
+        return hit
+    close = difflib.get_close_matches(candidate, list(files), n=3, cutoff=0.5)
+    hint = f"; did you mean {', '.join(close)}?" if close else ""
+    raise UnknownModelError(
+        f"unknown model {name!r}: give a Hugging Face id from `inferasim models` or a path to a "
+        f"config.json{hint}"
+    )
+
+
+@cache
+def _load_known(hf_id: str) -> ModelSpec:
+    path = _catalog_files()[hf_id]
+    return model_from_config(json.loads(path.read_text()), name=hf_id,
+                             source=f"inferasim/catalog/configs/{path.name}")
+
+
+def get_model(name_or_path: str | Path) -> ModelSpec:
+    """A ModelSpec by Hugging Face id / alias, or from a config.json path (a file, or a folder
+    holding config.json)."""
+    text = str(name_or_path)
+    path = Path(text)
+    if text.endswith(".json") or path.is_dir() or (path.exists() and path.is_file()):
+        if path.is_dir():
+            path = path / "config.json"
+        if not path.exists():
+            raise UnknownModelError(f"config file {path} does not exist")
+        return model_from_config(path)
+    return _load_known(resolve_model_name(text))

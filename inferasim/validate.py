@@ -1,0 +1,818 @@
+"""The validation protocol of DESIGN.md section 7.
+
+Read a CSV of measured serving runs, keep the ``agg`` and ``disagg`` rows of the target engines,
+pick one anchor per kernel set with the ``min-gpus`` rule, fit the predictor on the anchor rows
+only, predict every other row of the kernel set, and score the predictions: per-metric median and
+p90 absolute percentage error (as fractions), ranking fidelity of throughput per GPU within each
+(kernel set, isl, osl, concurrency) group, anchor share, and the rows that could not be predicted
+with their reason.
+
+The predictor is not part of this module: anything with ``fit(kernel_key, anchor_rows)`` returning
+an object with ``predict(row)`` will do (see :class:`Predictor`). This module has no CLI code; the
+``inferasim validate`` command calls :func:`load_rows`, :func:`run_validation` and
+:func:`write_outputs`.
+"""
+
+import csv
+import dataclasses
+import json
+import math
+import re
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+__all__ = [
+    "ANCHOR_RULES",
+    "METRICS",
+    "SPLIT_KEYS",
+    "TARGET_ENGINES",
+    "AnchorChoice",
+    "BenchRow",
+    "CannotPredict",
+    "FittedKernel",
+    "Layout",
+    "PoolLayout",
+    "Predictor",
+    "RowPrediction",
+    "RowResult",
+    "ValidationResult",
+    "filter_rows",
+    "load_rows",
+    "metric_values",
+    "ranking_fidelity",
+    "run_validation",
+    "select_anchors",
+    "throughput_per_gpu",
+    "write_outputs",
+]
+
+KernelKey = tuple[str, str, str, str, str]
+
+TARGET_ENGINES = ("vllm", "sglang", "atom")
+ANCHOR_RULES = ("min-gpus",)
+MODES = ("agg", "disagg")
+SCENARIOS = ("closed", "offline")
+METRICS = ("tpot", "ttft", "throughput_per_gpu", "batch_latency")
+SPLIT_KEYS: dict[str, str] = {"engine": "backend", "gpu": "system", "model": "model_path"}
+
+REQUIRED_COLUMNS = (
+    "backend",
+    "backend_version",
+    "model_path",
+    "system",
+    "precision",
+    "mode",
+    "isl",
+    "osl",
+    "batch_size",
+    "tp_size",
+)
+LAYOUT_COLUMNS = ("tp_size", "pp_size", "attention_dp_size", "moe_tp_size", "moe_ep_size")
+# measured columns, first present wins; these are hidden from the predictor's `predict` input
+MEASURED_COLUMNS: dict[str, tuple[str, ...]] = {
+    "ttft_ms": ("silicon_ttft_ms", "ttft_ms"),
+    "tpot_ms": ("silicon_tpot_ms", "tpot_ms"),
+    "batch_latency_s": ("batch_latency_s",),
+    "throughput_tok_s": ("throughput_tok_s",),
+}
+_HIDDEN_COLUMNS = frozenset(c for cols in MEASURED_COLUMNS.values() for c in cols)
+_CONCURRENCY_IN_SOURCE = re.compile(r"silicon_concurrency\s*=\s*(\d+)")
+
+
+# --------------------------------------------------------------------------------------------
+# the predictor interface
+
+
+class CannotPredict(Exception):
+    """Raised by a predictor (fit or predict) with a human-readable reason."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    moe_tp: int = 1
+    moe_ep: int = 1
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    def as_tuple(self) -> tuple[int, int, int, int, int]:
+        return (self.tp, self.pp, self.dp, self.moe_tp, self.moe_ep)
+
+    def __str__(self) -> str:
+        return f"tp{self.tp}.pp{self.pp}.dp{self.dp}.moe_tp{self.moe_tp}.moe_ep{self.moe_ep}"
+
+
+@dataclass(frozen=True)
+class PoolLayout:
+    """One pool (prefill or decode) of a disaggregated row."""
+
+    workers: int
+    layout: Layout
+    batch_size: int | None
+
+    @property
+    def gpus(self) -> int:
+        return self.workers * self.layout.gpus
+
+    def __str__(self) -> str:
+        return f"{self.workers}x{self.layout}"
+
+
+@dataclass(frozen=True)
+class BenchRow:
+    id: str
+    backend: str
+    backend_version: str
+    model_path: str
+    system: str
+    precision: str
+    mode: str
+    scenario: str
+    isl: int
+    osl: int
+    concurrency: int
+    layout: Layout
+    prefill: PoolLayout | None
+    decode: PoolLayout | None
+    ttft_ms: float | None
+    tpot_ms: float | None
+    batch_latency_s: float | None
+    throughput_tok_s: float | None
+    raw: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def kernel_key(self) -> KernelKey:
+        return (self.backend, self.backend_version, self.model_path, self.system, self.precision)
+
+    @property
+    def gpus(self) -> int:
+        if self.mode == "disagg" and (self.prefill is not None or self.decode is not None):
+            return sum(p.gpus for p in (self.prefill, self.decode) if p is not None)
+        return self.layout.gpus
+
+
+@dataclass(frozen=True)
+class RowPrediction:
+    ttft_ms: float | None
+    tpot_ms: float | None
+    batch_latency_s: float | None = None
+    throughput_tok_s: float | None = None
+    interval: dict[str, tuple[float, float]] = field(default_factory=dict)
+    extrapolated: bool = False
+    anchor: str = ""
+
+
+class FittedKernel(Protocol):
+    def predict(self, row: BenchRow) -> RowPrediction: ...
+
+
+class Predictor(Protocol):
+    def fit(self, kernel_key: tuple[str, ...], anchor_rows: list[BenchRow]) -> FittedKernel: ...
+
+
+# --------------------------------------------------------------------------------------------
+# loading
+
+
+def _cell(raw: dict[str, str], col: str) -> str:
+    value = raw.get(col)
+    return "" if value is None else value.strip()
+
+
+class _RowReader:
+    def __init__(self, path: Path, rownum: int, line: int, raw: dict[str, str]) -> None:
+        self.path = path
+        self.rownum = rownum
+        self.line = line
+        self.raw = raw
+
+    def error(self, col: str, value: str, accepted: str) -> ValueError:
+        return ValueError(
+            f"{self.path}: row {self.rownum} (line {self.line}), column '{col}': "
+            f"cannot read {value!r}; accepted: {accepted}"
+        )
+
+    def integer(self, col: str, *, empty: int | None, minimum: int, accepted: str) -> int | None:
+        text = _cell(self.raw, col)
+        if text == "":
+            return empty
+        try:
+            number = float(text)
+        except ValueError:
+            raise self.error(col, text, accepted) from None
+        if not math.isfinite(number) or number != int(number) or number < minimum:
+            raise self.error(col, text, accepted)
+        return int(number)
+
+    def layout_field(self, col: str) -> int:
+        accepted = "a non-negative integer (0 or empty reads as 1)"
+        value = self.integer(col, empty=1, minimum=0, accepted=accepted)
+        return 1 if not value else value
+
+    def measured(self, cols: Iterable[str]) -> float | None:
+        for col in cols:
+            text = _cell(self.raw, col)
+            if text == "":
+                continue
+            try:
+                number = float(text)
+            except ValueError:
+                raise self.error(col, text, "a non-negative number or empty") from None
+            if math.isnan(number):
+                return None
+            if number < 0 or math.isinf(number):
+                raise self.error(col, text, "a non-negative number or empty")
+            return number
+        return None
+
+
+def _pool(reader: _RowReader, prefix: str) -> PoolLayout | None:
+    cols = [f"{prefix}_{c}" for c in ("num_workers", "batch_size", *LAYOUT_COLUMNS)]
+    if all(_cell(reader.raw, c) == "" for c in cols):
+        return None
+    workers = reader.integer(
+        f"{prefix}_num_workers", empty=1, minimum=1, accepted="a positive integer (empty reads as 1)"
+    )
+    layout = Layout(*(reader.layout_field(f"{prefix}_{c}") for c in LAYOUT_COLUMNS))
+    batch = reader.integer(
+        f"{prefix}_batch_size", empty=None, minimum=1, accepted="a positive integer or empty"
+    )
+    return PoolLayout(workers=workers or 1, layout=layout, batch_size=batch)
+
+
+def _concurrency(reader: _RowReader, mode: str) -> int:
+    value = reader.integer("batch_size", empty=None, minimum=1, accepted="a positive integer")
+    if value is not None:
+        return value
+    # disaggregated silicon rows leave batch_size empty and record the client concurrency in the
+    # data-source note ("silicon_concurrency=N")
+    found = _CONCURRENCY_IN_SOURCE.search(_cell(reader.raw, "silicon_data_source"))
+    if found and int(found.group(1)) > 0:
+        return int(found.group(1))
+    if mode == "disagg":
+        return 0  # reported as unpredicted by run_validation
+    raise reader.error(
+        "batch_size", "", "a positive integer (the client concurrency; empty only for disagg rows)"
+    )
+
+
+def _parse_row(reader: _RowReader) -> BenchRow:
+    raw = reader.raw
+    mode = _cell(raw, "mode").lower()
+    scenario = _cell(raw, "scenario").lower() or "closed"
+    if scenario not in SCENARIOS:
+        raise reader.error("scenario", scenario, f"one of {', '.join(SCENARIOS)} (empty reads as closed)")
+    isl = reader.integer("isl", empty=None, minimum=1, accepted="a positive integer")
+    osl = reader.integer("osl", empty=None, minimum=1, accepted="a positive integer")
+    if isl is None:
+        raise reader.error("isl", "", "a positive integer")
+    if osl is None:
+        raise reader.error("osl", "", "a positive integer")
+    disagg = mode == "disagg"
+    return BenchRow(
+        id=_cell(raw, "id") or str(reader.rownum),
+        backend=raw.get("backend") or "",
+        backend_version=raw.get("backend_version") or "",
+        model_path=raw.get("model_path") or "",
+        system=raw.get("system") or "",
+        precision=raw.get("precision") or "",
+        mode=mode,
+        scenario=scenario,
+        isl=isl,
+        osl=osl,
+        concurrency=_concurrency(reader, mode),
+        layout=Layout(*(reader.layout_field(c) for c in LAYOUT_COLUMNS)),
+        prefill=_pool(reader, "prefill") if disagg else None,
+        decode=_pool(reader, "decode") if disagg else None,
+        ttft_ms=reader.measured(MEASURED_COLUMNS["ttft_ms"]),
+        tpot_ms=reader.measured(MEASURED_COLUMNS["tpot_ms"]),
+        batch_latency_s=reader.measured(MEASURED_COLUMNS["batch_latency_s"]),
+        throughput_tok_s=reader.measured(MEASURED_COLUMNS["throughput_tok_s"]),
+        raw=raw,
+    )
+
+
+def load_rows(path: str | Path) -> list[BenchRow]:
+    """Read a CSV of measured runs (schema of shared/data/aic-silicon/silicon_dev.csv).
+
+    Raises ValueError naming the file, the row and the column on anything it cannot read.
+    """
+    path = Path(path)
+    try:
+        handle = path.open(newline="", encoding="utf-8-sig")
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot open: {exc.strerror or exc}") from None
+    rows: list[BenchRow] = []
+    with handle:
+        try:
+            reader = csv.DictReader(handle)
+            header = [h.strip() for h in (reader.fieldnames or [])]
+            if not header:
+                raise ValueError(
+                    f"{path}: empty file, expected a CSV header with columns {', '.join(REQUIRED_COLUMNS)}"
+                )
+            reader.fieldnames = header
+            missing = [c for c in REQUIRED_COLUMNS if c not in header]
+            if missing:
+                raise ValueError(
+                    f"{path}: missing required column(s) {', '.join(repr(c) for c in missing)}; "
+                    f"required columns are {', '.join(REQUIRED_COLUMNS)}"
+                )
+            for rownum, record in enumerate(reader, start=1):
+                raw = {k: ("" if v is None else v) for k, v in record.items() if isinstance(k, str)}
+                rows.append(_parse_row(_RowReader(path, rownum, reader.line_num, raw)))
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"{path}: not UTF-8 text ({exc.reason})") from None
+        except csv.Error as exc:
+            raise ValueError(f"{path}: malformed CSV: {exc}") from None
+    return rows
+
+
+# --------------------------------------------------------------------------------------------
+# filter and anchors
+
+
+@dataclass(frozen=True)
+class AnchorChoice:
+    layout: Layout
+    isl: int
+    osl: int
+    rows: list[BenchRow]
+
+    def describe(self) -> str:
+        return f"{self.layout}@{self.isl}x{self.osl}"
+
+
+def _is_target(row: BenchRow) -> bool:
+    return row.mode in MODES and row.backend.strip().lower() in TARGET_ENGINES
+
+
+def filter_rows(rows: Sequence[BenchRow]) -> list[BenchRow]:
+    """Rows that take part in validation: mode agg or disagg, engine vllm, sglang or atom."""
+    return [r for r in rows if _is_target(r)]
+
+
+def _check_rule(rule: str) -> None:
+    if rule not in ANCHOR_RULES:
+        raise ValueError(f"unknown anchor rule {rule!r}; accepted: {', '.join(ANCHOR_RULES)}")
+
+
+def _choose_anchor(rows: list[BenchRow]) -> AnchorChoice:
+    by_layout: dict[Layout, list[BenchRow]] = defaultdict(list)
+    for r in rows:
+        by_layout[r.layout].append(r)
+    layout = min(by_layout, key=lambda lo: (lo.gpus, -len(by_layout[lo]), lo.tp, lo.as_tuple()))
+    at_layout = by_layout[layout]
+    isl, osl = min({(r.isl, r.osl) for r in at_layout}, key=lambda p: (p[0] + p[1], p[0]))
+    chosen = [r for r in at_layout if r.isl == isl and r.osl == osl]
+    return AnchorChoice(layout=layout, isl=isl, osl=osl, rows=chosen)
+
+
+def select_anchors(rows: Sequence[BenchRow], rule: str = "min-gpus") -> dict[KernelKey, AnchorChoice]:
+    """One anchor per kernel set, formed among the filtered agg rows."""
+    _check_rule(rule)
+    by_kernel: dict[KernelKey, list[BenchRow]] = defaultdict(list)
+    for r in rows:
+        if _is_target(r) and r.mode == "agg":
+            by_kernel[r.kernel_key].append(r)
+    return {key: _choose_anchor(members) for key, members in by_kernel.items()}
+
+
+# --------------------------------------------------------------------------------------------
+# metrics
+
+
+def _finite(value: float | None) -> float | None:
+    if value is None:
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def throughput_per_gpu(
+    row: BenchRow, ttft_ms: float | None, tpot_ms: float | None, throughput_tok_s: float | None = None
+) -> float | None:
+    """Output tokens per second per GPU.
+
+    Closed rows: concurrency * 1000 / (TTFT + (osl - 1) * TPOT) * osl / GPUs.
+    Offline rows: throughput_tok_s / GPUs.
+    """
+    gpus = row.gpus
+    if gpus <= 0:
+        return None
+    if row.scenario == "offline":
+        return None if throughput_tok_s is None else throughput_tok_s / gpus
+    if ttft_ms is None or tpot_ms is None or row.concurrency <= 0:
+        return None
+    latency_ms = ttft_ms + (row.osl - 1) * tpot_ms
+    if not latency_ms > 0:
+        return None
+    return row.concurrency * 1000.0 / latency_ms * row.osl / gpus
+
+
+def metric_values(
+    row: BenchRow,
+    ttft_ms: float | None,
+    tpot_ms: float | None,
+    batch_latency_s: float | None,
+    throughput_tok_s: float | None,
+) -> dict[str, float | None]:
+    """The scored metrics of a row, computed the same way from measured and from predicted values."""
+    ttft, tpot = _finite(ttft_ms), _finite(tpot_ms)
+    offline = row.scenario == "offline"
+    return {
+        "ttft": ttft,
+        "tpot": tpot,
+        "throughput_per_gpu": throughput_per_gpu(row, ttft, tpot, _finite(throughput_tok_s)),
+        "batch_latency": _finite(batch_latency_s) if offline else None,
+    }
+
+
+_INTERVAL_ALIASES = {
+    "ttft_ms": "ttft",
+    "tpot_ms": "tpot",
+    "batch_latency_s": "batch_latency",
+}
+
+
+def _intervals(row: BenchRow, pred: RowPrediction) -> dict[str, tuple[float, float]]:
+    out: dict[str, tuple[float, float]] = {}
+    for name, bounds in (pred.interval or {}).items():
+        try:
+            lo, hi = float(bounds[0]), float(bounds[1])
+        except (TypeError, ValueError, IndexError):
+            continue
+        if name in METRICS:
+            out[name] = (lo, hi)
+        elif name in _INTERVAL_ALIASES:
+            out.setdefault(_INTERVAL_ALIASES[name], (lo, hi))
+        elif name == "throughput_tok_s" and row.gpus > 0:
+            out.setdefault("throughput_per_gpu", (lo / row.gpus, hi / row.gpus))
+    # a closed row's throughput falls as TTFT and TPOT grow: derive its interval when not given
+    if "throughput_per_gpu" not in out and row.scenario == "closed" and "ttft" in out and "tpot" in out:
+        lo_thr = throughput_per_gpu(row, out["ttft"][1], out["tpot"][1])
+        hi_thr = throughput_per_gpu(row, out["ttft"][0], out["tpot"][0])
+        if lo_thr is not None and hi_thr is not None:
+            out["throughput_per_gpu"] = (lo_thr, hi_thr)
+    return out
+
+
+def _ape(measured: float | None, predicted: float | None) -> float | None:
+    if measured is None or predicted is None or not measured > 0:
+        return None
+    return abs(predicted - measured) / measured
+
+
+# --------------------------------------------------------------------------------------------
+# results
+
+
+@dataclass
+class RowResult:
+    row: BenchRow
+    status: str  # "ok" | "unpredicted"
+    reason: str = ""
+    measured: dict[str, float | None] = field(default_factory=dict)
+    predicted: dict[str, float | None] = field(default_factory=dict)
+    interval: dict[str, tuple[float, float]] = field(default_factory=dict)
+    extrapolated: bool = False
+    anchor: str = ""
+
+    def ape(self, metric: str) -> float | None:
+        if self.status != "ok":
+            return None
+        return _ape(self.measured.get(metric), self.predicted.get(metric))
+
+
+@dataclass
+class ValidationResult:
+    rule: str
+    split_by: tuple[str, ...]
+    anchors: dict[KernelKey, AnchorChoice]
+    results: list[RowResult]  # one per filtered non-anchor row, in file order
+    summary: dict[str, Any]
+
+
+def _metric_summary(results: Sequence[RowResult], metric: str) -> dict[str, Any]:
+    values = [a for a in (r.ape(metric) for r in results) if a is not None]
+    if not values:
+        return {"median_ape": None, "p90_ape": None, "n": 0}
+    arr = np.asarray(values, dtype=float)
+    return {
+        "median_ape": float(np.median(arr)),
+        "p90_ape": float(np.percentile(arr, 90)),
+        "n": len(values),
+    }
+
+
+def _metrics_block(results: Sequence[RowResult]) -> dict[str, Any]:
+    return {m: _metric_summary(results, m) for m in METRICS}
+
+
+def ranking_fidelity(results: Sequence[RowResult]) -> dict[str, Any]:
+    """Order fidelity of throughput per GPU within each (kernel set, isl, osl, concurrency) group.
+
+    Scored agg rows with both a measured and a predicted throughput take part (a file that mixes
+    scenarios is grouped per scenario too: offline and closed throughputs do not compare). Pairs
+    are rows of different layouts; a predicted tie counts one half; a pair whose measured values
+    are equal has no order to get right and is left out. Top-1 and regret are over groups with at
+    least two distinct layouts; a tie for the predicted best averages over the tied rows.
+    """
+    groups: dict[tuple[Any, ...], list[tuple[Layout, int, float, float]]] = defaultdict(list)
+    for r in results:
+        row = r.row
+        if r.status != "ok" or row.mode != "agg":
+            continue
+        meas, pred = r.measured.get("throughput_per_gpu"), r.predicted.get("throughput_per_gpu")
+        if meas is None or pred is None or not meas > 0:
+            continue
+        key = (row.kernel_key, row.scenario, row.isl, row.osl, row.concurrency)
+        groups[key].append((row.layout, row.gpus, meas, pred))
+
+    pairs = pairs_eq = 0
+    score = score_eq = 0.0
+    top1_sum = regret_sum = 0.0
+    n_groups = 0
+    for members in groups.values():
+        n = len(members)
+        for i in range(n):
+            lay_i, gpu_i, m_i, p_i = members[i]
+            for j in range(i + 1, n):
+                lay_j, gpu_j, m_j, p_j = members[j]
+                if lay_i == lay_j or m_i == m_j:
+                    continue
+                if p_i == p_j:
+                    s = 0.5
+                else:
+                    s = 1.0 if (p_i > p_j) == (m_i > m_j) else 0.0
+                pairs += 1
+                score += s
+                if gpu_i == gpu_j:
+                    pairs_eq += 1
+                    score_eq += s
+        if len({m[0] for m in members}) < 2:
+            continue
+        n_groups += 1
+        best = max(m[2] for m in members)
+        top_pred = max(m[3] for m in members)
+        picked = [m[2] for m in members if m[3] == top_pred]
+        top1_sum += sum(1.0 for v in picked if v == best) / len(picked)
+        regret_sum += sum((best - v) / best for v in picked) / len(picked)
+
+    return {
+        "pair_accuracy": score / pairs if pairs else None,
+        "pairs": pairs,
+        "pair_accuracy_equal_gpus": score_eq / pairs_eq if pairs_eq else None,
+        "pairs_equal_gpus": pairs_eq,
+        "top1": top1_sum / n_groups if n_groups else None,
+        "regret": regret_sum / n_groups if n_groups else None,
+        "groups": n_groups,
+    }
+
+
+def _section(
+    results: Sequence[RowResult],
+    anchor_rows: int,
+    filtered: int,
+    rows_total: int,
+    kernel_sets: int,
+    extra_counts: dict[str, int] | None = None,
+) -> dict[str, Any]:
+    agg = [r for r in results if r.row.mode == "agg"]
+    disagg = [r for r in results if r.row.mode == "disagg"]
+    unpredicted = [r for r in results if r.status != "ok"]
+    section: dict[str, Any] = _metrics_block(agg)
+    section["ranking"] = ranking_fidelity(agg)
+    section["anchor_share"] = anchor_rows / filtered if filtered else None
+    section["unpredicted"] = {
+        "n": len(unpredicted),
+        "rows": [{"id": r.row.id, "reason": r.reason} for r in unpredicted],
+    }
+    counts = {
+        "rows": rows_total,
+        "filtered": filtered,
+        "anchor_rows": anchor_rows,
+        "scored_agg": sum(1 for r in agg if r.status == "ok"),
+        "scored_disagg": sum(1 for r in disagg if r.status == "ok"),
+        "kernel_sets": kernel_sets,
+    }
+    counts.update(extra_counts or {})
+    section["counts"] = counts
+    section["disagg"] = _metrics_block(disagg)
+    return section
+
+
+# --------------------------------------------------------------------------------------------
+# the protocol
+
+
+def _hide_measurements(row: BenchRow) -> BenchRow:
+    raw = {k: v for k, v in row.raw.items() if k not in _HIDDEN_COLUMNS}
+    return dataclasses.replace(
+        row, ttft_ms=None, tpot_ms=None, batch_latency_s=None, throughput_tok_s=None, raw=raw
+    )
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, CannotPredict):
+        return str(exc) or "cannot predict"
+    return f"predictor error: {type(exc).__name__}: {exc}"
+
+
+def _check_splits(split_by: Sequence[str]) -> tuple[str, ...]:
+    if isinstance(split_by, str):
+        split_by = (split_by,)
+    for key in split_by:
+        if key not in SPLIT_KEYS:
+            raise ValueError(f"unknown split key {key!r}; accepted: {', '.join(SPLIT_KEYS)}")
+    return tuple(dict.fromkeys(split_by))
+
+
+def _predict_row(fitted: FittedKernel, row: BenchRow, anchor: AnchorChoice) -> RowResult:
+    measured = metric_values(row, row.ttft_ms, row.tpot_ms, row.batch_latency_s, row.throughput_tok_s)
+    if row.mode == "disagg" and row.prefill is None and row.decode is None:
+        return RowResult(row, "unpredicted", "disagg row without prefill/decode pool layout", measured)
+    if row.concurrency <= 0:
+        return RowResult(row, "unpredicted", "concurrency unknown (empty batch_size)", measured)
+    try:
+        pred = fitted.predict(_hide_measurements(row))
+    except Exception as exc:  # a row the predictor cannot handle is reported, not fatal
+        return RowResult(row, "unpredicted", _reason(exc), measured)
+    if not isinstance(pred, RowPrediction):
+        return RowResult(row, "unpredicted", f"predictor returned {type(pred).__name__}", measured)
+    predicted = metric_values(row, pred.ttft_ms, pred.tpot_ms, pred.batch_latency_s, pred.throughput_tok_s)
+    if not any(measured[m] is not None and predicted[m] is not None for m in METRICS):
+        have = [m for m in METRICS if measured[m] is not None] or ["none"]
+        return RowResult(
+            row,
+            "unpredicted",
+            f"predictor gave no value for the measured metrics ({', '.join(have)})",
+            measured,
+            predicted,
+        )
+    return RowResult(
+        row,
+        "ok",
+        "",
+        measured,
+        predicted,
+        _intervals(row, pred),
+        bool(pred.extrapolated),
+        pred.anchor or anchor.describe(),
+    )
+
+
+def run_validation(
+    rows: Sequence[BenchRow],
+    predictor: Predictor,
+    rule: str = "min-gpus",
+    split_by: Sequence[str] = (),
+    progress: Callable[[int, int], None] | None = None,
+) -> ValidationResult:
+    """Run the protocol of DESIGN.md section 7 with `predictor` on `rows`."""
+    _check_rule(rule)
+    splits = _check_splits(split_by)
+    filtered = filter_rows(rows)
+    anchors = select_anchors(filtered, rule)
+    anchor_ids = {id(r) for a in anchors.values() for r in a.rows}
+    targets = [r for r in filtered if id(r) not in anchor_ids]
+    total = len(targets)
+
+    fitted: dict[KernelKey, FittedKernel | str] = {}
+    results: list[RowResult] = []
+    for done, row in enumerate(targets, start=1):
+        key = row.kernel_key
+        anchor = anchors.get(key)
+        if anchor is None:
+            measured = metric_values(row, row.ttft_ms, row.tpot_ms, row.batch_latency_s, row.throughput_tok_s)
+            reason = "no aggregated anchor for this kernel set (no agg row of the same backend, version, "
+            reason += "model, system and precision)"
+            results.append(RowResult(row, "unpredicted", reason, measured))
+        else:
+            if key not in fitted:
+                try:
+                    fitted[key] = predictor.fit(key, list(anchor.rows))
+                except Exception as exc:  # reported per row
+                    fitted[key] = "fit failed: " + _reason(exc)
+            kernel = fitted[key]
+            if isinstance(kernel, str):
+                measured = metric_values(
+                    row, row.ttft_ms, row.tpot_ms, row.batch_latency_s, row.throughput_tok_s
+                )
+                results.append(RowResult(row, "unpredicted", kernel, measured))
+            else:
+                results.append(_predict_row(kernel, row, anchor))
+        if progress is not None:
+            progress(done, total)
+
+    n_anchor = sum(len(a.rows) for a in anchors.values())
+    excluded = {
+        "excluded_engine": sum(1 for r in rows if r.mode in MODES and not _is_target(r)),
+        "excluded_mode": sum(1 for r in rows if r.mode not in MODES),
+        "unpredicted_errors": sum(
+            1 for r in results if r.reason.startswith(("predictor error", "fit failed: predictor error"))
+        ),
+    }
+    summary = _section(results, n_anchor, len(filtered), len(rows), len(anchors), excluded)
+    summary["splits"] = {}
+    for split in splits:
+        attr = SPLIT_KEYS[split]
+        values = sorted({getattr(r, attr) for r in filtered})
+        per_value: dict[str, Any] = {}
+        for value in values:
+            sub_filtered = [r for r in filtered if getattr(r, attr) == value]
+            sub_results = [r for r in results if getattr(r.row, attr) == value]
+            sub_anchor = sum(1 for r in sub_filtered if id(r) in anchor_ids)
+            sub_kernels = sum(1 for k in anchors if getattr(anchors[k].rows[0], attr) == value)
+            per_value[value] = _section(
+                sub_results, sub_anchor, len(sub_filtered), len(sub_filtered), sub_kernels
+            )
+        summary["splits"][split] = per_value
+    return ValidationResult(rule=rule, split_by=splits, anchors=anchors, results=results, summary=summary)
+
+
+# --------------------------------------------------------------------------------------------
+# outputs
+
+_CSV_HEAD = (
+    "id",
+    "mode",
+    "scenario",
+    "backend",
+    "backend_version",
+    "model_path",
+    "system",
+    "precision",
+    "tp",
+    "pp",
+    "dp",
+    "moe_tp",
+    "moe_ep",
+    "prefill_pool",
+    "decode_pool",
+    "gpus",
+    "isl",
+    "osl",
+    "concurrency",
+)
+_CSV_TAIL = ("extrapolated", "anchor", "status", "reason")
+
+
+def _fmt(value: float | None) -> str:
+    return "" if value is None else repr(float(value))
+
+
+def _csv_record(r: RowResult) -> list[str]:
+    row = r.row
+    lay = row.layout
+    record = [
+        row.id,
+        row.mode,
+        row.scenario,
+        *row.kernel_key,
+        *(str(v) for v in lay.as_tuple()),
+        "" if row.prefill is None else str(row.prefill),
+        "" if row.decode is None else str(row.decode),
+        str(row.gpus),
+        str(row.isl),
+        str(row.osl),
+        str(row.concurrency),
+    ]
+    for m in METRICS:
+        lo_hi = r.interval.get(m)
+        record += [
+            _fmt(r.measured.get(m)),
+            _fmt(r.predicted.get(m)),
+            _fmt(lo_hi[0] if lo_hi else None),
+            _fmt(lo_hi[1] if lo_hi else None),
+            _fmt(r.ape(m)),
+        ]
+    record += ["true" if r.extrapolated else "false", r.anchor, r.status, r.reason]
+    return record
+
+
+def write_outputs(result: ValidationResult, out_dir: Path) -> None:
+    """Write out_dir/predictions.csv (one line per filtered non-anchor row) and out_dir/summary.json."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    header = list(_CSV_HEAD)
+    for m in METRICS:
+        header += [f"{m}_measured", f"{m}_predicted", f"{m}_lo", f"{m}_hi", f"{m}_ape"]
+    header += list(_CSV_TAIL)
+    with (out_dir / "predictions.csv").open("w", newline="", encoding="utf-8") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(header)
+        for r in result.results:
+            writer.writerow(_csv_record(r))
+    (out_dir / "summary.json").write_text(
+        json.dumps(result.summary, indent=2, allow_nan=False) + "\n", encoding="utf-8"
+    )

@@ -1,0 +1,1 @@
+"""The inferasim Kubernetes operator: a thin kopf adapter over the `inferasim` library."""

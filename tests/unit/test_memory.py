@@ -1,0 +1,70 @@
+"""Memory feasibility with the engines' own KV rules."""
+
+from __future__ import annotations
+
+import pytest
+
+from inferasim.catalog.gpus import get_gpu
+from inferasim.catalog.models import get_model
+from inferasim.layout import Layout, LayoutError
+from inferasim.memory import kv_bytes_per_token_per_gpu, plan_memory, weight_bytes_per_gpu
+
+
+def test_llama70b_bf16_does_not_fit_one_h100_and_says_why() -> None:
+    plan = plan_memory(get_model("meta-llama/Meta-Llama-3.1-70B"), get_gpu("h100_sxm"), Layout(tp=1),
+                       precision="bf16")
+    assert not plan.feasible
+    assert "141" in plan.reasons[0] and "H100" in plan.reasons[0] and "tp1" in plan.reasons[0]
+
+
+def test_kv_capacity_follows_vllm_rule() -> None:
+    model, gpu = get_model("meta-llama/Meta-Llama-3.1-70B"), get_gpu("H200")
+    plan = plan_memory(model, gpu, Layout(tp=4), engine="vllm", precision="fp8")
+    assert plan.feasible
+    expected = 0.9 * gpu.hbm_bytes - plan.weights["total"] - plan.activation_bytes - plan.non_torch_bytes
+    assert plan.kv_bytes == pytest.approx(expected)
+    # 8 KV heads over tp4: 2 heads per GPU, so a quarter of the model's KV per token.
+    assert plan.kv_bytes_per_token == pytest.approx(model.kv_bytes_per_token(2.0) / 4)
+    assert plan.kv_tokens == int(plan.kv_bytes // plan.kv_bytes_per_token)
+
+
+def test_sglang_fraction_holds_weights_and_kv() -> None:
+    model, gpu = get_model("meta-llama/Meta-Llama-3.1-70B"), get_gpu("MI300X")
+    plan = plan_memory(model, gpu, Layout(tp=8), engine="sglang", precision="fp8")
+    assert plan.kv_bytes == pytest.approx(plan.memory_fraction * gpu.hbm_bytes - plan.weights["total"])
+    assert 0.8 < plan.memory_fraction < 0.95
+
+
+def test_kv_heads_replicate_beyond_tp_and_mla_replicates() -> None:
+    llama = get_model("meta-llama/Meta-Llama-3.1-8B")  # 8 KV heads
+    assert kv_bytes_per_token_per_gpu(llama, Layout(tp=8)) == pytest.approx(llama.kv_bytes_per_token() / 8)
+    # tp16 cannot split 8 heads further: each GPU keeps one head.
+    assert kv_bytes_per_token_per_gpu(llama, Layout(tp=16)) == pytest.approx(llama.kv_bytes_per_token() / 8)
+    ds = get_model("deepseek-ai/DeepSeek-V3")
+    assert kv_bytes_per_token_per_gpu(ds, Layout(tp=8)) == pytest.approx(ds.kv_bytes_per_token())
+
+
+def test_weights_split_over_tp_and_experts_over_ep() -> None:
+    ds = get_model("deepseek-ai/DeepSeek-V3")
+    w8 = weight_bytes_per_gpu(ds, Layout(tp=8, moe_ep=8), "fp8")
+    w4 = weight_bytes_per_gpu(ds, Layout(tp=4, moe_ep=4), "fp8")
+    assert w4["routed_experts"] == pytest.approx(2 * w8["routed_experts"])
+    assert w4["attention"] == pytest.approx(2 * w8["attention"])
+    # Whole-model weights are conserved across the GPUs of one replica (pp=1, no replication).
+    total = ds.weight_bytes("fp8")
+    kinds = ("attention", "dense_mlp", "routed_experts", "shared_experts")
+    assert 8 * sum(w8[k] for k in kinds) == pytest.approx(sum(total[k] for k in kinds))
+
+
+def test_more_gpus_more_kv_room() -> None:
+    model, gpu = get_model("Qwen/Qwen3-32B"), get_gpu("h100")
+    caps = [plan_memory(model, gpu, Layout(tp=tp), precision="bf16").kv_tokens_per_replica
+            for tp in (1, 2, 4, 8)]
+    assert caps == sorted(caps) and caps[0] > 0
+
+
+def test_bad_layout_names_the_field() -> None:
+    with pytest.raises(LayoutError, match="tp"):
+        Layout(tp=0)
+    with pytest.raises(LayoutError, match="moe_ep"):
+        Layout(tp=4, moe_ep=3)

@@ -1,0 +1,154 @@
+"""ModelSpec against published parameter counts and architecture facts."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from inferasim.catalog.models import (
+    ModelConfigError,
+    UnknownModelError,
+    get_model,
+    known_models,
+    model_from_config,
+    resolve_model_name,
+)
+
+# (hf id, published total, published active or None). Sources:
+# - Llama 3.1 8B / 70B / 405B: Meta model card (huggingface.co/meta-llama/Llama-3.1-*), 8.03B,
+#   70.6B, 405.9B parameters.
+# - DeepSeek-V3: technical report (arXiv 2412.19437): 671B total, 37B activated per token.
+# - Qwen3-235B-A22B: Qwen3 technical report (arXiv 2505.09388) / model card: 235B total, 22B active.
+# - gpt-oss-120b: OpenAI gpt-oss model card (2025): 116.8B total, 5.1B active.
+# - Mixtral-8x7B: Mistral AI, "Mixtral of experts" (arXiv 2401.04088): 46.7B total, 12.9B active.
+PUBLISHED = [
+    ("meta-llama/Meta-Llama-3.1-8B", 8.0e9, None),
+    ("meta-llama/Meta-Llama-3.1-70B", 70.6e9, None),
+    ("meta-llama/Meta-Llama-3.1-405B", 405.9e9, None),
+    ("deepseek-ai/DeepSeek-V3", 671e9, 37e9),
+    ("Qwen/Qwen3-235B-A22B", 235e9, 22e9),
+    ("openai/gpt-oss-120b", 117e9, 5.1e9),
+    ("mistralai/Mixtral-8x7B-v0.1", 46.7e9, 12.9e9),
+]
+
+
+@pytest.mark.parametrize(("name", "total", "active"), PUBLISHED)
+def test_published_parameter_counts_within_two_percent(name: str, total: float, active: float | None) -> None:
+    m = get_model(name)
+    assert abs(m.total_params - total) / total < 0.02, m.total_params
+    if active is not None:
+        assert abs(m.active_param_count - active) / active < 0.02, m.active_param_count
+
+
+def test_dense_model_active_is_total_minus_embedding_lookup() -> None:
+    m = get_model("meta-llama/Meta-Llama-3.1-8B")
+    p = m.params()
+    assert m.active_param_count == pytest.approx(p.total - p.embeddings)
+    assert not m.is_moe
+
+
+def test_gqa_kv_bytes_per_token_llama70b() -> None:
+    # 80 layers x 8 KV heads x 128 dims x (K and V) x 2 bytes = 327,680 bytes.
+    assert get_model("meta-llama/Meta-Llama-3.1-70B").kv_bytes_per_token(2.0) == 80 * 8 * 128 * 2 * 2
+
+
+def test_mla_kv_is_the_latent() -> None:
+    # DeepSeek-V3: (kv_lora_rank 512 + rope 64) x 61 layers x 2 bytes.
+    m = get_model("deepseek-ai/DeepSeek-V3")
+    assert m.uses_mla
+    assert m.kv_bytes_per_token(2.0) == (512 + 64) * 61 * 2
+    assert m.n_experts == 256 and m.top_k == 8
+    assert m.moe_layers == 61 - 3  # first_k_dense_replace = 3
+
+
+def test_sliding_window_layers_stop_growing() -> None:
+    m = get_model("openai/gpt-oss-120b")
+    windows = [layer.attention.window for layer in m.layers]
+    assert windows.count(128) == 18 and windows.count(None) == 18
+    # At long context the sliding layers add almost nothing: half the full-attention rate.
+    full = m.kv_bytes_per_token(2.0)
+    long = m.kv_bytes_per_token(2.0, context=100_000)
+    assert long < 0.51 * full
+    assert m.kv_read_bytes(1000) < m.kv_read_bytes(2000) < 2 * m.kv_read_bytes(1000)
+
+
+def test_hybrid_linear_attention_has_state_and_less_kv() -> None:
+    m = get_model("Qwen/Qwen3.5-397B-A17B")
+    kinds = [layer.attention.kind for layer in m.layers]
+    assert kinds.count("linear") == 45 and kinds.count("gqa") == 15
+    assert m.state_bytes_per_seq() > 0
+    assert m.kv_bytes_per_token(2.0) == 15 * 2 * 256 * 2 * 2
+
+
+def test_quantized_formats_shrink_weights_in_the_right_places() -> None:
+    m = get_model("moonshotai/Kimi-K2.5")
+    assert m.checkpoint_format == "int4"
+    bf16 = m.weight_bytes("bf16")
+    int4 = m.weight_bytes("int4")
+    assert int4["routed_experts"] < 0.3 * bf16["routed_experts"]
+    assert int4["attention"] == bf16["attention"]  # int4 MoE checkpoints keep attention in 16 bits
+    dense = get_model("meta-llama/Meta-Llama-3.1-70B")
+    assert dense.weight_bytes("fp4")["attention"] < 0.3 * dense.weight_bytes("bf16")["attention"]
+    assert dense.weight_bytes("fp8")["total"] < 0.55 * dense.weight_bytes("bf16")["total"]
+
+
+def test_flops_grow_with_context_and_prefill_is_quadratic() -> None:
+    m = get_model("meta-llama/Meta-Llama-3.1-8B")
+    assert m.decode_flops_per_token(8192) > m.decode_flops_per_token(1024)
+    lin = m.linear_flops_per_token()
+    assert lin == pytest.approx(2 * m.active_param_count, rel=1e-4)  # norms are not matmuls
+    attn_1k = m.prefill_flops(1024) - 1024 * lin
+    attn_2k = m.prefill_flops(2048) - 2048 * lin
+    assert attn_2k / attn_1k == pytest.approx(4.0, rel=1e-6)
+
+
+def test_every_shared_config_loads_or_is_refused_with_the_field(shared_data) -> None:
+    files = sorted((shared_data / "model-configs").glob("*.json"))
+    assert len(files) >= 80
+    loaded = refused = 0
+    for path in files:
+        try:
+            m = model_from_config(path)
+        except ModelConfigError as exc:
+            refused += 1
+            assert "'" in str(exc), f"{path.name}: refusal must name the field: {exc}"
+            continue
+        loaded += 1
+        assert m.total_params > 1e8 and 0 < m.active_param_count <= m.total_params
+    assert loaded >= 70 and refused <= 12
+
+
+def test_refusal_names_unsupported_field() -> None:
+    cfg = {"hidden_size": 64, "num_hidden_layers": 2, "vocab_size": 10, "num_attention_heads": 4,
+           "intermediate_size": 128, "compress_ratios": [4, 4]}
+    with pytest.raises(ModelConfigError, match="compress_ratios"):
+        model_from_config(cfg)
+    with pytest.raises(ModelConfigError, match="num_hidden_layers"):
+        model_from_config({"hidden_size": 64, "vocab_size": 10})
+
+
+def test_names_aliases_and_paths(tmp_path) -> None:
+    assert resolve_model_name("meta-llama/Llama-3.1-70B") == "meta-llama/Meta-Llama-3.1-70B"
+    assert resolve_model_name("meta-llama--Meta-Llama-3.1-70B") == "meta-llama/Meta-Llama-3.1-70B"
+    assert resolve_model_name("zhipuai/GLM-5") == "zai-org/GLM-5"
+    assert resolve_model_name("meta-llama/Llama-3.1-70B-Instruct") == "meta-llama/Meta-Llama-3.1-70B"
+    with pytest.raises(UnknownModelError, match="config.json"):
+        resolve_model_name("acme/NotAModel-3B")
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
+           "intermediate_size": 14336, "num_attention_heads": 32, "num_key_value_heads": 8,
+           "num_hidden_layers": 32, "vocab_size": 128256}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    reference = get_model("meta-llama/Meta-Llama-3.1-8B").total_params
+    assert get_model(path).total_params == pytest.approx(reference)
+    assert get_model(tmp_path).num_layers == 32
+
+
+def test_catalog_ships_the_argonne_models() -> None:
+    names = set(known_models())
+    for n in ("meta-llama/Llama-2-7b-hf", "meta-llama/Llama-2-70b-hf", "meta-llama/Meta-Llama-3-8B",
+              "mistralai/Mistral-7B-v0.1", "Qwen/Qwen2-72B"):
+        assert n in names
+    # Llama-2-7B: 6.74B parameters (Meta, Llama 2 paper, arXiv 2307.09288, "7B").
+    assert get_model("meta-llama/Llama-2-7b-hf").total_params == pytest.approx(6.74e9, rel=0.01)
