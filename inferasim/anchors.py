@@ -1,0 +1,575 @@
+"""Anchors: the brief measurements of one kernel set that every prediction is carried from.
+
+A **kernel set** (DESIGN.md section 1) is what decides which kernels run: engine, engine build,
+model, GPU, precision, KV dtype, attention backend, graph mode and speculative method. An
+**anchor** is a measurement of one kernel set at one layout: end-to-end benchmark points, and/or
+per-iteration step times, the step-time parameters fitted to them, and where they came from.
+
+The pydantic models here are the single source of the anchor JSON schema; the Kubernetes CRD
+``ServingAnchor`` is generated from them, so every field carries a description and the models
+forbid unknown keys (a typo in a hand-written anchor is an error, not a silently ignored field).
+
+The :class:`AnchorStore` is a list of folders of ``*.json`` files (the shipped ``anchors/`` and
+whatever the operator adds). Bad files are collected, not fatal, so ``inferasim anchors check``
+can list them all at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Annotated, Any, Literal, Self
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
+
+from inferasim.layout import Layout, LayoutError
+
+__all__ = [
+    "ENGINES",
+    "SCHEMA_VERSION",
+    "Anchor",
+    "AnchorFileError",
+    "AnchorStore",
+    "BenchPoint",
+    "FitReport",
+    "KernelSet",
+    "LayoutModel",
+    "MeasuredRange",
+    "NoCompatibleAnchor",
+    "Provenance",
+    "StepPoint",
+    "anchor_json_schema",
+    "load_anchor",
+]
+
+SCHEMA_VERSION = 1
+
+# The target engines (DESIGN.md section 7: TRT-LLM is not one).
+ENGINES: tuple[str, ...] = ("vllm", "sglang", "atom")
+
+# Kubernetes structural schemas know no `prefixItems`, which pydantic emits for tuples; a
+# fixed-length array keeps the generated CRD valid while Python still sees a tuple.
+IntRange = Annotated[
+    tuple[int, int],
+    WithJsonSchema({"type": "array", "items": {"type": "integer"}, "minItems": 2, "maxItems": 2}),
+]
+FloatRange = Annotated[
+    tuple[float, float],
+    WithJsonSchema({"type": "array", "items": {"type": "number"}, "minItems": 2, "maxItems": 2}),
+]
+
+_STRICT = ConfigDict(extra="forbid")
+
+
+# --------------------------------------------------------------------------------------------
+# kernel set and layout
+# --------------------------------------------------------------------------------------------
+
+
+class KernelSet(BaseModel):
+    """What decides the kernels that run; two deployments with equal kernel sets share anchors.
+
+    String fields other than ``engine`` are compared as raw strings, as given (an empty engine
+    version is its own kernel set, DESIGN.md section 7).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    engine: str = Field(
+        description="Serving engine: one of vllm, sglang, atom (lower-cased on input).",
+        json_schema_extra={"enum": list(ENGINES)},
+    )
+    engine_version: str = Field("", description="Engine release or build as given; empty = unknown.")
+    model: str = Field(description="Hugging Face model id as given, e.g. 'meta-llama/Llama-3.1-70B'.")
+    gpu: str = Field(description="GPU: canonical catalog name or the raw system string, e.g. 'h100_sxm'.")
+    precision: str = Field("", description="Weight precision as given: fp8, fp4, bf16, int4, or empty.")
+    kv_dtype: str = Field("auto", description="KV-cache dtype flag value; 'auto' = the engine default.")
+    attention_backend: str = Field("auto", description="Attention backend; 'auto' = the engine's choice.")
+    graph_mode: str = Field("default", description="CUDA/HIP graphs or eager; 'default' = engine default.")
+    spec_method: str = Field("none", description="Speculative decoding method; 'none' = off.")
+
+    @field_validator("engine", mode="before")
+    @classmethod
+    def _engine_known(cls, value: Any) -> str:
+        name = value.strip().lower() if isinstance(value, str) else value
+        if name not in ENGINES:
+            raise ValueError(f"engine {value!r} is not supported; accepted engines: {', '.join(ENGINES)}")
+        return name
+
+    def _canonical_json(self) -> str:
+        return json.dumps(self.model_dump(), sort_keys=True, separators=(",", ":"))
+
+    def key(self) -> str:
+        """Stable short hash: sha256 of the canonical JSON (sorted keys), first 12 hex chars."""
+        return hashlib.sha256(self._canonical_json().encode()).hexdigest()[:12]
+
+    def differences(self, other: KernelSet) -> list[tuple[str, str, str]]:
+        """(field, value here, value in ``other``) for every field that differs, in field order."""
+        return [
+            (name, getattr(self, name), getattr(other, name))
+            for name in type(self).model_fields
+            if getattr(self, name) != getattr(other, name)
+        ]
+
+    def describe(self) -> str:
+        """Human-readable one-liner: engine, version, model, GPU, precision, then non-defaults."""
+        words = [self.engine, self.engine_version or "(unknown version)", self.model, "on", self.gpu]
+        if self.precision:
+            words.append(self.precision)
+        for name, field in type(self).model_fields.items():
+            if name in ("engine", "engine_version", "model", "gpu", "precision"):
+                continue
+            if getattr(self, name) != field.default:
+                words.append(f"{name}={getattr(self, name)}")
+        return " ".join(words)
+
+
+class LayoutModel(BaseModel):
+    """How one replica is split over GPUs; mirror of :class:`inferasim.layout.Layout`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    tp: int = Field(1, ge=1, description="Tensor-parallel width of attention and dense layers.")
+    pp: int = Field(1, ge=1, description="Pipeline-parallel stages.")
+    dp: int = Field(1, ge=1, description="Attention data-parallel ranks.")
+    moe_tp: int = Field(0, ge=0, description="Tensor slices of each expert; 0 = derived: tp x dp / moe_ep.")
+    moe_ep: int = Field(1, ge=1, description="Expert-parallel shards of the routed experts.")
+
+    @model_validator(mode="after")
+    def _possible(self) -> Self:
+        # Layout owns the rules (moe_ep divides tp x dp, ...); surface its message unchanged.
+        try:
+            self.to_layout()
+        except LayoutError as exc:
+            raise ValueError(str(exc)) from None
+        return self
+
+    def to_layout(self) -> Layout:
+        return Layout(tp=self.tp, pp=self.pp, dp=self.dp, moe_tp=self.moe_tp, moe_ep=self.moe_ep)
+
+    @classmethod
+    def from_layout(cls, layout: Layout) -> LayoutModel:
+        return cls(**layout.as_dict())
+
+
+# --------------------------------------------------------------------------------------------
+# measurements
+# --------------------------------------------------------------------------------------------
+
+
+class BenchPoint(BaseModel):
+    """One end-to-end benchmark measurement at a fixed (isl, osl, concurrency)."""
+
+    model_config = _STRICT
+
+    isl: int = Field(gt=0, description="Input (prompt) length in tokens.")
+    osl: int = Field(gt=0, description="Output length in tokens.")
+    concurrency: int = Field(
+        gt=0, description="Client concurrency (closed) or requests submitted at once (offline)."
+    )
+    scenario: Literal["closed", "offline"] = Field(
+        "closed",
+        description="closed: fixed concurrency with refill; offline: all requests at once, no refill.",
+    )
+    ttft_ms: float | None = Field(None, gt=0, description="Mean time to first token, milliseconds.")
+    tpot_ms: float | None = Field(None, gt=0, description="Mean time per output token after the first, ms.")
+    batch_latency_s: float | None = Field(
+        None, gt=0, description="Offline: seconds until the whole batch finished."
+    )
+    throughput_tok_s: float | None = Field(
+        None, gt=0, description="Output tokens per second, all GPUs of the replica together."
+    )
+    row_id: str = Field("", description="Provenance: id of the source row.")
+
+    @model_validator(mode="after")
+    def _has_metric(self) -> Self:
+        if all(getattr(self, m) is None for m in _POINT_METRICS):
+            metrics = ", ".join(_POINT_METRICS)
+            raise ValueError(f"a benchmark point needs at least one measured metric: {metrics}")
+        return self
+
+
+_POINT_METRICS: tuple[str, ...] = ("ttft_ms", "tpot_ms", "batch_latency_s", "throughput_tok_s")
+
+
+class StepPoint(BaseModel):
+    """One measured engine iteration (from a PyTorch harvest or engine logs)."""
+
+    model_config = _STRICT
+
+    n_decode: int = Field(ge=0, description="Decode sequences in the step (one token each).")
+    decode_context: float = Field(ge=0, description="Mean context length of the decode sequences, tokens.")
+    n_prefill_tokens: int = Field(ge=0, description="Prefill tokens in the step (sum of the chunks).")
+    prefill_context: float = Field(0.0, ge=0, description="Cached prefix before the prefill chunk, tokens.")
+    step_ms: float = Field(gt=0, description="Measured step time, milliseconds (mean over repeats).")
+    repeats: int = Field(1, ge=1, description="How many times the step was timed.")
+    std_ms: float = Field(0.0, ge=0, description="Standard deviation over the repeats, milliseconds.")
+
+    @model_validator(mode="after")
+    def _not_empty(self) -> Self:
+        if self.n_decode + self.n_prefill_tokens <= 0:
+            raise ValueError("a step needs n_decode + n_prefill_tokens > 0")
+        return self
+
+    @property
+    def tokens(self) -> int:
+        return self.n_decode + self.n_prefill_tokens
+
+
+class Provenance(BaseModel):
+    """Where an anchor's measurements come from and what they cost."""
+
+    model_config = _STRICT
+
+    method: Literal["public-data", "harvest", "passive", "pytorch", "synthetic"] = Field(
+        description=(
+            "public-data: rows of a public data set; harvest: the harvester drove an engine; passive: "
+            "observed live traffic; pytorch: isolated step timings; synthetic: made up (tests, demos)."
+        )
+    )
+    source: str = Field(description="Where: file and rows, cluster and namespace, URL of the data set ...")
+    measured_at: str = Field("", description="ISO date/time of the measurement, as given.")
+    engine_image: str = Field("", description="Container image of the engine that was measured.")
+    measured_by: str = Field("", description="Who or what measured it (tool and version, person).")
+    rows: list[str] = Field(default_factory=list, description="Ids of the source rows used.")
+    gpu_seconds: float = Field(0.0, ge=0, description="GPU-seconds the measurement cost.")
+    notes: str = Field("", description="Free text.")
+
+
+class FitReport(BaseModel):
+    """How well the fitted step-time parameters reproduce the anchor's own measurements."""
+
+    model_config = _STRICT
+
+    n_points: int = Field(ge=0, description="Measurements the fit used.")
+    rms_log_error: float = Field(ge=0, description="Root mean square of log(predicted / measured).")
+    max_abs_log_error: float = Field(ge=0, description="Largest |log(predicted / measured)|.")
+    per_metric: dict[str, float] = Field(
+        default_factory=dict,
+        description="Metric -> median absolute percentage error at the anchor's points (a fraction).",
+    )
+    converged: bool = Field(True, description="Whether the optimiser converged.")
+    message: str = Field("", description="Optimiser or fit message.")
+
+
+class MeasuredRange(BaseModel):
+    """The region the anchor measured; predictions outside it carry an extrapolation flag."""
+
+    model_config = _STRICT
+
+    concurrency: IntRange = Field(description="[min, max] concurrency measured.")
+    isl: IntRange = Field(description="[min, max] input length measured, tokens.")
+    osl: IntRange = Field(description="[min, max] output length measured, tokens.")
+    tokens_per_step: FloatRange | None = Field(
+        None, description="[min, max] tokens per engine step measured (from step points)."
+    )
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Self:
+        for name in ("concurrency", "isl", "osl", "tokens_per_step"):
+            span = getattr(self, name)
+            if span is not None and span[0] > span[1]:
+                raise ValueError(f"{name} range [{span[0]}, {span[1]}] has min above max")
+        return self
+
+    def contains(
+        self, concurrency: int, isl: int, osl: int, tokens_per_step: float | None = None
+    ) -> list[str]:
+        """Reasons the point lies outside the measured range; empty when inside."""
+        checks: list[tuple[str, float, tuple[float, float] | None]] = [
+            ("concurrency", concurrency, self.concurrency),
+            ("isl", isl, self.isl),
+            ("osl", osl, self.osl),
+        ]
+        if tokens_per_step is not None:
+            checks.append(("tokens per step", tokens_per_step, self.tokens_per_step))
+        reasons: list[str] = []
+        for name, value, span in checks:
+            if span is None:
+                continue
+            lo, hi = span
+            if value > hi:
+                reasons.append(f"{name} {_num(value)} above measured {_num(hi)}")
+            elif value < lo:
+                reasons.append(f"{name} {_num(value)} below measured {_num(lo)}")
+        return reasons
+
+    @classmethod
+    def from_measurements(cls, points: list[BenchPoint], steps: list[StepPoint]) -> MeasuredRange | None:
+        """The range spanned by ``points`` (and ``steps`` for tokens per step); None without points.
+
+        A step carries no request lengths, so a steps-only anchor has no range in request terms.
+        """
+        if not points:
+            return None
+        tokens = [s.tokens for s in steps]
+        return cls(
+            concurrency=(min(p.concurrency for p in points), max(p.concurrency for p in points)),
+            isl=(min(p.isl for p in points), max(p.isl for p in points)),
+            osl=(min(p.osl for p in points), max(p.osl for p in points)),
+            tokens_per_step=(float(min(tokens)), float(max(tokens))) if tokens else None,
+        )
+
+
+def _num(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
+# --------------------------------------------------------------------------------------------
+# the anchor
+# --------------------------------------------------------------------------------------------
+
+
+class Anchor(BaseModel):
+    """Measurements of one kernel set at one layout, their fit, and their provenance."""
+
+    model_config = _STRICT
+
+    schema_version: int = Field(
+        SCHEMA_VERSION, ge=1, description="Version of this schema the file was written with."
+    )
+    kernel_set: KernelSet = Field(description="The kernels this anchor measured.")
+    layout: LayoutModel = Field(description="The layout it was measured at.")
+    points: list[BenchPoint] = Field(default_factory=list, description="End-to-end benchmark points.")
+    steps: list[StepPoint] = Field(default_factory=list, description="Measured engine iterations.")
+    params: dict[str, float] = Field(
+        default_factory=dict,
+        description="Fitted step-time parameters (names defined by inferasim.steptime).",
+    )
+    fit: FitReport | None = Field(None, description="Quality of the fit; absent until fitted.")
+    measured_range: MeasuredRange | None = Field(
+        None, description="Measured region; computed from the points when not given."
+    )
+    provenance: Provenance = Field(description="Where the measurements come from.")
+
+    @field_validator("schema_version")
+    @classmethod
+    def _known_version(cls, value: int) -> int:
+        if value > SCHEMA_VERSION:
+            raise ValueError(
+                f"schema_version {value} is newer than this inferasim reads ({SCHEMA_VERSION}); "
+                "upgrade inferasim"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _complete(self) -> Self:
+        if not self.points and not self.steps:
+            raise ValueError("an anchor needs at least one benchmark point or step")
+        if self.measured_range is None:
+            self.measured_range = MeasuredRange.from_measurements(self.points, self.steps)
+        return self
+
+    @property
+    def id(self) -> str:
+        """Kernel-set key plus layout label, e.g. ``3fa2c1d9e0ab-tp4-ep4``."""
+        return f"{self.kernel_set.key()}-{self.layout.to_layout().label()}"
+
+    def filename(self) -> str:
+        """Readable, filesystem-safe file name; the key suffix keeps kernel sets apart."""
+        ks = self.kernel_set
+        label = self.layout.to_layout().label()
+        parts = [ks.engine, ks.model.replace("/", "--"), ks.gpu, ks.precision, label]
+        slug = "-".join(_safe(p) for p in parts if p)
+        return f"{slug}-{ks.key()[:6]}.json"
+
+
+def _safe(text: str) -> str:
+    # "_" for anything unsafe keeps the "-" between parts and the "--" of the model readable.
+    return re.sub(r"[^a-z0-9._-]+", "_", text.lower())
+
+
+def anchor_json_schema() -> dict[str, Any]:
+    """The JSON schema of an anchor file (and of the ServingAnchor CRD spec)."""
+    return Anchor.model_json_schema()
+
+
+# --------------------------------------------------------------------------------------------
+# errors
+# --------------------------------------------------------------------------------------------
+
+
+class NoCompatibleAnchor(LookupError):
+    """No anchor measured this kernel set; the message names how the nearest anchors differ."""
+
+    def __init__(
+        self,
+        kernel_set: KernelSet,
+        nearest: list[tuple[Anchor, list[tuple[str, str, str]]]],
+        folders: Iterable[Path] = (),
+    ) -> None:
+        self.kernel_set = kernel_set
+        self.nearest = nearest
+        message = f"no anchor for {kernel_set.describe()}"
+        if nearest:
+            described = []
+            for anchor, diffs in nearest:
+                fields = ", ".join(f"{name} ({have!r} vs {want!r})" for name, have, want in diffs)
+                described.append(f"{anchor.filename()} differs in {fields}")
+            message += "; nearest: " + "; ".join(described)
+        else:
+            where = ", ".join(str(f) for f in folders) or "no folders"
+            message += f"; the anchor store is empty ({where})"
+        super().__init__(message)
+
+
+class AnchorFileError(ValueError):
+    """A bad anchor file; the message names the file and each problem's location."""
+
+    def __init__(self, path: str | Path, problems: list[str]) -> None:
+        self.path = Path(path)
+        self.problems = problems
+        super().__init__(f"{self.path}: " + "; ".join(problems))
+
+
+def _location(loc: tuple[int | str, ...]) -> str:
+    """pydantic's ('points', 0, 'ttft_ms') -> points[0].ttft_ms."""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _plain_errors(exc: ValidationError) -> list[str]:
+    problems = []
+    for err in exc.errors(include_url=False):
+        where = _location(tuple(err["loc"]))
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "missing":
+            problems.append(f"field {where} is missing")
+        elif where:
+            if err["type"] == "extra_forbidden":
+                problems.append(f"field {where} is not part of the anchor schema")
+            else:
+                problems.append(f"field {where}: {msg} (got {_short(err['input'])})")
+        else:
+            problems.append(msg)
+    return problems
+
+
+def load_anchor(path: str | Path) -> Anchor:
+    """Read one anchor file; AnchorFileError (naming the file and the fields) when it is bad."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise AnchorFileError(path, [f"cannot read: {exc}"]) from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        problem = f"not valid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
+        raise AnchorFileError(path, [problem]) from None
+    try:
+        return Anchor.model_validate(data)
+    except ValidationError as exc:
+        raise AnchorFileError(path, _plain_errors(exc)) from None
+
+
+# --------------------------------------------------------------------------------------------
+# the store
+# --------------------------------------------------------------------------------------------
+
+
+# Field weights for "nearest": a different model or engine is farther than a different build.
+_DISTANCE = {"model": 8, "engine": 4, "gpu": 4, "precision": 2}
+
+
+class AnchorStore:
+    """Anchors read from folders of ``*.json`` files; later folders add to earlier ones."""
+
+    def __init__(self, *folders: str | Path) -> None:
+        self.folders: list[Path] = [Path(f) for f in folders]
+        self._anchors: list[tuple[Path, Anchor]] = []
+        self._errors: list[AnchorFileError] = []
+        self.reload()
+
+    def reload(self) -> None:
+        """Read every folder again (eagerly: `anchors check` wants all errors at once)."""
+        self._anchors, self._errors = [], []
+        for folder in self.folders:
+            if not folder.exists():
+                continue  # a missing folder is an empty one (e.g. no operator anchors yet)
+            if not folder.is_dir():
+                self._errors.append(AnchorFileError(folder, ["is not a folder"]))
+                continue
+            for path in sorted(folder.glob("*.json")):
+                try:
+                    self._anchors.append((path, load_anchor(path)))
+                except AnchorFileError as exc:
+                    self._errors.append(exc)
+
+    def all(self) -> list[Anchor]:
+        return [a for _, a in self._anchors]
+
+    def errors(self) -> list[AnchorFileError]:
+        return list(self._errors)
+
+    def __len__(self) -> int:
+        return len(self._anchors)
+
+    def candidates(self, kernel_set: KernelSet) -> list[Anchor]:
+        """Anchors of exactly this kernel set, best first (fewest GPUs, then most points)."""
+        return self._ranked(kernel_set, None)
+
+    def find(self, kernel_set: KernelSet, layout: Layout | None = None) -> Anchor:
+        """The anchor for ``kernel_set``: the same layout if measured, else the fewest GPUs, then
+        the most points; ties go to the anchor read last (later folders hold newer measurements).
+        """
+        ranked = self._ranked(kernel_set, layout)
+        if ranked:
+            return ranked[0]
+        scored = []
+        for _, anchor in self._anchors:
+            diffs = anchor.kernel_set.differences(kernel_set)
+            distance = sum(_DISTANCE.get(name, 1) for name, _, _ in diffs)
+            scored.append((len(diffs), distance, anchor.filename(), anchor, diffs))
+        scored.sort(key=lambda s: s[:3])
+        raise NoCompatibleAnchor(kernel_set, [(s[3], s[4]) for s in scored[:3]], self.folders)
+
+    def _ranked(self, kernel_set: KernelSet, layout: Layout | None) -> list[Anchor]:
+        matches = [(i, a) for i, (_, a) in enumerate(self._anchors) if a.kernel_set == kernel_set]
+
+        def preference(item: tuple[int, Anchor]) -> tuple[int, int, int, int, int]:
+            order, anchor = item
+            own = anchor.layout.to_layout()
+            same = 0 if layout is not None and own == layout else 1
+            return (same, own.gpus, -len(anchor.points), -len(anchor.steps), -order)
+
+        return [a for _, a in sorted(matches, key=preference)]
+
+    def save(self, anchor: Anchor, folder: str | Path | None = None) -> Path:
+        """Write ``anchor`` as pretty JSON into ``folder`` (default: the first folder) and add it.
+
+        Written to a temporary name and renamed, so a reader never sees half a file.
+        """
+        if folder is None:
+            if not self.folders:
+                raise ValueError("this anchor store has no folder to save into; pass folder=")
+            folder = self.folders[0]
+        target_dir = Path(folder)
+        target_dir.mkdir(parents=True, exist_ok=True)
+        path = target_dir / anchor.filename()
+        tmp = target_dir / f".{path.name}.tmp"  # not *.json: readers skip it
+        tmp.write_text(anchor.model_dump_json(indent=2) + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+        # Replace an entry read from the same file; otherwise the new anchor is the newest.
+        self._anchors = [(p, a) for p, a in self._anchors if p.resolve() != path.resolve()]
+        self._anchors.append((path, anchor))
+        return path

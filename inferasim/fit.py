@@ -1,0 +1,192 @@
+"""Bounded fit of step-time parameters to an anchor's measured points.
+
+The fit is a maximum a posteriori estimate: log-errors of the predicted benchmark metrics at the
+anchor's own points, plus log-normal priors that pull each parameter toward its GPU-family
+default. Why priors: one anchor is one layout at one length pair, so it cannot separate every
+parameter (the fixed host cost and the weight-streaming efficiency trade against each other at a
+single tp). The priors settle what the data do not, and the data override them where they speak.
+Every parameter stays inside PARAM_BOUNDS (efficiencies within (0, 1] of peak).
+
+This module sits apart from `steptime` because the residuals run through the benchmark model of
+`inferasim.sim.benchmark`, which itself builds on `steptime`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from inferasim.sim.benchmark import EngineSched, closed_loop, offline_batch
+from inferasim.steptime import PARAM_BOUNDS, LayoutCost, StepParams
+
+# Prior spread (natural-log units) of each parameter around its default.
+PRIOR_SIGMA: dict[str, float] = {
+    "t_fixed": 1.0,
+    "t_seq": 1.5,
+    "e_bw": 0.25,
+    "e_kv": 0.6,
+    "e_flops": 0.5,
+    "e_attn": 0.6,
+    "moe_skew": 1.0,
+    "comm_scale": 0.3,
+    "burst": 1.0,
+}
+FREE_PARAMS: tuple[str, ...] = ("t_fixed", "t_seq", "e_bw", "e_kv", "e_flops", "e_attn", "moe_skew", "burst")
+_FLOOR = {"t_seq": 1e-7, "moe_skew": 1e-3, "burst": 1e-3}
+
+
+@dataclass(frozen=True)
+class FitPoint:
+    isl: int
+    osl: int
+    concurrency: int
+    scenario: str = "closed"  # closed | offline
+    ttft: float | None = None  # s
+    tpot: float | None = None  # s
+    batch_latency: float | None = None  # s
+    throughput: float | None = None  # output tokens/s
+
+
+@dataclass
+class FitResult:
+    params: StepParams
+    rms_log_error: float
+    max_abs_log_error: float
+    per_metric_mape: dict[str, float]
+    n_points: int
+    iterations: int
+    converged: bool
+    message: str = ""
+    residuals: dict[str, list[float]] = field(default_factory=dict)
+
+
+def _metric_arrays(points: Sequence[FitPoint]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """metric -> (indices of points having it, measured values)."""
+    out: dict[str, tuple[list[int], list[float]]] = {}
+    for i, pt in enumerate(points):
+        for name in ("ttft", "tpot", "batch_latency", "throughput"):
+            v = getattr(pt, name)
+            if v is not None and v > 0:
+                out.setdefault(name, ([], []))
+                out[name][0].append(i)
+                out[name][1].append(v)
+    return {k: (np.array(i, dtype=int), np.array(v, dtype=float)) for k, (i, v) in out.items()}
+
+
+def predict_points(params: StepParams, cost: LayoutCost, sched: EngineSched,
+                   points: Sequence[FitPoint]) -> dict[str, np.ndarray]:
+    """Predicted metrics for every point (NaN where a metric does not apply to its scenario)."""
+    n = len(points)
+    isl = np.array([p.isl for p in points], dtype=float)
+    osl = np.array([p.osl for p in points], dtype=float)
+    conc = np.array([p.concurrency for p in points], dtype=float)
+    closed = np.array([p.scenario != "offline" for p in points])
+    out = {k: np.full(n, np.nan) for k in ("ttft", "tpot", "batch_latency", "throughput")}
+    if closed.any():
+        r = closed_loop(params, cost, sched, isl[closed], osl[closed], conc[closed])
+        out["ttft"][closed] = r.ttft
+        out["tpot"][closed] = r.tpot
+        out["throughput"][closed] = r.throughput
+    if (~closed).any():
+        r2 = offline_batch(params, cost, sched, isl[~closed], osl[~closed], conc[~closed])
+        out["batch_latency"][~closed] = r2.batch_latency
+        out["throughput"][~closed] = r2.throughput
+        out["ttft"][~closed] = r2.ttft
+        out["tpot"][~closed] = r2.tpot
+    return out
+
+
+def fit_params(cost: LayoutCost, sched: EngineSched, points: Sequence[FitPoint], prior: StepParams,
+               free: Sequence[str] = FREE_PARAMS, max_iter: int = 40) -> FitResult:
+    """Levenberg-Marquardt on log-parameters, clipped to PARAM_BOUNDS."""
+    if not points:
+        raise ValueError("an anchor needs at least one measured point to fit")
+    metrics = _metric_arrays(points)
+    if not metrics:
+        raise ValueError("the anchor's points carry no measured metric")
+    # Throughput of closed points duplicates TTFT and TPOT; fit it only where nothing else is.
+    if "throughput" in metrics and ("ttft" in metrics or "tpot" in metrics):
+        closed_idx = {i for i, p in enumerate(points) if p.scenario != "offline"}
+        idx, val = metrics["throughput"]
+        keep = np.array([i not in closed_idx for i in idx], dtype=bool)
+        metrics["throughput"] = (idx[keep], val[keep])
+        if not keep.any():
+            del metrics["throughput"]
+    free = [f for f in free if not (f == "moe_skew" and cost.n_experts == 0) and
+            not (f == "burst" and all(p.scenario == "offline" for p in points))]
+    prior_d = prior.as_dict()
+    base = dict(prior_d)
+
+    def to_params(z: np.ndarray) -> StepParams:
+        d = dict(base)
+        for name, zi in zip(free, z, strict=True):
+            lo, hi = PARAM_BOUNDS[name]
+            d[name] = float(np.clip(np.exp(zi), max(lo, _FLOOR.get(name, lo)), hi))
+        return StepParams(**d)
+
+    def residuals(z: np.ndarray) -> np.ndarray:
+        prm = to_params(z)
+        pred = predict_points(prm, cost, sched, points)
+        parts = []
+        for name, (idx, meas) in metrics.items():
+            pv = pred[name][idx]
+            parts.append(np.log(np.maximum(pv, 1e-12) / meas))
+        for name, zi in zip(free, z, strict=True):
+            center = np.log(max(prior_d[name], _FLOOR.get(name, 1e-9)))
+            parts.append(np.array([(zi - center) / PRIOR_SIGMA[name]]) * 0.5)
+        return np.concatenate(parts)
+
+    z = np.array([np.log(max(prior_d[f], _FLOOR.get(f, 1e-9))) for f in free])
+    r = residuals(z)
+    cost_val = float(r @ r)
+    lam = 1e-2
+    it = 0
+    converged = False
+    for it in range(1, max_iter + 1):
+        jac = np.empty((r.size, z.size))
+        for j in range(z.size):
+            dz = np.zeros_like(z)
+            dz[j] = 1e-4
+            jac[:, j] = (residuals(z + dz) - r) / 1e-4
+        g = jac.T @ r
+        h = jac.T @ jac
+        improved = False
+        for _ in range(8):
+            step = -np.linalg.solve(h + lam * np.diag(np.diag(h) + 1e-9), g)
+            z_new = z + step
+            # Keep z inside the bounds so that the clipping does not hide the gradient.
+            for j, name in enumerate(free):
+                lo, hi = PARAM_BOUNDS[name]
+                z_new[j] = np.clip(z_new[j], np.log(max(lo, _FLOOR.get(name, lo))), np.log(hi))
+            r_new = residuals(z_new)
+            c_new = float(r_new @ r_new)
+            if c_new < cost_val:
+                rel = (cost_val - c_new) / max(cost_val, 1e-12)
+                z, r, cost_val = z_new, r_new, c_new
+                lam = max(lam / 3.0, 1e-6)
+                improved = True
+                if rel < 1e-6:
+                    converged = True
+                break
+            lam *= 4.0
+        if not improved or converged:
+            converged = True
+            break
+    params = to_params(z)
+    pred = predict_points(params, cost, sched, points)
+    per_metric: dict[str, float] = {}
+    all_log: list[float] = []
+    res_out: dict[str, list[float]] = {}
+    for name, (idx, meas) in metrics.items():
+        logs = np.log(np.maximum(pred[name][idx], 1e-12) / meas)
+        all_log.extend(logs.tolist())
+        res_out[name] = logs.tolist()
+        per_metric[name] = float(np.median(np.abs(pred[name][idx] - meas) / meas))
+    arr = np.array(all_log)
+    return FitResult(
+        params=params, rms_log_error=float(np.sqrt(np.mean(arr ** 2))),
+        max_abs_log_error=float(np.max(np.abs(arr))), per_metric_mape=per_metric, n_points=len(points),
+        iterations=it, converged=converged, residuals=res_out,
+    )

@@ -1,0 +1,176 @@
+"""The anchored predictor: fit a kernel set's anchor rows, then predict other deployments.
+
+This is the glue between measured benchmark rows (validation CSVs, shipped anchors) and the
+physics of `steptime` + `transfer` + `sim.benchmark`. `AnchoredPredictor` implements the
+`Predictor` protocol of `inferasim.validate`; it sees only the anchor rows of a kernel set.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from inferasim.catalog.engines import UnknownEngineError, normalize_engine
+from inferasim.catalog.gpus import GPU, UnknownGPUError, get_gpu
+from inferasim.catalog.models import ModelConfigError, ModelSpec, UnknownModelError, get_model
+from inferasim.fit import FitPoint, FitResult, fit_params, predict_points
+from inferasim.layout import Layout, LayoutError
+from inferasim.sim.benchmark import engine_sched
+from inferasim.steptime import StepParams, default_params, layout_cost, step_time
+from inferasim.transfer import disagg_point
+from inferasim.validate import BenchRow, CannotPredict, RowPrediction
+from inferasim.validate import Layout as RowLayout
+
+# Interval: +-z x (fit rms in log space, widened off the anchor's layout and lengths).
+INTERVAL_Z = 1.64
+TRANSFER_SPREAD = 0.10  # extra log-spread per step away from the anchor (layout, lengths)
+
+
+def to_layout(row_layout: RowLayout) -> Layout:
+    try:
+        return Layout(tp=row_layout.tp, pp=row_layout.pp, dp=row_layout.dp, moe_tp=row_layout.moe_tp,
+                      moe_ep=row_layout.moe_ep)
+    except LayoutError:
+        # moe_tp x moe_ep must cover tp x dp; a row that says otherwise keeps its ep.
+        return Layout(tp=row_layout.tp, pp=row_layout.pp, dp=row_layout.dp, moe_ep=row_layout.moe_ep) \
+            if (row_layout.tp * row_layout.dp) % row_layout.moe_ep == 0 else \
+            Layout(tp=row_layout.tp, pp=row_layout.pp, dp=row_layout.dp)
+
+
+def resolve(row: BenchRow) -> tuple[str, ModelSpec, GPU]:
+    try:
+        engine = normalize_engine(row.backend)
+        model = get_model(row.model_path)
+        gpu = get_gpu(row.system)
+    except (UnknownEngineError, UnknownModelError, ModelConfigError, UnknownGPUError) as exc:
+        raise CannotPredict(str(exc)) from None
+    return engine, model, gpu
+
+
+def fit_point(row: BenchRow) -> FitPoint:
+    return FitPoint(
+        isl=row.isl, osl=row.osl, concurrency=row.concurrency, scenario=row.scenario,
+        ttft=row.ttft_ms / 1e3 if row.ttft_ms else None,
+        tpot=row.tpot_ms / 1e3 if row.tpot_ms else None,
+        batch_latency=row.batch_latency_s, throughput=row.throughput_tok_s,
+    )
+
+
+@dataclass
+class FittedAnchor:
+    """A kernel set fitted at its anchor layout; predicts any layout of the same kernels."""
+
+    engine: str
+    engine_version: str
+    model: ModelSpec
+    gpu: GPU
+    precision: str
+    layout: Layout
+    fit: FitResult
+    anchor_id: str
+    conc_range: tuple[int, int]
+    isl_range: tuple[int, int]
+    osl_range: tuple[int, int]
+
+    @property
+    def params(self) -> StepParams:
+        return self.fit.params
+
+    def _spread(self, extrapolated: bool, layout: Layout, isl: int, osl: int) -> float:
+        base = max(self.fit.rms_log_error, 0.03)
+        steps = 0
+        if layout != self.layout:
+            steps += 1 + abs(math.log2(layout.gpus / self.layout.gpus))
+        if (isl, osl) != (self.isl_range[0], self.osl_range[0]):
+            steps += 1
+        if extrapolated:
+            steps += 1
+        return INTERVAL_Z * math.hypot(base, TRANSFER_SPREAD * steps)
+
+    def _extrapolation(self, conc: int, isl: int, osl: int) -> bool:
+        return not (self.conc_range[0] <= conc <= self.conc_range[1] and
+                    self.isl_range[0] <= isl <= self.isl_range[1] and
+                    self.osl_range[0] <= osl <= self.osl_range[1])
+
+    def predict_layout(self, layout: Layout, isl: int, osl: int, concurrency: int,
+                       scenario: str = "closed") -> dict[str, float]:
+        cost = layout_cost(self.model, self.gpu, layout, self.precision)
+        sched = engine_sched(self.engine, self.model, self.gpu, layout, self.precision, self.engine_version)
+        pred = predict_points(self.params, cost, sched,
+                              [FitPoint(isl=isl, osl=osl, concurrency=concurrency, scenario=scenario)])
+        return {k: float(v[0]) for k, v in pred.items()}
+
+    def predict(self, row: BenchRow) -> RowPrediction:
+        extrapolated = self._extrapolation(row.concurrency, row.isl, row.osl)
+        if row.mode == "disagg":
+            if row.prefill is None or row.decode is None:
+                raise CannotPredict("disaggregated row lacks its prefill or decode pool layout")
+            d = disagg_point(self, to_layout(row.prefill.layout), row.prefill.workers,
+                             to_layout(row.decode.layout), row.decode.workers, row.isl, row.osl,
+                             row.concurrency)
+            spread = self._spread(True, to_layout(row.decode.layout), row.isl, row.osl)
+            return RowPrediction(
+                ttft_ms=d["ttft"] * 1e3, tpot_ms=d["tpot"] * 1e3,
+                interval={"ttft": (d["ttft"] * 1e3 * math.exp(-spread), d["ttft"] * 1e3 * math.exp(spread)),
+                          "tpot": (d["tpot"] * 1e3 * math.exp(-spread), d["tpot"] * 1e3 * math.exp(spread))},
+                extrapolated=True, anchor=self.anchor_id)
+        layout = to_layout(row.layout)
+        pred = self.predict_layout(layout, row.isl, row.osl, row.concurrency, row.scenario)
+        spread = self._spread(extrapolated, layout, row.isl, row.osl)
+
+        def band(v: float | None, scale: float = 1.0) -> tuple[float, float] | None:
+            if v is None or not np.isfinite(v):
+                return None
+            return (v * scale * math.exp(-spread), v * scale * math.exp(spread))
+
+        interval = {k: b for k, b in (("ttft", band(pred["ttft"], 1e3)), ("tpot", band(pred["tpot"], 1e3)),
+                                      ("batch_latency", band(pred["batch_latency"])),
+                                      ("throughput", band(pred["throughput"]))) if b}
+        offline = row.scenario == "offline"
+        return RowPrediction(
+            ttft_ms=None if offline else pred["ttft"] * 1e3,
+            tpot_ms=None if offline else pred["tpot"] * 1e3,
+            batch_latency_s=pred["batch_latency"] if offline else None,
+            throughput_tok_s=pred["throughput"] if offline else None,
+            interval=interval, extrapolated=extrapolated, anchor=self.anchor_id,
+        )
+
+    def step_ms(self, layout: Layout, n_dec: float, ctx: float, n_pref: float = 0.0,
+                ctx_pref: float = 0.0) -> float:
+        cost = layout_cost(self.model, self.gpu, layout, self.precision)
+        return float(step_time(self.params, cost, n_dec, ctx, n_pref, ctx_pref)) * 1e3
+
+
+def fit_anchor_rows(rows: list[BenchRow]) -> FittedAnchor:
+    if not rows:
+        raise CannotPredict("no anchor rows")
+    first = rows[0]
+    engine, model, gpu = resolve(first)
+    layout = to_layout(first.layout)
+    precision = first.precision or "auto"
+    try:
+        cost = layout_cost(model, gpu, layout, precision)
+        sched = engine_sched(engine, model, gpu, layout, precision, first.backend_version)
+    except ValueError as exc:
+        raise CannotPredict(str(exc)) from None
+    if sched.kv_tokens <= 0:
+        raise CannotPredict(f"{model.name} does not fit {gpu.name} at {layout.label()} by the memory model")
+    points = [fit_point(r) for r in rows]
+    result = fit_params(cost, sched, points, default_params(gpu, engine))
+    concs = [r.concurrency for r in rows]
+    return FittedAnchor(
+        engine=engine, engine_version=first.backend_version, model=model, gpu=gpu, precision=precision,
+        layout=layout, fit=result, anchor_id=f"{engine}:{first.backend_version or '?'}:{model.name}:"
+        f"{gpu.name}:{precision}:{layout.label()}",
+        conc_range=(min(concs), max(concs)), isl_range=(min(r.isl for r in rows), max(r.isl for r in rows)),
+        osl_range=(min(r.osl for r in rows), max(r.osl for r in rows)),
+    )
+
+
+class AnchoredPredictor:
+    """`inferasim.validate.Predictor`: fit on the anchor rows, predict the rest."""
+
+    def fit(self, kernel_key: tuple[str, ...], anchor_rows: list[BenchRow]) -> FittedAnchor:
+        return fit_anchor_rows(anchor_rows)

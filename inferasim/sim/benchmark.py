@@ -1,0 +1,204 @@
+"""Steady-state estimator of the public benchmarks: closed loop and offline batch.
+
+Closed loop (what `vllm bench serve --max-concurrency C` and the public data do): C clients,
+each sends a request of `isl` random prompt tokens asking `osl` output tokens, and sends the next
+one when it completes; no prefix reuse. Offline (vLLM `benchmark_latency` /
+`benchmark_throughput`): B requests arrive at once, no refill.
+
+The estimator solves the steady state in closed form per point, vectorised over numpy arrays of
+points, so it can sit inside a fit and a search. The discrete-event simulator in
+`inferasim.sim.des` replays the same benchmark request by request; the two agree within the
+tolerances its tests state.
+
+Scheduling follows the engine:
+- vLLM V1 and ATOM-style *mixed* batches: decodes first, the leftover `max_num_batched_tokens`
+  goes to prefill chunks in the same step; a prefill adds its marginal compute to decode steps.
+- SGLang-style *separate* prefill batches (and vLLM V0): a prefill batch stops the decodes for
+  its whole duration, host cost and weight read included.
+In both, the extra wall time that prefills take out of each request's decode phase stretches
+TPOT to T_decode / (1 - u), u = the share of time spent on prefill work.
+
+Capacity: running requests are capped by `max_num_seqs` and by the KV pool, with the KV a
+request needs at its end (isl + osl, in whole blocks); clients beyond the cap queue, and their
+wait is part of TTFT (closed-loop Little's law: C = X x (wait + service)).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from inferasim.catalog.engines import engine_defaults, normalize_engine
+from inferasim.catalog.gpus import GPU
+from inferasim.catalog.models import ModelSpec
+from inferasim.layout import Layout
+from inferasim.memory import plan_memory
+from inferasim.steptime import LayoutCost, StepParams, layout_cost, step_time
+
+FIXED_POINT_ITERATIONS = 24
+MAX_PREFILL_SHARE = 0.95
+
+
+@dataclass(frozen=True)
+class EngineSched:
+    """The scheduler limits that shape a benchmark, per attention-dp rank."""
+
+    engine: str
+    mixed: bool  # prefill chunks ride in decode steps (vLLM V1, ATOM) or run apart (SGLang, vLLM V0)
+    max_num_seqs: int
+    max_batched_tokens: int  # per-step token budget (vLLM) / chunked prefill size (SGLang)
+    kv_tokens: int  # KV pool of one dp rank, in tokens
+    block_size: int
+
+    @property
+    def prefill_chunk(self) -> int:
+        return max(self.max_batched_tokens, 256)
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    parts = []
+    for piece in version.replace("-", ".").split("."):
+        if piece.isdigit():
+            parts.append(int(piece))
+        else:
+            break
+    return tuple(parts)
+
+
+def engine_sched(engine: str, model: ModelSpec, gpu: GPU, layout: Layout, precision: str = "auto",
+                 engine_version: str = "", kv_dtype: str = "auto", max_num_seqs: int | None = None,
+                 max_batched_tokens: int | None = None) -> EngineSched:
+    engine = normalize_engine(engine)
+    engine_tp = layout.tp * layout.dp if engine == "sglang" else layout.tp
+    d = engine_defaults(engine, gpu.hbm_bytes, tp=engine_tp, pp=layout.pp, dp_attention=layout.dp,
+                        gpu_name=gpu.name)
+    plan = plan_memory(model, gpu, layout, engine=engine, precision=precision, kv_dtype=kv_dtype,
+                       max_num_batched_tokens=max_batched_tokens, max_num_seqs=max_num_seqs)
+    mixed = d.mixed_prefill_decode
+    if engine == "vllm" and engine_version and _version_tuple(engine_version) < (0, 7):
+        # vLLM V0 (before 0.7) ran prefill and decode in separate steps unless chunked prefill
+        # was asked for.
+        mixed = False
+    return EngineSched(
+        engine=engine, mixed=mixed, max_num_seqs=max_num_seqs or d.max_num_seqs,
+        max_batched_tokens=max_batched_tokens or d.max_num_batched_tokens,
+        kv_tokens=max(plan.kv_tokens, 0), block_size=max(d.block_size, 1),
+    )
+
+
+@dataclass(frozen=True)
+class BenchResult:
+    ttft: np.ndarray  # s, mean
+    tpot: np.ndarray  # s, mean
+    running: np.ndarray  # requests running at once (per replica)
+    throughput: np.ndarray  # output tokens/s of the replica
+    step_decode: np.ndarray  # s, decode-only step at the steady batch
+    kv_limited: np.ndarray  # bool: the KV pool, not the clients, set the batch
+
+    def e2e_latency(self, osl: np.ndarray) -> np.ndarray:
+        return self.ttft + (np.asarray(osl, dtype=float) - 1.0) * self.tpot
+
+
+def _capacity(sched: EngineSched, isl: np.ndarray, osl: np.ndarray) -> np.ndarray:
+    blocks = np.ceil((isl + osl) / sched.block_size) * sched.block_size
+    return np.maximum(np.floor(sched.kv_tokens / blocks), 1.0)
+
+
+def _prefill_rate(p: StepParams, c: LayoutCost, sched: EngineSched, isl: np.ndarray) -> np.ndarray:
+    """Tokens/s of one dp rank doing nothing but prefill in full chunks."""
+    chunk = np.full_like(isl, float(sched.prefill_chunk))
+    return chunk / step_time(p, c, 0.0, 0.0, chunk, isl / 2.0)
+
+
+def closed_loop(p: StepParams, c: LayoutCost, sched: EngineSched, isl: np.ndarray, osl: np.ndarray,
+                concurrency: np.ndarray) -> BenchResult:
+    isl = np.asarray(isl, dtype=float)
+    osl = np.asarray(osl, dtype=float)
+    conc = np.asarray(concurrency, dtype=float)
+    dp = c.layout.dp
+    cap = np.minimum(_capacity(sched, isl, osl), sched.max_num_seqs) * dp
+    running = np.maximum(np.minimum(conc, cap), 1.0)
+    b = running / dp
+    ctx = isl + osl / 2.0
+    t_dec = step_time(p, c, b, ctx)
+    if sched.mixed:
+        chunk = np.clip(sched.max_batched_tokens - b, 64.0, None)
+        chunk = np.minimum(chunk, isl)
+        t_mix = step_time(p, c, b, ctx, chunk, isl / 2.0)
+        per_token = np.maximum(t_mix - t_dec, 0.0) / chunk
+        p_req = isl * per_token  # marginal prefill time one request adds to the rank
+        n_chunks = np.ceil(isl / chunk)
+        ttft_base = 0.5 * t_dec + n_chunks * t_mix
+    else:
+        chunk = np.minimum(float(sched.prefill_chunk), isl)
+        p_req = np.ceil(isl / chunk) * step_time(p, c, 0.0, 0.0, chunk, isl / 2.0)
+        ttft_base = 0.5 * t_dec + p_req
+    tpot = t_dec.copy()
+    ttft = ttft_base.copy()
+    x = running / (ttft + (osl - 1.0) * tpot)
+    for _ in range(FIXED_POINT_ITERATIONS):
+        u = np.minimum(x / dp * p_req, MAX_PREFILL_SHARE)
+        tpot_new = t_dec / (1.0 - u)
+        wait_prefill = u * p_req / (2.0 * (1.0 - u))  # M/D/1 queue for the prefill server
+        service = ttft_base + wait_prefill + (osl - 1.0) * tpot_new
+        x_new = running / service
+        tpot = 0.5 * tpot + 0.5 * tpot_new
+        x = 0.5 * x + 0.5 * x_new
+        ttft = ttft_base + wait_prefill
+    # Clients beyond the running cap wait for a slot (closed-loop Little's law).
+    service = ttft + (osl - 1.0) * tpot
+    admission_wait = np.maximum(conc / x - service, 0.0)
+    ttft_steady = ttft + admission_wait
+    # Start-up burst: the first wave of min(C, cap) requests arrives at once and queues for prefill.
+    rate = _prefill_rate(p, c, sched, isl)
+    burst_ttft = (b * isl / 2.0 + isl / 2.0) / rate + 0.5 * t_dec
+    ttft_mean = (1.0 - p.burst) * ttft_steady + p.burst * np.maximum(burst_ttft, ttft_steady)
+    throughput = x * osl
+    return BenchResult(ttft=ttft_mean, tpot=tpot, running=running, throughput=throughput,
+                       step_decode=t_dec, kv_limited=cap < conc)
+
+
+@dataclass(frozen=True)
+class OfflineResult:
+    batch_latency: np.ndarray  # s, all requests done
+    throughput: np.ndarray  # output tokens/s
+    ttft: np.ndarray
+    tpot: np.ndarray
+
+
+def offline_batch(p: StepParams, c: LayoutCost, sched: EngineSched, isl: np.ndarray, osl: np.ndarray,
+                  batch: np.ndarray) -> OfflineResult:
+    """B requests at once, no refill. Requests beyond what the KV pool holds run in later waves
+    (vLLM preempts and recomputes; waves are the steady equivalent)."""
+    isl = np.asarray(isl, dtype=float)
+    osl = np.asarray(osl, dtype=float)
+    bsz = np.asarray(batch, dtype=float)
+    dp = c.layout.dp
+    cap = np.minimum(_capacity(sched, isl, osl), sched.max_num_seqs) * dp
+    full_waves = np.floor(bsz / cap)
+    rest = bsz - full_waves * cap
+    rate = _prefill_rate(p, c, sched, isl)
+
+    def wave(n: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        per_rank = np.maximum(n / dp, 1.0)
+        t_pref = per_rank * isl / rate
+        # Decode steps see context grow from isl to isl + osl: the mean context is exact for a
+        # step time linear in context.
+        t_step = step_time(p, c, per_rank, isl + osl / 2.0)
+        return t_pref + (osl - 1.0) * t_step, t_pref, t_step
+
+    t_full, pref_full, step_full = wave(cap)
+    t_rest, _, _ = wave(np.maximum(rest, 1.0))
+    latency = full_waves * t_full + np.where(rest > 0, t_rest, 0.0)
+    throughput = bsz * osl / latency
+    return OfflineResult(batch_latency=latency, throughput=throughput, ttft=pref_full / 2.0, tpot=step_full)
+
+
+def predict_closed(model: ModelSpec, gpu: GPU, layout: Layout, engine: str, params: StepParams,
+                   isl: int, osl: int, concurrency: int, precision: str = "auto",
+                   engine_version: str = "") -> BenchResult:
+    """One closed-loop point for one deployment (convenience for the CLI and tests)."""
+    c = layout_cost(model, gpu, layout, precision)
+    sched = engine_sched(engine, model, gpu, layout, precision, engine_version)
+    return closed_loop(params, c, sched, np.array([isl]), np.array([osl]), np.array([concurrency]))

@@ -1,0 +1,314 @@
+"""The step-time model of one engine iteration (DESIGN.md section 3).
+
+One iteration runs `n_d` decode sequences at mean context `ctx_d` and `n_p` prefill tokens at
+mean context `ctx_p`, on every GPU of one replica. Its time is
+
+    T = T_host                       fixed per step + per sequence (launch, sync, sampling, scheduling)
+      + roof(bytes_dense / BW_w, flops_dense / F)          attention/dense/shared projections, LM head
+      + roof(bytes_experts_touched / BW_w, flops_experts / F)   routed experts of the busiest GPU
+      + KV bytes read by decode / BW_kv + prefill attention FLOPs / F_attn
+      + collectives per layer: alpha(link, ranks) + bytes x 2(r-1)/r / link bandwidth
+
+where `roof` is a smooth maximum (memory- vs compute-bound), and BW_w, BW_kv, F, F_attn are the
+GPU's peaks times fitted efficiencies. The host part is kept apart from the GPU-divisible part:
+that is what makes transfer to another layout honest (DESIGN.md section 1, point 3).
+
+Everything here is vectorised over numpy arrays of batch descriptions so that the closed-loop
+estimator and the fit stay fast.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from inferasim.catalog.gpus import GPU
+from inferasim.catalog.models import WEIGHT_FORMAT_BYTES, ModelSpec, normalize_precision
+from inferasim.layout import Layout
+from inferasim.memory import kv_dtype_bytes, weight_bytes_per_gpu
+
+ArrayLike = float | np.ndarray
+
+# Smoothness of the roofline maximum: (m^p + c^p)^(1/p). p = 4 is within 19% of max() at the
+# ridge and within 1% a factor 2 away from it; a kink-free roof keeps the fit well-behaved.
+ROOF_P = 4.0
+
+
+def roof(mem: ArrayLike, comp: ArrayLike) -> ArrayLike:
+    return (np.power(mem, ROOF_P) + np.power(comp, ROOF_P)) ** (1.0 / ROOF_P)
+
+
+# ------------------------------------------------------------------------------------------------
+# Parameters
+# ------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class StepParams:
+    """Fitted (or default) parameters of one kernel set. Efficiencies are fractions of peak."""
+
+    t_fixed: float = 4e-3  # s per step: launch/sync/scheduling that no GPU count divides
+    t_seq: float = 2e-5  # s per running sequence per step (sampling, input prep, detokenise)
+    e_bw: float = 0.80  # weight-streaming efficiency (fraction of HBM peak)
+    e_kv: float = 0.55  # decode attention KV-read efficiency
+    e_flops: float = 0.55  # GEMM efficiency at large token counts
+    e_attn: float = 0.40  # prefill attention efficiency (flash attention vs dense peak)
+    moe_skew: float = 0.15  # router skew: busiest-rank load excess over uniform routing
+    comm_scale: float = 1.0  # multiplier on the link model's collective time
+    burst: float = 0.10  # share of requests of a benchmark run that meet its start-up burst
+
+    def as_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, float]) -> StepParams:
+        known = {k: float(v) for k, v in d.items() if k in cls.__dataclass_fields__}
+        return cls(**known)
+
+
+# Bounds of the fit: efficiencies in (0, 1] of peak, host costs within what engines show.
+PARAM_BOUNDS: dict[str, tuple[float, float]] = {
+    "t_fixed": (2e-4, 6e-2),
+    "t_seq": (0.0, 5e-4),
+    "e_bw": (0.25, 1.0),
+    "e_kv": (0.08, 1.0),
+    "e_flops": (0.08, 1.0),
+    "e_attn": (0.05, 1.0),
+    "moe_skew": (0.0, 2.0),
+    "comm_scale": (0.25, 4.0),
+    "burst": (0.0, 1.0),
+}
+
+
+def default_params(gpu: GPU, engine: str = "vllm") -> StepParams:
+    """Measurement-free defaults per GPU family and engine, for unanchored ranking only.
+
+    Why these numbers: decode GEMV kernels reach 75-85% of HBM peak on H100/B200 and somewhat
+    less on MI300-class parts with today's kernels; graph-captured host overhead per step is a
+    few ms for vLLM and somewhat lower for SGLang's overlap scheduler."""
+    amd = gpu.vendor == "amd"
+    host = {"vllm": 4e-3, "sglang": 3e-3, "atom": 3.5e-3}.get(engine, 4e-3)
+    return StepParams(
+        t_fixed=host,
+        e_bw=0.70 if amd else 0.80,
+        e_kv=0.45 if amd else 0.55,
+        e_flops=0.45 if amd else 0.55,
+        e_attn=0.35 if amd else 0.40,
+    )
+
+
+# ------------------------------------------------------------------------------------------------
+# Per-layout costs
+# ------------------------------------------------------------------------------------------------
+
+def compute_dtype(precision: str, part: str, model: ModelSpec) -> str:
+    """Tensor-core dtype a GEMM runs in. Weight-only int4 runs in bf16; fp4 MoE checkpoints keep
+    attention at 8/16 bits (see ModelSpec.weight_formats)."""
+    fmt = model.weight_formats(precision)[part]
+    return {"nvfp4": "fp4", "mxfp4": "fp4", "int4": "bf16", "int8": "int8", "fp8": "fp8",
+            "fp16": "fp16"}.get(fmt, "bf16")
+
+
+def collective_time(nbytes: ArrayLike, ranks: int, gpu: GPU) -> ArrayLike:
+    """Ring/tree all-reduce of `nbytes` per rank over `ranks` GPUs: a latency term growing with
+    log2(ranks) and a bandwidth term 2(r-1)/r x bytes over the link. Ranks beyond the scale-up
+    domain cross the scale-out link (multi-node restore)."""
+    if ranks <= 1:
+        return np.zeros_like(np.asarray(nbytes, dtype=float))
+    link = gpu.scale_up if ranks <= gpu.scale_up.domain else gpu.scale_out
+    alpha = 2.0 * gpu.scale_up.latency * math.log2(ranks)
+    if ranks > gpu.scale_up.domain:
+        alpha += 2.0 * gpu.scale_out.latency * math.log2(ranks / gpu.scale_up.domain)
+    return alpha + np.asarray(nbytes, dtype=float) * 2.0 * (ranks - 1) / ranks / link.bandwidth
+
+
+@dataclass(frozen=True)
+class LayoutCost:
+    """What one GPU of a replica does per step, independent of the batch."""
+
+    model: ModelSpec
+    gpu: GPU
+    layout: Layout
+    precision: str
+    kv_dtype: str
+    dense_bytes: float  # weights read once per step (attention, dense MLP, shared experts, head)
+    dense_flops_per_token: float
+    expert_bytes: float  # one routed expert's slice on a GPU, summed over MoE layers
+    expert_flops_per_token: float  # per token per expert, summed over MoE layers (GPU slice)
+    n_experts: int
+    top_k: int
+    kv_coeff_full: float  # KV bytes per GPU per token of context, full-attention layers
+    kv_windows: tuple[tuple[float, int], ...]  # (bytes per token, window) of windowed layers
+    state_bytes: float  # recurrent state per sequence per GPU (linear/Mamba layers)
+    attn_flops_coeff: float  # prefill attention FLOPs per GPU per token per token of context
+    attn_windows: tuple[tuple[float, int], ...]
+    n_layers: int
+    hidden: int
+    peak_bw: float
+    peak_flops_dense: float
+    peak_flops_moe: float
+    peak_flops_attn: float
+    act_bytes: float = 2.0  # activation element size on the wire
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    # -- pieces of the step ------------------------------------------------------------------
+    def kv_read_bytes(self, ctx: ArrayLike) -> ArrayLike:
+        """KV bytes one decode sequence reads at context `ctx` on one GPU."""
+        ctx = np.asarray(ctx, dtype=float)
+        out = self.kv_coeff_full * ctx + self.state_bytes
+        for coeff, window in self.kv_windows:
+            out = out + coeff * np.minimum(ctx, window)
+        return out
+
+    def prefill_attn_flops(self, ctx: ArrayLike) -> ArrayLike:
+        """Attention FLOPs per prefill token at mean visible context `ctx`, on one GPU."""
+        ctx = np.asarray(ctx, dtype=float)
+        out = self.attn_flops_coeff * ctx
+        for coeff, window in self.attn_windows:
+            out = out + coeff * np.minimum(ctx, window)
+        return out
+
+    def comm_time(self, tokens: ArrayLike) -> ArrayLike:
+        """Collectives of one step for `tokens` tokens on this dp rank: two all-reduces per layer
+        under tp; dispatch + combine of routed tokens when experts span ranks (dp or ep)."""
+        tokens = np.asarray(tokens, dtype=float)
+        lay = self.layout
+        per_layer = np.zeros_like(tokens)
+        if lay.tp > 1:
+            per_layer = per_layer + 2.0 * collective_time(tokens * self.hidden * self.act_bytes, lay.tp, self.gpu)
+        if self.n_experts and lay.moe_width > lay.tp:
+            # Tokens of all dp ranks meet in the MoE layer: all-gather/reduce-scatter or
+            # all-to-all dispatch and combine, top_k copies of each token's hidden state.
+            moved = tokens * self.top_k * self.hidden * self.act_bytes
+            per_layer = per_layer + 2.0 * collective_time(moved, lay.moe_width, self.gpu) / 2.0
+        return per_layer * self.n_layers / lay.pp
+
+
+def layout_cost(model: ModelSpec, gpu: GPU, layout: Layout, precision: str = "auto",
+                kv_dtype: str = "auto") -> LayoutCost:
+    precision = normalize_precision(precision)
+    if precision == "auto":
+        precision = {"nvfp4": "fp4"}.get(model.checkpoint_format, model.checkpoint_format)
+    w = weight_bytes_per_gpu(model, layout, precision)
+    fmts = model.weight_formats(precision)
+
+    act = model.active_params()
+    tp, pp = layout.tp, layout.pp
+    dense_bytes = w["attention"] + w["dense_mlp"] + w["shared_experts"] + w["other"] + \
+        (w["embeddings_head"] / 2 if not model.tie_embeddings else w["embeddings_head"])
+    dense_flops = 2.0 * (act.attention + act.dense_mlp + act.shared_experts + act.head) / tp / pp
+    moe_layers = [la for la in model.layers if la.mlp.kind == "moe"]
+    expert_params = sum(la.mlp.expert_params for la in moe_layers)
+    expert_bytes = expert_params * WEIGHT_FORMAT_BYTES[fmts["routed_experts"]] / layout.moe_tp / pp
+    expert_flops = 2.0 * expert_params / layout.moe_tp / pp
+    kvb = kv_dtype_bytes(kv_dtype)
+    kv_full = 0.0
+    kv_win: dict[int, float] = {}
+    attn_full = 0.0
+    attn_win: dict[int, float] = {}
+    state = 0.0
+    for la in model.layers:
+        a = la.attention
+        heads_here = a.n_heads / tp if a.n_heads >= tp else min(a.n_heads, 1)
+        if a.kind in ("linear", "mamba"):
+            state += a.state_elems * 4.0 / tp
+            continue
+        if a.n_heads == 0:
+            continue
+        if a.kind == "mla":
+            kv = a.kv_elems_per_token * kvb  # latent replicated on every tp rank
+            fl = 2.0 * heads_here * (a.qk_head_dim + a.v_head_dim)
+        else:
+            kv_heads_here = max(a.n_kv_heads / tp, 1.0) if a.n_kv_heads else 0.0
+            kv = kv_heads_here * (a.qk_head_dim + a.v_head_dim) * kvb
+            fl = 2.0 * heads_here * (a.qk_head_dim + a.v_head_dim)
+        if a.window:
+            kv_win[a.window] = kv_win.get(a.window, 0.0) + kv
+            attn_win[a.window] = attn_win.get(a.window, 0.0) + fl
+        else:
+            kv_full += kv
+            attn_full += fl
+    dense_dtype = compute_dtype(precision, "attention", model)
+    moe_dtype = compute_dtype(precision, "routed_experts", model)
+    n_moe = max(la.mlp.n_experts for la in model.layers)
+    top_k = max(la.mlp.top_k for la in model.layers)
+    # Attention math runs in bf16 (fp8 attention kernels exist but are not the default).
+    return LayoutCost(
+        model=model, gpu=gpu, layout=layout, precision=precision, kv_dtype=kv_dtype,
+        dense_bytes=dense_bytes, dense_flops_per_token=dense_flops,
+        expert_bytes=expert_bytes, expert_flops_per_token=expert_flops,
+        n_experts=n_moe, top_k=top_k,
+        kv_coeff_full=kv_full / pp, kv_windows=tuple((c / pp, w_) for w_, c in kv_win.items()),
+        state_bytes=state / pp, attn_flops_coeff=attn_full / pp,
+        attn_windows=tuple((c / pp, w_) for w_, c in attn_win.items()),
+        n_layers=model.num_layers, hidden=model.hidden_size, peak_bw=gpu.hbm_bandwidth,
+        peak_flops_dense=gpu.peak_flops(dense_dtype), peak_flops_moe=gpu.peak_flops(moe_dtype),
+        peak_flops_attn=gpu.peak_flops("bf16"),
+    )
+
+
+# ------------------------------------------------------------------------------------------------
+# The step
+# ------------------------------------------------------------------------------------------------
+
+def busiest_rank_factor(tokens_routed: ArrayLike, ranks: int, skew: float) -> ArrayLike:
+    """Load of the busiest of `ranks` expert ranks relative to the mean.
+
+    Uniform routing of N token-expert pairs over r ranks is multinomial: the maximum exceeds the
+    mean N/r by about sqrt(2 ln r x N/r). Real routers are skewed: `skew` adds a relative excess
+    that grows with log(r) (measured at the anchor's ep, re-evaluated at the target's)."""
+    if ranks <= 1:
+        return np.ones_like(np.asarray(tokens_routed, dtype=float))
+    mean = np.maximum(np.asarray(tokens_routed, dtype=float) / ranks, 1e-9)
+    statistical = np.sqrt(2.0 * math.log(ranks) / mean)
+    return 1.0 + np.minimum(statistical, ranks - 1.0) + skew * math.log2(ranks) / 3.0
+
+
+def step_time(p: StepParams, c: LayoutCost, n_dec: ArrayLike, ctx_dec: ArrayLike,
+              n_pref: ArrayLike = 0.0, ctx_pref: ArrayLike = 0.0) -> ArrayLike:
+    """Seconds of one iteration on one attention-dp rank of one replica (all pp stages: the
+    latency a decode token sees). `n_dec`, `n_pref` are per dp rank."""
+    n_dec = np.asarray(n_dec, dtype=float)
+    n_pref = np.asarray(n_pref, dtype=float)
+    tokens = n_dec + n_pref
+    lay = c.layout
+    bw_w = c.peak_bw * p.e_bw
+    host = p.t_fixed + p.t_seq * n_dec
+    t_dense = roof(c.dense_bytes / bw_w, c.dense_flops_per_token * tokens / (c.peak_flops_dense * p.e_flops))
+    t_moe = 0.0
+    if c.n_experts:
+        # Tokens of all dp ranks meet in each MoE layer.
+        routed = tokens * lay.dp * c.top_k
+        distinct = c.n_experts * (1.0 - np.power(1.0 - c.top_k / c.n_experts, tokens * lay.dp))
+        factor = busiest_rank_factor(routed, lay.moe_ep, p.moe_skew)
+        experts_here = np.minimum(distinct / lay.moe_ep * np.minimum(factor, 2.0), c.n_experts / lay.moe_ep)
+        tok_here = routed / lay.moe_ep * factor
+        t_moe = roof(experts_here * c.expert_bytes / bw_w,
+                     tok_here * c.expert_flops_per_token / (c.peak_flops_moe * p.e_flops))
+    t_attn = n_dec * c.kv_read_bytes(ctx_dec) / (c.peak_bw * p.e_kv) + \
+        n_pref * c.prefill_attn_flops(ctx_pref) / (c.peak_flops_attn * p.e_attn)
+    t_comm = p.comm_scale * c.comm_time(tokens)
+    gpu_part = (t_dense + t_moe + t_attn + t_comm) * lay.pp
+    if lay.pp > 1:
+        # One activation hop per stage boundary.
+        hop = c.gpu.scale_up.latency + tokens * c.hidden * c.act_bytes / c.gpu.scale_up.bandwidth
+        gpu_part = gpu_part + (lay.pp - 1) * hop
+    return host + gpu_part
+
+
+def gpu_part_time(p: StepParams, c: LayoutCost, n_dec: ArrayLike, ctx_dec: ArrayLike,
+                  n_pref: ArrayLike = 0.0, ctx_pref: ArrayLike = 0.0) -> ArrayLike:
+    """The GPU-divisible part of the step (the step minus the host part)."""
+    return step_time(p, c, n_dec, ctx_dec, n_pref, ctx_pref) - (p.t_fixed + p.t_seq * np.asarray(n_dec))
+
+
+def roofline_floor(c: LayoutCost, n_dec: ArrayLike, ctx_dec: ArrayLike, n_pref: ArrayLike = 0.0,
+                   ctx_pref: ArrayLike = 0.0) -> ArrayLike:
+    """The fastest the step could physically be: weights and decode KV at full HBM bandwidth or
+    dense GEMMs at peak FLOP/s, whichever is slower; no host cost, no collectives, no experts."""
+    n_dec = np.asarray(n_dec, dtype=float)
+    tokens = n_dec + np.asarray(n_pref, dtype=float)
+    mem = c.dense_bytes / c.peak_bw + n_dec * c.kv_read_bytes(ctx_dec) / c.peak_bw
+    comp = c.dense_flops_per_token * tokens / c.peak_flops_dense
+    return np.maximum(mem, comp) * c.layout.pp

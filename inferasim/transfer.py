@@ -1,0 +1,127 @@
+"""Transfer laws: carry a fitted anchor to another deployment of the same kernel set.
+
+The law (DESIGN.md section 3): keep what belongs to the kernels — the host cost per step
+(`t_fixed`, `t_seq`) and the fitted efficiencies — and recompute what belongs to the layout:
+per-GPU weight bytes and FLOPs (tp, ep, pp), KV bytes per GPU (heads split down to one per GPU,
+MLA latent replicated), distinct experts touched and the busiest expert rank (ep), per-layer
+collectives on the link the ranks actually share (scale-up inside the domain, scale-out beyond:
+the multi-node *restore*), pipeline hops and bubbles (pp), and the tokens each attention-dp rank
+sees. Replicas multiply throughput and divide the offered load.
+
+The naive alternative — scale the whole measured step by the GPU ratio — is kept here as
+`naive_step` so that tests and benchmarks can show how wrong it is when the host part is large.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from inferasim.catalog.gpus import GPU
+from inferasim.catalog.models import ModelSpec
+from inferasim.layout import Layout
+from inferasim.steptime import StepParams, layout_cost, step_time
+
+if TYPE_CHECKING:  # pragma: no cover
+    from inferasim.predictor import FittedAnchor
+
+
+@dataclass(frozen=True)
+class TransferredStep:
+    """Step-time function of a target layout, from parameters fitted at a source layout."""
+
+    params: StepParams
+    model: ModelSpec
+    gpu: GPU
+    source: Layout
+    target: Layout
+    precision: str = "auto"
+
+    def step(self, n_dec: float | np.ndarray, ctx: float | np.ndarray, n_pref: float | np.ndarray = 0.0,
+             ctx_pref: float | np.ndarray = 0.0) -> np.ndarray:
+        cost = layout_cost(self.model, self.gpu, self.target, self.precision)
+        return step_time(self.params, cost, n_dec, ctx, n_pref, ctx_pref)
+
+    def host_part(self, n_dec: float | np.ndarray) -> np.ndarray:
+        return self.params.t_fixed + self.params.t_seq * np.asarray(n_dec, dtype=float)
+
+
+def transfer(params: StepParams, model: ModelSpec, gpu: GPU, source: Layout, target: Layout,
+             precision: str = "auto") -> TransferredStep:
+    """The law: same parameters, target layout's per-GPU work."""
+    return TransferredStep(params, model, gpu, source, target, precision)
+
+
+def naive_step(source_step: float, source: Layout, target: Layout) -> float:
+    """What the naive rule predicts: the whole step divided by the GPU ratio."""
+    return source_step * source.gpus / target.gpus
+
+
+def reduce_to_node(layout: Layout, gpu: GPU) -> Layout:
+    """A multi-node layout's single-node stand-in for measurement: one pipeline stage per node,
+    tensor and expert width capped at the node (or scale-up domain). The law restores the
+    original with `collective_time`, which prices ranks beyond the domain on the scale-out link."""
+    per_node = min(gpu.gpus_per_node, gpu.scale_up.domain) if gpu.scale_up.domain > 1 else gpu.gpus_per_node
+    if layout.gpus <= per_node:
+        return layout
+    tp = min(layout.tp, per_node)
+    dp = max(1, min(layout.dp, per_node // tp))
+    ep = min(layout.moe_ep, tp * dp)
+    while (tp * dp) % ep:
+        ep -= 1
+    return Layout(tp=tp, pp=1, dp=dp, moe_ep=ep)
+
+
+def pipeline_bubble(pp: int, micro_batches: int) -> float:
+    """Share of a pipeline's time lost to fill and drain with `micro_batches` in flight
+    (GPipe-style schedule): (pp - 1) / (micro_batches + pp - 1)."""
+    if pp <= 1:
+        return 0.0
+    return (pp - 1) / (max(micro_batches, 1) + pp - 1)
+
+
+def replica_split(concurrency: int, replicas: int) -> list[int]:
+    """Clients per replica under round-robin routing (the first ones get the remainder)."""
+    if replicas < 1:
+        raise ValueError("replicas must be >= 1")
+    base, extra = divmod(concurrency, replicas)
+    return [base + (1 if i < extra else 0) for i in range(replicas)]
+
+
+def kv_transfer_time(model: ModelSpec, gpu: GPU, tokens: float, kv_dtype_bytes: float = 2.0,
+                     same_domain: bool = False) -> float:
+    """Moving one request's KV cache from a prefill to a decode worker: bytes over the scale-up
+    link when both sit in one NVLink/xGMI domain, else over the scale-out NIC, plus latency."""
+    nbytes = model.kv_bytes_per_token(kv_dtype_bytes, context=tokens) * tokens
+    link = gpu.scale_up if same_domain else gpu.scale_out
+    return link.latency + nbytes / link.bandwidth
+
+
+def disagg_point(fitted: FittedAnchor, prefill_layout: Layout, prefill_workers: int, decode_layout: Layout,
+                 decode_workers: int, isl: int, osl: int, concurrency: int) -> dict[str, float]:
+    """Closed-loop TTFT/TPOT of a disaggregated deployment priced from a colocated anchor:
+    prefill pool from prefill-only steps, decode pool from decode-only steps, plus the KV
+    transfer; the arrival rate is the one both pools sustain (their rates matched)."""
+    from inferasim.sim.benchmark import engine_sched
+
+    model, gpu, prm = fitted.model, fitted.gpu, fitted.params
+    pc = layout_cost(model, gpu, prefill_layout, fitted.precision)
+    dc = layout_cost(model, gpu, decode_layout, fitted.precision)
+    dsched = engine_sched(fitted.engine, model, gpu, decode_layout, fitted.precision, fitted.engine_version)
+    cap = max(dsched.kv_tokens // (isl + osl), 1) * decode_layout.dp
+    per_worker = min(max(concurrency / max(decode_workers, 1), 1.0), cap, dsched.max_num_seqs * decode_layout.dp)
+    b = per_worker / decode_layout.dp
+    tpot = float(step_time(prm, dc, b, isl + osl / 2.0))
+    chunk = min(isl, max(dsched.max_batched_tokens, 1024))
+    n_chunks = int(np.ceil(isl / chunk))
+    prefill_one = n_chunks * float(step_time(prm, pc, 0.0, 0.0, chunk, isl / 2.0))
+    xfer = kv_transfer_time(model, gpu, isl, same_domain=gpu.scale_up.domain >= 8 * gpu.gpus_per_node)
+    ttft = prefill_one + xfer
+    # Closed loop: X = C / (TTFT + (osl-1) TPOT); prefill pool queueing (M/D/1 per worker).
+    for _ in range(20):
+        x = concurrency / (ttft + (osl - 1) * tpot)
+        u = min(x / max(prefill_workers * prefill_layout.dp, 1) * prefill_one, 0.95)
+        ttft = prefill_one + xfer + u * prefill_one / (2 * (1 - u))
+    return {"ttft": ttft, "tpot": tpot}
