@@ -32,9 +32,12 @@ PRIOR_SIGMA: dict[str, float] = {
     "moe_skew": 1.0,
     "comm_scale": 0.3,
     "burst": 1.0,
+    "t_ttft": 1.5,
+    "kv_scale": 0.4,
 }
-FREE_PARAMS: tuple[str, ...] = ("t_fixed", "t_seq", "e_bw", "e_kv", "e_flops", "e_attn", "moe_skew", "burst")
-_FLOOR = {"t_seq": 1e-7, "moe_skew": 1e-3, "burst": 1e-3}
+FREE_PARAMS: tuple[str, ...] = ("t_fixed", "t_seq", "e_bw", "e_kv", "e_flops", "e_attn", "moe_skew", "burst",
+                                "t_ttft", "kv_scale")
+_FLOOR = {"t_seq": 1e-7, "moe_skew": 1e-3, "burst": 1e-3, "t_ttft": 1e-4}
 
 
 @dataclass(frozen=True)
@@ -114,8 +117,9 @@ def fit_params(cost: LayoutCost, sched: EngineSched, points: Sequence[FitPoint],
         metrics["throughput"] = (idx[keep], val[keep])
         if not keep.any():
             del metrics["throughput"]
+    offline_only = all(p.scenario == "offline" for p in points)
     free = [f for f in free if not (f == "moe_skew" and cost.n_experts == 0) and
-            not (f == "burst" and all(p.scenario == "offline" for p in points))]
+            not (f in ("burst", "t_ttft") and offline_only)]
     prior_d = prior.as_dict()
     base = dict(prior_d)
 

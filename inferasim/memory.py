@@ -23,6 +23,8 @@ from inferasim.layout import Layout
 # buffers, graph pools. vLLM's profiler measures it; 2.5 GB is a typical figure on an 8-GPU node.
 NON_TORCH_BYTES = 2.5e9
 
+HYBRID_STATE_SEQS = 256
+
 KV_DTYPE_BYTES: dict[str, float] = {"auto": 2.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "fp8_e4m3": 1.0,
                                     "fp8_e5m2": 1.0, "nvfp4": 0.5625}
 
@@ -187,8 +189,10 @@ def plan_memory(model: ModelSpec, gpu: GPU, layout: Layout, engine: str = "vllm"
             f"no room for KV cache: weights {weights['total'] / 1e9:.1f} GB + activations "
             f"{act / 1e9:.1f} GB exceed {budget / 1e9:.1f} GB on {gpu.name}"
         )
-    # Hybrid models reserve recurrent state for every running sequence out of the same pool.
-    kv_for_tokens = max(kv_bytes - state * mns, 0.0) if state else max(kv_bytes, 0.0)
+    # Hybrid models reserve recurrent state per running sequence out of the same pool; engines
+    # size that pool for far fewer sequences than their max_num_seqs default (SGLang's
+    # max_mamba_cache_size, vLLM's hybrid allocator), so at most HYBRID_STATE_SEQS are reserved.
+    kv_for_tokens = max(kv_bytes - state * min(mns, HYBRID_STATE_SEQS), 0.0) if state else max(kv_bytes, 0.0)
     tokens = int(kv_for_tokens // per_token) if per_token > 0 else 0
     if not reasons and tokens < 1:
         reasons.append("KV pool holds no token")

@@ -56,7 +56,9 @@ class StepParams:
     e_attn: float = 0.40  # prefill attention efficiency (flash attention vs dense peak)
     moe_skew: float = 0.15  # router skew: busiest-rank load excess over uniform routing
     comm_scale: float = 1.0  # multiplier on the link model's collective time
-    burst: float = 0.10  # share of requests of a benchmark run that meet its start-up burst
+    burst: float = 0.30  # weight of the wave-arrival queue in closed-loop TTFT (see sim.benchmark)
+    t_ttft: float = 0.03  # s per request outside the steps: API server, tokenise, first-token stream
+    kv_scale: float = 1.2  # KV pool actually usable / memory-model estimate (KV dtype, preemption)
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
@@ -78,7 +80,15 @@ PARAM_BOUNDS: dict[str, tuple[float, float]] = {
     "moe_skew": (0.0, 2.0),
     "comm_scale": (0.25, 4.0),
     "burst": (0.0, 1.0),
+    "t_ttft": (0.0, 0.5),
+    "kv_scale": (0.4, 3.0),
 }
+
+# Expert-parallel dispatch and combine (all-to-all, or all-gather + reduce-scatter) cost far more
+# than a link's raw latency: synchronisation of every rank, token permutation, padding. The
+# vLLM DP+EP rows of shared/data/aic-silicon (MiniMax-M2.5, Kimi-K2.5) put it near 60 us per
+# collective per MoE layer at 4-16 ranks; the law scales it with log2(ranks).
+A2A_LATENCY = 30e-6
 
 
 def default_params(gpu: GPU, engine: str = "vllm") -> StepParams:
@@ -144,6 +154,7 @@ class LayoutCost:
     attn_flops_coeff: float  # prefill attention FLOPs per GPU per token per token of context
     attn_windows: tuple[tuple[float, int], ...]
     n_layers: int
+    moe_layers: int
     hidden: int
     peak_bw: float
     peak_flops_dense: float
@@ -177,12 +188,14 @@ class LayoutCost:
         per_layer = np.zeros_like(tokens)
         if lay.tp > 1:
             per_layer = per_layer + 2.0 * collective_time(tokens * self.hidden * self.act_bytes, lay.tp, self.gpu)
-        if self.n_experts and lay.moe_width > lay.tp:
-            # Tokens of all dp ranks meet in the MoE layer: all-gather/reduce-scatter or
-            # all-to-all dispatch and combine, top_k copies of each token's hidden state.
-            moved = tokens * self.top_k * self.hidden * self.act_bytes
-            per_layer = per_layer + 2.0 * collective_time(moved, lay.moe_width, self.gpu) / 2.0
-        return per_layer * self.n_layers / lay.pp
+        moe_part = np.zeros_like(tokens)
+        if self.n_experts and lay.moe_ep > 1:
+            # Tokens meet the experts of other ranks: dispatch and combine, top_k copies of each
+            # token's hidden state, per MoE layer.
+            moved = tokens * self.top_k * self.hidden * self.act_bytes / lay.moe_ep
+            moe_part = 2.0 * (collective_time(moved, lay.moe_width, self.gpu)
+                              + A2A_LATENCY * math.log2(lay.moe_width))
+        return (per_layer * self.n_layers + moe_part * self.moe_layers) / lay.pp
 
 
 def layout_cost(model: ModelSpec, gpu: GPU, layout: Layout, precision: str = "auto",
@@ -242,7 +255,7 @@ def layout_cost(model: ModelSpec, gpu: GPU, layout: Layout, precision: str = "au
         kv_coeff_full=kv_full / pp, kv_windows=tuple((c / pp, w_) for w_, c in kv_win.items()),
         state_bytes=state / pp, attn_flops_coeff=attn_full / pp,
         attn_windows=tuple((c / pp, w_) for w_, c in attn_win.items()),
-        n_layers=model.num_layers, hidden=model.hidden_size, peak_bw=gpu.hbm_bandwidth,
+        n_layers=model.num_layers, moe_layers=model.moe_layers, hidden=model.hidden_size, peak_bw=gpu.hbm_bandwidth,
         peak_flops_dense=gpu.peak_flops(dense_dtype), peak_flops_moe=gpu.peak_flops(moe_dtype),
         peak_flops_attn=gpu.peak_flops("bf16"),
     )

@@ -43,6 +43,11 @@ __all__ = [
 DTYPES: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16", "fp8", "int8", "fp6", "fp4")
 
 _GB = 1e9  # vendor GB (decimal)
+# HBM capacities: vendors write "GB" but the parts hold that many GiB. nvidia-smi reports an H100
+# 80GB as 81,559 MiB, an H200 as 143,771 MiB, and rocm-smi an MI300X as 196,592 MiB (SGLang's
+# memory rule in shared/notes/engine-facts.md works from those MiB figures). Engines apply
+# gpu_memory_utilization to these byte counts, so HBM is stored in GiB-based bytes.
+_HBM_GB = 2**30
 _TB = 1e12  # vendor TB/s (decimal)
 _T = 1e12  # TFLOP/s
 _P = 1e15  # PFLOP/s
@@ -226,8 +231,8 @@ class GPU:
 
     @property
     def hbm_gb(self) -> float:
-        """HBM capacity in decimal GB (hbm_bytes / 1e9)."""
-        return self.hbm_bytes / 1e9
+        """HBM capacity as the vendor states it ("192 GB" is 192 GiB of bytes)."""
+        return self.hbm_bytes / _HBM_GB
 
 
 class UnknownGPUError(ValueError):
@@ -295,7 +300,7 @@ _MI300X = GPU(
     name="MI300X",
     vendor="amd",
     # AMD Instinct MI300X datasheet / product page (amd.com, 2023): 192 GB HBM3, 5.3 TB/s.
-    hbm_bytes=192 * _GB,
+    hbm_bytes=192 * _HBM_GB,
     hbm_bandwidth=5.3 * _TB,
     # AMD Instinct MI300X datasheet, dense: FP32 matrix 163.4 TF, TF32 653.7 TF,
     # FP16/BF16 1307.4 TF, FP8 2614.9 TF, INT8 2614.9 TOPS (sparse figures are 2x).
@@ -323,7 +328,7 @@ _MI325X = GPU(
     name="MI325X",
     vendor="amd",
     # AMD Instinct MI325X datasheet (amd.com, 2024): 256 GB HBM3E, 6 TB/s.
-    hbm_bytes=256 * _GB,
+    hbm_bytes=256 * _HBM_GB,
     hbm_bandwidth=6.0 * _TB,
     # AMD Instinct MI325X datasheet: same CDNA 3 compute as MI300X, dense FP32 matrix 163.4 TF,
     # TF32 653.7 TF, FP16/BF16 1307.4 TF, FP8 2614.9 TF, INT8 2614.9 TOPS.
@@ -350,7 +355,7 @@ _MI355X = GPU(
     name="MI355X",
     vendor="amd",
     # AMD Instinct MI355X datasheet / product page (amd.com, 2025): 288 GB HBM3E, 8 TB/s.
-    hbm_bytes=288 * _GB,
+    hbm_bytes=288 * _HBM_GB,
     hbm_bandwidth=8.0 * _TB,
     # AMD Instinct MI355X datasheet, dense: FP32 157.3 TF, FP16/BF16 2516.6 TF (2.5 PF),
     # FP8 5033.2 TF (5.0 PF), INT8 5033.2 TOPS, MXFP6 and MXFP4 10066.3 TF (10.1 PF).
@@ -393,7 +398,7 @@ _H100 = GPU(
     vendor="nvidia",
     # NVIDIA H100 Tensor Core GPU datasheet (SXM): 80 GB HBM3, 3.35 TB/s. (Physical capacity is
     # 80 GiB; nvidia-smi reports 81559 MiB. The vendor's decimal 80 GB is kept, conservatively.)
-    hbm_bytes=80 * _GB,
+    hbm_bytes=80 * _HBM_GB,
     hbm_bandwidth=3.35 * _TB,
     flops=dict(_HOPPER_FLOPS),  # see _HOPPER_FLOPS
     scale_up=_NVLINK4_8,  # H100 datasheet: NVLink 900 GB/s
@@ -416,7 +421,7 @@ _H200 = GPU(
     name="H200",
     vendor="nvidia",
     # NVIDIA H200 Tensor Core GPU datasheet (SXM): 141 GB HBM3e, 4.8 TB/s.
-    hbm_bytes=141 * _GB,
+    hbm_bytes=141 * _HBM_GB,
     hbm_bandwidth=4.8 * _TB,
     flops=dict(_HOPPER_FLOPS),  # H200 datasheet: same Tensor Core figures as H100 SXM
     scale_up=_NVLINK4_8,  # H200 datasheet: NVLink 900 GB/s
@@ -434,7 +439,7 @@ _B200 = GPU(
     vendor="nvidia",
     # NVIDIA DGX B200 datasheet: 1,440 GB HBM3e total for 8 GPUs -> 180 GB each;
     # HGX B200 page: 64 TB/s aggregate HBM bandwidth for 8 GPUs -> 8 TB/s each.
-    hbm_bytes=180 * _GB,
+    hbm_bytes=180 * _HBM_GB,
     hbm_bandwidth=8.0 * _TB,
     # NVIDIA HGX B200 page (8 GPUs, sparse unless noted): FP4 144 PF sparse / 72 PF dense,
     # FP8/FP6 72 PF, INT8 72 POPS, FP16/BF16 36 PF, TF32 18 PF, FP32 600 TF. Per GPU, dense:
@@ -463,7 +468,7 @@ _B300 = GPU(
     vendor="nvidia",
     # NVIDIA HGX B300 / DGX B300 pages: 2.3 TB HBM3e for 8 GPUs -> 288 GB each, 8 TB/s per GPU.
     # (nvidia-smi reports 275040 MiB = 288.4e9 bytes per device.)
-    hbm_bytes=288 * _GB,
+    hbm_bytes=288 * _HBM_GB,
     hbm_bandwidth=8.0 * _TB,
     # NVIDIA HGX B300 page (8 GPUs): FP4 144 PF sparse / 108 PF dense, FP8/FP6 72 PF sparse,
     # FP16/BF16 36 PF sparse, TF32 18 PF sparse, FP32 600 TF, INT8 2 POPS sparse. Per GPU,
@@ -497,7 +502,7 @@ _GB200 = GPU(
     vendor="nvidia",
     # NVIDIA GB200 NVL72 page: up to 13.4 TB HBM3e and 576 TB/s for 72 GPUs -> 186 GB, 8 TB/s
     # per GPU (the GB200 superchip page says up to 384 GB = 2 x 192 GB physical).
-    hbm_bytes=186 * _GB,
+    hbm_bytes=186 * _HBM_GB,
     hbm_bandwidth=8.0 * _TB,
     # NVIDIA GB200 NVL72 page (72 GPUs): FP4 1,440 PF sparse / 720 PF dense, FP8/FP6 720 PF
     # sparse, INT8 720 POPS sparse, FP16/BF16 360 PF sparse, TF32 180 PF sparse, FP32 5,760 TF.
@@ -527,7 +532,7 @@ _GB300 = GPU(
     vendor="nvidia",
     # NVIDIA GB300 NVL72 page: up to 20.7 TB HBM3e and 576 TB/s for 72 GPUs -> 288 GB,
     # 8 TB/s per GPU (Blackwell Ultra: 8 x 12-high HBM3e stacks = 288 GB).
-    hbm_bytes=288 * _GB,
+    hbm_bytes=288 * _HBM_GB,
     hbm_bandwidth=8.0 * _TB,
     # NVIDIA GB300 NVL72 page (72 GPUs): FP4 1,440 PF sparse / 1,080 PF dense, FP8/FP6 720 PF
     # sparse, FP16/BF16 360 PF sparse, TF32 180 PF sparse. Per GPU, dense: FP4 15 PF, FP8 5 PF,
@@ -557,7 +562,7 @@ _A100 = GPU(
     name="A100",
     vendor="nvidia",
     # NVIDIA A100 Tensor Core GPU datasheet, A100 80GB SXM: 80 GB HBM2e, 2,039 GB/s.
-    hbm_bytes=80 * _GB,
+    hbm_bytes=80 * _HBM_GB,
     hbm_bandwidth=2.039 * _TB,
     # A100 datasheet, dense: FP32 19.5 TF, TF32 156 TF, BF16/FP16 312 TF, INT8 624 TOPS.
     # Ampere has no fp8/fp6/fp4: those fall back to the bf16 rate.
@@ -583,7 +588,7 @@ _GH200 = GPU(
     vendor="nvidia",
     # NVIDIA GH200 Grace Hopper Superchip datasheet, 96 GB HBM3 variant: 96 GB, 4 TB/s (the
     # 144 GB HBM3e / 4.9 TB/s variant is a different SKU and is not catalogued).
-    hbm_bytes=96 * _GB,
+    hbm_bytes=96 * _HBM_GB,
     hbm_bandwidth=4.0 * _TB,
     # GH200 datasheet: Hopper GPU with the H100 SXM Tensor Core figures (FP8 3,958 TF sparse,
     # BF16 1,979 sparse, TF32 989 sparse, INT8 3,958 TOPS sparse, FP32 67 TF); dense = half.

@@ -37,6 +37,8 @@ from inferasim.memory import plan_memory
 from inferasim.steptime import LayoutCost, StepParams, layout_cost, step_time
 
 FIXED_POINT_ITERATIONS = 24
+MIN_KV_TOKENS = 16384  # below this a benchmark of a few requests of a few thousand tokens cannot run
+TIGHT_MEMORY_FRACTION = 0.95
 MAX_PREFILL_SHARE = 0.95
 
 
@@ -75,6 +77,13 @@ def engine_sched(engine: str, model: ModelSpec, gpu: GPU, layout: Layout, precis
                         gpu_name=gpu.name)
     plan = plan_memory(model, gpu, layout, engine=engine, precision=precision, kv_dtype=kv_dtype,
                        max_num_batched_tokens=max_batched_tokens, max_num_seqs=max_num_seqs)
+    if plan.kv_tokens < MIN_KV_TOKENS and plan.memory_fraction < TIGHT_MEMORY_FRACTION:
+        # Deployments that only fit above the engine's default memory fraction are run with the
+        # fraction raised by hand (--gpu-memory-utilization / --mem-fraction-static); price the
+        # KV pool that such a deployment would have.
+        plan = plan_memory(model, gpu, layout, engine=engine, precision=precision, kv_dtype=kv_dtype,
+                           memory_fraction=TIGHT_MEMORY_FRACTION,
+                           max_num_batched_tokens=max_batched_tokens, max_num_seqs=max_num_seqs)
     mixed = d.mixed_prefill_decode
     if engine == "vllm" and engine_version and _version_tuple(engine_version) < (0, 7):
         # vLLM V0 (before 0.7) ran prefill and decode in separate steps unless chunked prefill
@@ -100,9 +109,9 @@ class BenchResult:
         return self.ttft + (np.asarray(osl, dtype=float) - 1.0) * self.tpot
 
 
-def _capacity(sched: EngineSched, isl: np.ndarray, osl: np.ndarray) -> np.ndarray:
+def _capacity(sched: EngineSched, isl: np.ndarray, osl: np.ndarray, kv_scale: float = 1.0) -> np.ndarray:
     blocks = np.ceil((isl + osl) / sched.block_size) * sched.block_size
-    return np.maximum(np.floor(sched.kv_tokens / blocks), 1.0)
+    return np.maximum(np.floor(sched.kv_tokens * kv_scale / blocks), 1.0)
 
 
 def _prefill_rate(p: StepParams, c: LayoutCost, sched: EngineSched, isl: np.ndarray) -> np.ndarray:
@@ -117,7 +126,7 @@ def closed_loop(p: StepParams, c: LayoutCost, sched: EngineSched, isl: np.ndarra
     osl = np.asarray(osl, dtype=float)
     conc = np.asarray(concurrency, dtype=float)
     dp = c.layout.dp
-    cap = np.minimum(_capacity(sched, isl, osl), sched.max_num_seqs) * dp
+    cap = np.minimum(_capacity(sched, isl, osl, p.kv_scale), sched.max_num_seqs) * dp
     running = np.maximum(np.minimum(conc, cap), 1.0)
     b = running / dp
     ctx = isl + osl / 2.0
@@ -153,8 +162,8 @@ def closed_loop(p: StepParams, c: LayoutCost, sched: EngineSched, isl: np.ndarra
     # Start-up burst: the first wave of min(C, cap) requests arrives at once and queues for prefill.
     rate = _prefill_rate(p, c, sched, isl)
     burst_ttft = (b * isl / 2.0 + isl / 2.0) / rate + 0.5 * t_dec
-    ttft_mean = (1.0 - p.burst) * ttft_steady + p.burst * np.maximum(burst_ttft, ttft_steady)
-    throughput = x * osl
+    ttft_mean = (1.0 - p.burst) * ttft_steady + p.burst * np.maximum(burst_ttft, ttft_steady) + p.t_ttft
+    throughput = running / (ttft_mean + (osl - 1.0) * tpot) * osl
     return BenchResult(ttft=ttft_mean, tpot=tpot, running=running, throughput=throughput,
                        step_decode=t_dec, kv_limited=cap < conc)
 
@@ -175,7 +184,7 @@ def offline_batch(p: StepParams, c: LayoutCost, sched: EngineSched, isl: np.ndar
     osl = np.asarray(osl, dtype=float)
     bsz = np.asarray(batch, dtype=float)
     dp = c.layout.dp
-    cap = np.minimum(_capacity(sched, isl, osl), sched.max_num_seqs) * dp
+    cap = np.minimum(_capacity(sched, isl, osl, p.kv_scale), sched.max_num_seqs) * dp
     full_waves = np.floor(bsz / cap)
     rest = bsz - full_waves * cap
     rate = _prefill_rate(p, c, sched, isl)

@@ -221,7 +221,7 @@ def test_invariants(gpu: GPU) -> None:
         assert gpu.peak_flops(dtype) > 0
 
     assert gpu.hbm_bytes > 0 and gpu.hbm_bandwidth > 0
-    assert gpu.hbm_gb == pytest.approx(gpu.hbm_bytes / 1e9)
+    assert gpu.hbm_gb == pytest.approx(gpu.hbm_bytes / 2**30)
     assert 40 <= gpu.hbm_gb <= 300
     assert 1e12 <= gpu.hbm_bandwidth <= 10e12
 
