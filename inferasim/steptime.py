@@ -121,16 +121,22 @@ def compute_dtype(precision: str, part: str, model: ModelSpec) -> str:
 
 
 def collective_time(nbytes: ArrayLike, ranks: int, gpu: GPU) -> ArrayLike:
-    """Ring/tree all-reduce of `nbytes` per rank over `ranks` GPUs: a latency term growing with
-    log2(ranks) and a bandwidth term 2(r-1)/r x bytes over the link. Ranks beyond the scale-up
-    domain cross the scale-out link (multi-node restore)."""
+    """All-reduce of `nbytes` per rank over `ranks` GPUs.
+
+    Inside the scale-up domain: a latency growing with log2(ranks) plus 2(r-1)/r x bytes over the
+    link (ring). Beyond it (multi-node restore), hierarchically: reduce-scatter inside each
+    domain, all-reduce of each GPU's 1/g share across the domains over its own NIC, all-gather
+    inside the domain; every GPU's NIC works in parallel."""
+    nbytes = np.asarray(nbytes, dtype=float)
     if ranks <= 1:
-        return np.zeros_like(np.asarray(nbytes, dtype=float))
-    link = gpu.scale_up if ranks <= gpu.scale_up.domain else gpu.scale_out
-    alpha = 2.0 * gpu.scale_up.latency * math.log2(ranks)
-    if ranks > gpu.scale_up.domain:
-        alpha += 2.0 * gpu.scale_out.latency * math.log2(ranks / gpu.scale_up.domain)
-    return alpha + np.asarray(nbytes, dtype=float) * 2.0 * (ranks - 1) / ranks / link.bandwidth
+        return np.zeros_like(nbytes)
+    g = min(ranks, gpu.scale_up.domain)
+    t = 2.0 * gpu.scale_up.latency * math.log2(max(g, 2)) + nbytes * 2.0 * (g - 1) / g / gpu.scale_up.bandwidth
+    if ranks > g:
+        groups = ranks / g
+        t = t + 2.0 * gpu.scale_out.latency * math.log2(groups) + \
+            (nbytes / g) * 2.0 * (groups - 1) / groups / gpu.scale_out.bandwidth
+    return t
 
 
 @dataclass(frozen=True)
@@ -189,9 +195,11 @@ class LayoutCost:
         if lay.tp > 1:
             per_layer = per_layer + 2.0 * collective_time(tokens * self.hidden * self.act_bytes, lay.tp, self.gpu)
         moe_part = np.zeros_like(tokens)
-        if self.n_experts and lay.moe_ep > 1:
-            # Tokens meet the experts of other ranks: dispatch and combine, top_k copies of each
-            # token's hidden state, per MoE layer.
+        if self.n_experts and lay.dp > 1:
+            # Attention-dp ranks hold different tokens: each MoE layer dispatches top_k copies of
+            # every token's hidden state to the expert ranks and combines them back. (With dp = 1
+            # every rank already holds all tokens after the tp all-reduce; expert parallelism then
+            # costs nothing beyond the all-reduce that tp pays anyway.)
             moved = tokens * self.top_k * self.hidden * self.act_bytes / lay.moe_ep
             moe_part = 2.0 * (collective_time(moved, lay.moe_width, self.gpu)
                               + A2A_LATENCY * math.log2(lay.moe_width))
