@@ -49,6 +49,16 @@ def resolve(row: BenchRow) -> tuple[str, ModelSpec, GPU]:
     return engine, model, gpu
 
 
+def benchmark_kv_dtype(precision: str) -> str:
+    """KV-cache dtype of a benchmark row, which the public rows do not record.
+
+    Quantized (fp8 / fp4) runs use an fp8 KV cache: with it, the concurrency at which the dev
+    data's TTFT explodes (the KV pool filling up) matches the memory model on H100 and B200
+    alike; with a 16-bit cache it would saturate at half the concurrency it does."""
+    p = (precision or "").lower()
+    return "fp8" if p in ("fp8", "fp4", "nvfp4", "mxfp4") else "auto"
+
+
 def fit_point(row: BenchRow) -> FitPoint:
     return FitPoint(
         isl=row.isl, osl=row.osl, concurrency=row.concurrency, scenario=row.scenario,
@@ -67,6 +77,7 @@ class FittedAnchor:
     model: ModelSpec
     gpu: GPU
     precision: str
+    kv_dtype: str
     layout: Layout
     fit: FitResult
     anchor_id: str
@@ -96,8 +107,9 @@ class FittedAnchor:
 
     def predict_layout(self, layout: Layout, isl: int, osl: int, concurrency: int,
                        scenario: str = "closed") -> dict[str, float]:
-        cost = layout_cost(self.model, self.gpu, layout, self.precision)
-        sched = engine_sched(self.engine, self.model, self.gpu, layout, self.precision, self.engine_version)
+        cost = layout_cost(self.model, self.gpu, layout, self.precision, self.kv_dtype)
+        sched = engine_sched(self.engine, self.model, self.gpu, layout, self.precision, self.engine_version,
+                             self.kv_dtype)
         pred = predict_points(self.params, cost, sched,
                               [FitPoint(isl=isl, osl=osl, concurrency=concurrency, scenario=scenario)])
         return {k: float(v[0]) for k, v in pred.items()}
@@ -139,7 +151,7 @@ class FittedAnchor:
 
     def step_ms(self, layout: Layout, n_dec: float, ctx: float, n_pref: float = 0.0,
                 ctx_pref: float = 0.0) -> float:
-        cost = layout_cost(self.model, self.gpu, layout, self.precision)
+        cost = layout_cost(self.model, self.gpu, layout, self.precision, self.kv_dtype)
         return float(step_time(self.params, cost, n_dec, ctx, n_pref, ctx_pref)) * 1e3
 
 
@@ -150,9 +162,10 @@ def fit_anchor_rows(rows: list[BenchRow]) -> FittedAnchor:
     engine, model, gpu = resolve(first)
     layout = to_layout(first.layout)
     precision = first.precision or "auto"
+    kv_dtype = benchmark_kv_dtype(precision)
     try:
-        cost = layout_cost(model, gpu, layout, precision)
-        sched = engine_sched(engine, model, gpu, layout, precision, first.backend_version)
+        cost = layout_cost(model, gpu, layout, precision, kv_dtype)
+        sched = engine_sched(engine, model, gpu, layout, precision, first.backend_version, kv_dtype)
     except ValueError as exc:
         raise CannotPredict(str(exc)) from None
     if sched.kv_tokens <= 0:
@@ -162,7 +175,7 @@ def fit_anchor_rows(rows: list[BenchRow]) -> FittedAnchor:
     concs = [r.concurrency for r in rows]
     return FittedAnchor(
         engine=engine, engine_version=first.backend_version, model=model, gpu=gpu, precision=precision,
-        layout=layout, fit=result, anchor_id=f"{engine}:{first.backend_version or '?'}:{model.name}:"
+        kv_dtype=kv_dtype, layout=layout, fit=result, anchor_id=f"{engine}:{first.backend_version or '?'}:{model.name}:"
         f"{gpu.name}:{precision}:{layout.label()}",
         conc_range=(min(concs), max(concs)), isl_range=(min(r.isl for r in rows), max(r.isl for r in rows)),
         osl_range=(min(r.osl for r in rows), max(r.osl for r in rows)),

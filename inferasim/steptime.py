@@ -58,7 +58,7 @@ class StepParams:
     comm_scale: float = 1.0  # multiplier on the link model's collective time
     burst: float = 0.30  # weight of the wave-arrival queue in closed-loop TTFT (see sim.benchmark)
     t_ttft: float = 0.03  # s per request outside the steps: API server, tokenise, first-token stream
-    kv_scale: float = 1.2  # KV pool actually usable / memory-model estimate (KV dtype, preemption)
+    kv_scale: float = 1.0  # KV pool actually usable / memory-model estimate (KV dtype, preemption)
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)

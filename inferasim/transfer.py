@@ -107,9 +107,10 @@ def disagg_point(fitted: FittedAnchor, prefill_layout: Layout, prefill_workers: 
     from inferasim.sim.benchmark import engine_sched
 
     model, gpu, prm = fitted.model, fitted.gpu, fitted.params
-    pc = layout_cost(model, gpu, prefill_layout, fitted.precision)
-    dc = layout_cost(model, gpu, decode_layout, fitted.precision)
-    dsched = engine_sched(fitted.engine, model, gpu, decode_layout, fitted.precision, fitted.engine_version)
+    pc = layout_cost(model, gpu, prefill_layout, fitted.precision, fitted.kv_dtype)
+    dc = layout_cost(model, gpu, decode_layout, fitted.precision, fitted.kv_dtype)
+    dsched = engine_sched(fitted.engine, model, gpu, decode_layout, fitted.precision, fitted.engine_version,
+                          fitted.kv_dtype)
     cap = max(dsched.kv_tokens // (isl + osl), 1) * decode_layout.dp
     per_worker = min(max(concurrency / max(decode_workers, 1), 1.0), cap, dsched.max_num_seqs * decode_layout.dp)
     b = per_worker / decode_layout.dp
