@@ -31,7 +31,7 @@ PRIOR_SIGMA: dict[str, float] = {
     "e_attn": 0.6,
     "moe_skew": 1.0,
     "comm_scale": 0.3,
-    "burst": 1.0,
+    "burst": 0.7,
     "t_ttft": 1.5,
     "kv_scale": 0.4,
 }

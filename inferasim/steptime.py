@@ -56,7 +56,7 @@ class StepParams:
     e_attn: float = 0.40  # prefill attention efficiency (flash attention vs dense peak)
     moe_skew: float = 0.15  # router skew: busiest-rank load excess over uniform routing
     comm_scale: float = 1.0  # multiplier on the link model's collective time
-    burst: float = 0.30  # weight of the wave-arrival queue in closed-loop TTFT (see sim.benchmark)
+    burst: float = 0.50  # share of wave-mates' prefill a closed-loop request waits for (sim.benchmark)
     t_ttft: float = 0.03  # s per request outside the steps: API server, tokenise, first-token stream
     kv_scale: float = 1.0  # KV pool actually usable / memory-model estimate (KV dtype, preemption)
 
@@ -99,8 +99,12 @@ def default_params(gpu: GPU, engine: str = "vllm") -> StepParams:
     few ms for vLLM and somewhat lower for SGLang's overlap scheduler."""
     amd = gpu.vendor == "amd"
     host = {"vllm": 4e-3, "sglang": 3e-3, "atom": 3.5e-3}.get(engine, 4e-3)
+    # Separate prefill batches hand out a whole batch's first tokens together (wave share near
+    # 1); mixed chunked steps emit them chunk by chunk as the wave spreads (near 1/4).
+    burst = 0.9 if engine == "sglang" else 0.5
     return StepParams(
         t_fixed=host,
+        burst=burst,
         e_bw=0.70 if amd else 0.80,
         e_kv=0.45 if amd else 0.55,
         e_flops=0.45 if amd else 0.55,

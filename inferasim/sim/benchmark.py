@@ -138,10 +138,15 @@ def closed_loop(p: StepParams, c: LayoutCost, sched: EngineSched, isl: np.ndarra
         per_token = np.maximum(t_mix - t_dec, 0.0) / chunk
         p_req = isl * per_token  # marginal prefill time one request adds to the rank
         n_chunks = np.ceil(isl / chunk)
-        ttft_base = 0.5 * t_dec + n_chunks * t_mix
+        # Half a step to the next step boundary, then one step per chunk, each carrying its
+        # chunk's marginal compute.
+        ttft_base = 0.5 * t_dec + n_chunks * t_dec + p_req
     else:
         chunk = np.minimum(float(sched.prefill_chunk), isl)
-        p_req = np.ceil(isl / chunk) * step_time(p, c, 0.0, 0.0, chunk, isl / 2.0)
+        full = np.floor(isl / chunk)
+        rest = isl - full * chunk
+        p_req = full * step_time(p, c, 0.0, 0.0, chunk, isl / 2.0) + \
+            np.where(rest > 0, step_time(p, c, 0.0, 0.0, np.maximum(rest, 1.0), isl / 2.0), 0.0)
         ttft_base = 0.5 * t_dec + p_req
     tpot = t_dec.copy()
     ttft = ttft_base.copy()
@@ -158,11 +163,18 @@ def closed_loop(p: StepParams, c: LayoutCost, sched: EngineSched, isl: np.ndarra
     # Clients beyond the running cap wait for a slot (closed-loop Little's law).
     service = ttft + (osl - 1.0) * tpot
     admission_wait = np.maximum(conc / x - service, 0.0)
-    ttft_steady = ttft + admission_wait
-    # Start-up burst: the first wave of min(C, cap) requests arrives at once and queues for prefill.
-    rate = _prefill_rate(p, c, sched, isl)
-    burst_ttft = (b * isl / 2.0 + isl / 2.0) / rate + 0.5 * t_dec
-    ttft_mean = (1.0 - p.burst) * ttft_steady + p.burst * np.maximum(burst_ttft, ttft_steady) + p.t_ttft
+    # Wave arrivals: with fixed isl/osl the clients of a closed loop start together and keep
+    # finishing together, so requests reach the engine in waves of up to `b` per rank. A wave's
+    # prompts go through in batches of the prefill budget S; a request's first token leaves when
+    # its batch ends, so the mean request waits a(b+1)/2 + 1/2 batches (a = isl/S). `burst` is
+    # the share of requests that see the wave (1: perfectly synchronised clients; less once the
+    # waves have spread out).
+    budget = np.maximum(sched.max_batched_tokens - (b / 2.0 if sched.mixed else 0.0), 64.0)
+    a = isl / budget
+    batches = np.maximum(a * (b + 1.0) / 2.0 + 0.5, 1.0)
+    t_batch = step_time(p, c, b / 2.0 if sched.mixed else 0.0, ctx, np.minimum(budget, b * isl), isl / 2.0)
+    ttft_wave = 0.5 * t_dec + batches * t_batch
+    ttft_mean = (1.0 - p.burst) * ttft + p.burst * np.maximum(ttft_wave, ttft) + admission_wait + p.t_ttft
     throughput = running / (ttft_mean + (osl - 1.0) * tpot) * osl
     return BenchResult(ttft=ttft_mean, tpot=tpot, running=running, throughput=throughput,
                        step_decode=t_dec, kv_limited=cap < conc)
