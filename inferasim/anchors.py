@@ -123,6 +123,27 @@ class KernelSet(BaseModel):
             if getattr(self, name) != getattr(other, name)
         ]
 
+    def normalized(self) -> tuple[str, ...]:
+        """The kernel set with names resolved through the catalogs, so that `h100_sxm` and
+        `NVIDIA-H100-80GB-HBM3`, or `meta-llama/Llama-3.1-70B` and `...Meta-Llama-3.1-70B`,
+        compare equal. Names the catalogs do not know compare as given."""
+        from inferasim.catalog.gpus import UnknownGPUError, normalize_gpu_name
+        from inferasim.catalog.models import UnknownModelError, resolve_model_name
+
+        try:
+            gpu = normalize_gpu_name(self.gpu)
+        except UnknownGPUError:
+            gpu = self.gpu
+        try:
+            model = resolve_model_name(self.model)
+        except UnknownModelError:
+            model = self.model
+        return (self.engine, self.engine_version, model, gpu, self.precision.lower(), self.kv_dtype,
+                self.attention_backend, self.graph_mode, self.spec_method)
+
+    def same_kernels(self, other: KernelSet) -> bool:
+        return self == other or self.normalized() == other.normalized()
+
     def describe(self) -> str:
         """Human-readable one-liner: engine, version, model, GPU, precision, then non-defaults."""
         words = [self.engine, self.engine_version or "(unknown version)", self.model, "on", self.gpu]
@@ -544,7 +565,7 @@ class AnchorStore:
         raise NoCompatibleAnchor(kernel_set, [(s[3], s[4]) for s in scored[:3]], self.folders)
 
     def _ranked(self, kernel_set: KernelSet, layout: Layout | None) -> list[Anchor]:
-        matches = [(i, a) for i, (_, a) in enumerate(self._anchors) if a.kernel_set == kernel_set]
+        matches = [(i, a) for i, (_, a) in enumerate(self._anchors) if a.kernel_set.same_kernels(kernel_set)]
 
         def preference(item: tuple[int, Anchor]) -> tuple[int, int, int, int, int]:
             order, anchor = item

@@ -11,7 +11,8 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from inferasim.catalog.engines import ENGINES, UnknownEngineError
+from inferasim.anchors import AnchorFileError, AnchorStore, KernelSet, NoCompatibleAnchor, load_anchor
+from inferasim.catalog.engines import ENGINES, UnknownEngineError, normalize_engine
 from inferasim.catalog.gpus import UnknownGPUError, get_gpu, list_gpus
 from inferasim.catalog.models import (
     PRECISIONS,
@@ -157,6 +158,213 @@ def cmd_memory(args: argparse.Namespace) -> int:
     return 0 if plan.feasible or not args.strict else 1
 
 
+# ---- predict -----------------------------------------------------------------------------------
+
+ANCHOR_DIR = Path(__file__).resolve().parent.parent / "anchors"
+
+
+def _anchor_store(folders: Sequence[str] | None) -> AnchorStore:
+    dirs = [Path(f) for f in folders] if folders else [ANCHOR_DIR]
+    return AnchorStore(*dirs)
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    from inferasim.predictor import fitted_from_anchor, unanchored
+    from inferasim.sim.benchmark import engine_sched, open_loop
+    from inferasim.steptime import layout_cost
+
+    engine = normalize_engine(args.engine)
+    model = get_model(args.model)
+    gpu = get_gpu(args.gpu)
+    layout = _layout(args)
+    if (args.concurrency is None) == (args.request_rate is None):
+        raise UsageError("give exactly one of --concurrency N (closed loop) or --request-rate R (req/s)")
+    from inferasim.predictor import benchmark_kv_dtype
+
+    kv_dtype = args.kv_cache_dtype or benchmark_kv_dtype(args.precision)
+    if args.anchor:
+        fitted = fitted_from_anchor(load_anchor(args.anchor))
+        anchored = True
+    else:
+        ks = KernelSet(engine=engine, engine_version=args.engine_version, model=args.model, gpu=args.gpu,
+                       precision=args.precision if args.precision != "auto" else "", kv_dtype=kv_dtype)
+        store = _anchor_store(args.anchors)
+        try:
+            fitted = fitted_from_anchor(store.find(ks, layout))
+            anchored = True
+        except NoCompatibleAnchor as exc:
+            if args.require_anchor:
+                raise UsageError(str(exc)) from None
+            fitted = unanchored(engine, model, gpu, args.precision, layout, args.engine_version, kv_dtype)
+            anchored = False
+            print(f"note: {exc}; predicting measurement-free (rank within one engine only)", file=sys.stderr)
+    isl, osl = args.isl, args.osl
+    replicas = args.replicas
+    if args.concurrency is not None:
+        per_replica = max(args.concurrency // replicas, 1)
+        pred = fitted.predict_layout(layout, isl, osl, per_replica)
+        ttft, tpot = pred["ttft"], pred["tpot"]
+        tput = pred["throughput"] * replicas
+        stable = True
+        load = {"concurrency": args.concurrency}
+    else:
+        cost = layout_cost(fitted.model, fitted.gpu, layout, fitted.precision, fitted.kv_dtype)
+        sched = engine_sched(fitted.engine, fitted.model, fitted.gpu, layout, fitted.precision,
+                             fitted.engine_version, fitted.kv_dtype)
+        import numpy as np
+
+        r = open_loop(fitted.params, cost, sched, np.array([isl]), np.array([osl]),
+                      np.array([args.request_rate / replicas]))
+        ttft, tpot, tput, stable = float(r.ttft[0]), float(r.tpot[0]), float(r.throughput[0]) * replicas, \
+            bool(r.stable[0])
+        load = {"request_rate": args.request_rate}
+    conc = args.concurrency or 1
+    extrap = fitted._extrapolation(conc // replicas or 1, isl, osl) or not anchored
+    spread = fitted._spread(extrap, layout, isl, osl)
+    import math
+
+    gpus = layout.gpus * replicas
+    out = {
+        "model": model.name, "gpu": gpu.name, "engine": engine, "precision": fitted.precision,
+        "layout": layout.as_dict(), "replicas": replicas, "gpus": gpus, "isl": isl, "osl": osl, **load,
+        "ttft_ms": ttft * 1e3, "tpot_ms": tpot * 1e3,
+        "throughput_tok_s": tput, "throughput_per_gpu": tput / gpus,
+        "tokens_per_s_per_user": 1.0 / tpot if tpot > 0 else None,
+        "interval": {"ttft_ms": [ttft * 1e3 * math.exp(-spread), ttft * 1e3 * math.exp(spread)],
+                     "tpot_ms": [tpot * 1e3 * math.exp(-spread), tpot * 1e3 * math.exp(spread)]},
+        "extrapolated": extrap, "stable": stable,
+        "anchor": fitted.anchor_id if anchored else None,
+        "mode": "anchored" if anchored else "unanchored: use for ranking within one engine",
+    }
+    rows = [("deployment", f"{engine} {model.name} on {replicas}x{layout.label()} {gpu.name} ({gpus} GPUs)"),
+            ("load", ", ".join(f"{k}={v}" for k, v in load.items()) + f", isl={isl}, osl={osl}"),
+            ("TTFT (ms)", f"{out['ttft_ms']:.1f}  [{out['interval']['ttft_ms'][0]:.1f}, "
+                          f"{out['interval']['ttft_ms'][1]:.1f}]"),
+            ("TPOT (ms)", f"{out['tpot_ms']:.2f}  [{out['interval']['tpot_ms'][0]:.2f}, "
+                          f"{out['interval']['tpot_ms'][1]:.2f}]"),
+            ("output tok/s", f"{tput:,.0f}"), ("tok/s per GPU", f"{tput / gpus:,.0f}"),
+            ("extrapolated", extrap), ("stable", stable), ("anchor", out["anchor"] or out["mode"])]
+    emit(out, args.output, table(["prediction", "value"], rows))
+    return 0
+
+
+# ---- validate ----------------------------------------------------------------------------------
+
+def _progress(done: int, total: int) -> None:
+    if not sys.stderr.isatty() and done not in (total,) and done % max(total // 10, 1):
+        return
+    width = 30
+    filled = int(width * done / max(total, 1))
+    sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} kernel sets")
+    if done >= total:
+        sys.stderr.write("\n")
+    sys.stderr.flush()
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from inferasim.predictor import AnchoredPredictor
+    from inferasim.validate import load_rows, run_validation, write_outputs
+
+    split_by = tuple(s for s in (args.split_by or "").split(",") if s)
+    rows = load_rows(args.data)
+    result = run_validation(rows, AnchoredPredictor(), rule=args.anchor_rule, split_by=split_by,
+                            progress=_progress)
+    out = Path(args.out)
+    write_outputs(result, out)
+    s = result.summary
+
+    def pct(v: float | None) -> str:
+        return "-" if v is None else f"{100 * v:.1f}%"
+
+    metric_rows = []
+    for name in ("tpot", "ttft", "throughput_per_gpu", "batch_latency"):
+        m = s.get(name) or {}
+        if m.get("n"):
+            metric_rows.append((name, pct(m["median_ape"]), pct(m["p90_ape"]), m["n"]))
+    print(table(["metric", "median APE", "p90 APE", "n"], metric_rows,
+                title=f"Validation of {args.data} (anchor rule {args.anchor_rule})"))
+    r = s.get("ranking") or {}
+    print(f"ranking: pair accuracy {pct(r.get('pair_accuracy'))} over {r.get('pairs', 0)} pairs "
+          f"(equal GPU count {pct(r.get('pair_accuracy_equal_gpus'))} over {r.get('pairs_equal_gpus', 0)}), "
+          f"top-1 {pct(r.get('top1'))}, regret {pct(r.get('regret'))}")
+    print(f"anchor share {pct(s.get('anchor_share'))}; unpredicted rows {s.get('unpredicted', {}).get('n', 0)}")
+    d = s.get("disagg") or {}
+    if any((d.get(k) or {}).get("n") for k in ("tpot", "ttft")):
+        print("disaggregated: " + ", ".join(f"{k} median {pct((d.get(k) or {}).get('median_ape'))}"
+                                           for k in ("tpot", "ttft", "throughput_per_gpu")))
+    print(f"wrote {out / 'predictions.csv'} and {out / 'summary.json'}")
+    return 0
+
+
+# ---- anchors -----------------------------------------------------------------------------------
+
+def cmd_anchors(args: argparse.Namespace) -> int:
+    store = _anchor_store(args.dir)
+    if args.action == "list":
+        items = store.all()
+        data = [{"id": a.id, "kernel_set": a.kernel_set.model_dump(), "layout": a.layout.model_dump(),
+                 "points": len(a.points), "rms_log_error": a.fit.rms_log_error if a.fit else None,
+                 "method": a.provenance.method} for a in items]
+        rows = [(a.kernel_set.engine, a.kernel_set.engine_version or "-", a.kernel_set.model, a.kernel_set.gpu,
+                 a.kernel_set.precision or "-", a.layout.to_layout().label(), len(a.points),
+                 a.fit.rms_log_error if a.fit else None, a.provenance.method) for a in items]
+        emit(data, args.output, table(["engine", "version", "model", "gpu", "precision", "layout", "points",
+                                       "fit rms(log)", "provenance"], rows))
+        return 0
+    if args.action == "show":
+        if not args.name:
+            raise UsageError("anchors show needs an anchor id or file name (see `inferasim anchors list`)")
+        path = Path(args.name)
+        if path.exists():
+            anchor = load_anchor(path)
+        else:
+            hits = [a for a in store.all() if a.id == args.name or a.filename() == args.name
+                    or a.id.startswith(args.name)]
+            if not hits:
+                raise UsageError(f"no anchor {args.name!r}; `inferasim anchors list` shows the ids")
+            anchor = hits[0]
+        emit(anchor.model_dump(mode="json"), "json" if args.output == "table" else args.output)
+        return 0
+    if args.action == "check":
+        bad = store.errors()
+        for err in bad:
+            print(f"invalid: {err}", file=sys.stderr)
+        problems = 0
+        from inferasim.predictor import fitted_from_anchor
+        from inferasim.validate import CannotPredict
+
+        for a in store.all():
+            try:
+                fitted_from_anchor(a)
+            except (CannotPredict, ValueError) as exc:
+                problems += 1
+                print(f"unusable: {a.id}: {exc}", file=sys.stderr)
+        print(f"{len(store.all())} anchors valid, {len(bad)} invalid files, {problems} unusable")
+        return 1 if bad or problems else 0
+    if args.action == "build":
+        from inferasim.predictor import anchor_from_rows
+        from inferasim.validate import CannotPredict, filter_rows, load_rows, select_anchors
+
+        if not args.name:
+            raise UsageError("anchors build needs a CSV of measured runs (the validate schema)")
+        rows = filter_rows(load_rows(args.name))
+        chosen = select_anchors(rows)
+        out = Path(args.dir[0]) if args.dir else ANCHOR_DIR
+        written = 0
+        for i, (_key, choice) in enumerate(chosen.items(), 1):
+            _progress(i, len(chosen))
+            try:
+                anchor = anchor_from_rows(choice.rows, source=f"{Path(args.name).name}: {choice.describe()}")
+            except CannotPredict as exc:
+                print(f"skipped {choice.describe()}: {exc}", file=sys.stderr)
+                continue
+            store.save(anchor, out)
+            written += 1
+        print(f"wrote {written} anchors to {out}")
+        return 0
+    raise UsageError(f"unknown anchors action {args.action!r}")
+
+
 # ---- demo --------------------------------------------------------------------------------------
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -218,6 +426,40 @@ def build_parser() -> argparse.ArgumentParser:
     _add_output(p)
     p.set_defaults(func=cmd_memory)
 
+    p = sub.add_parser("predict", help="TTFT, TPOT and throughput of one deployment")
+    p.add_argument("--model", required=True)
+    p.add_argument("--gpu", required=True)
+    p.add_argument("--engine", required=True, help=f"one of {', '.join(ENGINES)}")
+    p.add_argument("--engine-version", default="")
+    p.add_argument("--precision", default="auto", help=f"one of {', '.join(PRECISIONS)}")
+    p.add_argument("--kv-cache-dtype", default=None,
+                   help="auto, bf16 or fp8 (default: fp8 for fp8/fp4 precision, as in the public benchmarks)")
+    p.add_argument("--isl", type=_positive("isl"), required=True, help="input tokens per request")
+    p.add_argument("--osl", type=_positive("osl"), required=True, help="output tokens per request")
+    p.add_argument("--concurrency", type=_positive("concurrency"), default=None, help="closed-loop clients")
+    p.add_argument("--request-rate", type=float, default=None, help="Poisson arrivals, requests/s")
+    p.add_argument("--replicas", type=_positive("replicas"), default=1)
+    p.add_argument("--anchor", default=None, help="an anchor JSON file to use")
+    p.add_argument("--anchors", action="append", default=None, help="anchor folder(s) (default: anchors/)")
+    p.add_argument("--require-anchor", action="store_true", help="fail instead of predicting unanchored")
+    _add_layout(p)
+    _add_output(p)
+    p.set_defaults(func=cmd_predict)
+
+    p = sub.add_parser("validate", help="score the predictor on measured runs (DESIGN.md section 7)")
+    p.add_argument("data", help="CSV of measured runs (schema of shared/data/aic-silicon/silicon_dev.csv)")
+    p.add_argument("--anchor-rule", default="min-gpus", choices=("min-gpus",))
+    p.add_argument("--out", required=True, help="folder for predictions.csv and summary.json")
+    p.add_argument("--split-by", default="", help="comma list of engine, gpu, model")
+    p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("anchors", help="list, show, check shipped anchors; build anchors from a CSV")
+    p.add_argument("action", choices=("list", "show", "check", "build"))
+    p.add_argument("name", nargs="?", help="anchor id/file (show) or CSV (build)")
+    p.add_argument("--dir", action="append", default=None, help="anchor folder(s) (default: anchors/)")
+    _add_output(p)
+    p.set_defaults(func=cmd_anchors)
+
     p = sub.add_parser("demo", help="run the main job on the bundled example")
     p.set_defaults(func=cmd_demo)
     return parser
@@ -225,7 +467,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 USER_ERRORS: tuple[type[Exception], ...] = (
     UsageError, UnknownModelError, ModelConfigError, UnknownGPUError, UnknownEngineError, LayoutError,
-    FileNotFoundError,
+    FileNotFoundError, AnchorFileError, NoCompatibleAnchor,
 )
 
 

@@ -146,9 +146,10 @@ def fit_params(cost: LayoutCost, sched: EngineSched, points: Sequence[FitPoint],
     r = residuals(z)
     cost_val = float(r @ r)
     lam = 1e-2
-    it = 0
+    iterations = 0
     converged = False
-    for it in range(1, max_iter + 1):
+    for _ in range(max_iter):
+        iterations += 1
         jac = np.empty((r.size, z.size))
         for j in range(z.size):
             dz = np.zeros_like(z)
@@ -192,5 +193,5 @@ def fit_params(cost: LayoutCost, sched: EngineSched, points: Sequence[FitPoint],
     return FitResult(
         params=params, rms_log_error=float(np.sqrt(np.mean(arr ** 2))),
         max_abs_log_error=float(np.max(np.abs(arr))), per_metric_mape=per_metric, n_points=len(points),
-        iterations=it, converged=converged, residuals=res_out,
+        iterations=iterations, converged=converged, residuals=res_out,
     )

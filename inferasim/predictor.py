@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from inferasim.anchors import Anchor, BenchPoint, FitReport, KernelSet, LayoutModel, Provenance
 from inferasim.catalog.engines import UnknownEngineError, normalize_engine
 from inferasim.catalog.gpus import GPU, UnknownGPUError, get_gpu
 from inferasim.catalog.models import ModelConfigError, ModelSpec, UnknownModelError, get_model
@@ -187,3 +188,81 @@ class AnchoredPredictor:
 
     def fit(self, kernel_key: tuple[str, ...], anchor_rows: list[BenchRow]) -> FittedAnchor:
         return fit_anchor_rows(anchor_rows)
+
+
+# ------------------------------------------------------------------------------------------------
+# Anchors on disk <-> fitted anchors
+# ------------------------------------------------------------------------------------------------
+
+def kernel_set_of(row: BenchRow) -> KernelSet:
+    return KernelSet(engine=row.backend, engine_version=row.backend_version, model=row.model_path,
+                     gpu=row.system, precision=row.precision, kv_dtype=benchmark_kv_dtype(row.precision))
+
+
+def anchor_from_rows(rows: list[BenchRow], source: str, notes: str = "") -> Anchor:
+    """Fit a kernel set's anchor rows and package the result as an Anchor (public data)."""
+    fitted = fit_anchor_rows(rows)
+    first = rows[0]
+    points = [BenchPoint(isl=r.isl, osl=r.osl, concurrency=r.concurrency,
+                         scenario="offline" if r.scenario == "offline" else "closed",
+                         ttft_ms=r.ttft_ms, tpot_ms=r.tpot_ms, batch_latency_s=r.batch_latency_s,
+                         throughput_tok_s=r.throughput_tok_s, row_id=r.id) for r in rows]
+    fit = fitted.fit
+    return Anchor(
+        kernel_set=kernel_set_of(first),
+        layout=LayoutModel.from_layout(fitted.layout),
+        points=points,
+        params=fitted.params.as_dict(),
+        fit=FitReport(n_points=fit.n_points, rms_log_error=fit.rms_log_error,
+                      max_abs_log_error=fit.max_abs_log_error, per_metric=fit.per_metric_mape,
+                      converged=fit.converged, message=fit.message),
+        provenance=Provenance(method="public-data", source=source, rows=[r.id for r in rows],
+                              measured_by="inferasim anchors build (min-gpus anchor rule)", notes=notes),
+    )
+
+
+def fitted_from_anchor(anchor: Anchor) -> FittedAnchor:
+    """A FittedAnchor from a stored anchor: its parameters if it has them, else a fresh fit."""
+    ks = anchor.kernel_set
+    try:
+        engine = normalize_engine(ks.engine)
+        model = get_model(ks.model)
+        gpu = get_gpu(ks.gpu)
+    except (UnknownEngineError, UnknownModelError, ModelConfigError, UnknownGPUError) as exc:
+        raise CannotPredict(f"anchor {anchor.id}: {exc}") from None
+    layout = anchor.layout.to_layout()
+    precision = ks.precision or "auto"
+    kv_dtype = ks.kv_dtype
+    points = [FitPoint(isl=p.isl, osl=p.osl, concurrency=p.concurrency, scenario=p.scenario,
+                       ttft=p.ttft_ms / 1e3 if p.ttft_ms else None, tpot=p.tpot_ms / 1e3 if p.tpot_ms else None,
+                       batch_latency=p.batch_latency_s, throughput=p.throughput_tok_s) for p in anchor.points]
+    if anchor.params:
+        params = StepParams.from_dict(anchor.params)
+        rep = anchor.fit
+        result = FitResult(params=params, rms_log_error=rep.rms_log_error if rep else 0.1,
+                           max_abs_log_error=rep.max_abs_log_error if rep else 0.1,
+                           per_metric_mape=dict(rep.per_metric) if rep else {}, n_points=len(points),
+                           iterations=0, converged=True, message="stored parameters")
+    else:
+        cost = layout_cost(model, gpu, layout, precision, kv_dtype)
+        sched = engine_sched(engine, model, gpu, layout, precision, ks.engine_version, kv_dtype)
+        result = fit_params(cost, sched, points, default_params(gpu, engine))
+    concs = [p.concurrency for p in anchor.points] or [1]
+    isls = [p.isl for p in anchor.points] or [1]
+    osls = [p.osl for p in anchor.points] or [1]
+    return FittedAnchor(engine=engine, engine_version=ks.engine_version, model=model, gpu=gpu,
+                        precision=precision, kv_dtype=kv_dtype, layout=layout, fit=result, anchor_id=anchor.id,
+                        conc_range=(min(concs), max(concs)), isl_range=(min(isls), max(isls)),
+                        osl_range=(min(osls), max(osls)))
+
+
+def unanchored(engine: str, model: ModelSpec, gpu: GPU, precision: str, layout: Layout,
+               engine_version: str = "", kv_dtype: str = "auto") -> FittedAnchor:
+    """Measurement-free estimate from GPU-family defaults: for ranking within one engine only."""
+    params = default_params(gpu, engine)
+    result = FitResult(params=params, rms_log_error=0.35, max_abs_log_error=0.35, per_metric_mape={},
+                       n_points=0, iterations=0, converged=True,
+                       message="unanchored: use for ranking within one engine")
+    return FittedAnchor(engine=engine, engine_version=engine_version, model=model, gpu=gpu,
+                        precision=precision, kv_dtype=kv_dtype, layout=layout, fit=result,
+                        anchor_id="unanchored", conc_range=(0, 0), isl_range=(0, 0), osl_range=(0, 0))

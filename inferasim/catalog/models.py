@@ -442,9 +442,14 @@ def _checkpoint_format(cfg: dict[str, Any], text: dict[str, Any]) -> str:
     )
 
 
+# Activations of two-matrix (ungated) FFNs: relu2 (Nemotron-H), and the classic GPT-style
+# models (OPT relu, GPT-J gelu_new, BLOOM gelu). Gated SwiGLU / GeGLU FFNs have three matrices.
+_UNGATED = ("relu2", "relu", "gelu", "gelu_new", "gelu_fast")
+_UNGATED_TYPES = ("opt", "gptj", "bloom", "gpt2", "gpt_neox", "falcon")
+
+
 def _gated_mlp(hidden: int, inter: int, act: str = "silu") -> int:
-    # SwiGLU / GeGLU: gate, up, down. relu2 (Nemotron-H) has no gate: up, down.
-    return (2 if act in ("relu2",) else 3) * hidden * inter
+    return (2 if act in _UNGATED else 3) * hidden * inter
 
 
 def _gqa(hidden: int, heads: int, kv_heads: int, head_dim: int, window: int | None = None,
@@ -623,14 +628,14 @@ def model_from_config(config: dict[str, Any] | str | Path, name: str | None = No
             raise ModelConfigError(f"unsupported config field {fld!r}: {what} is not modelled yet")
     arch = (config.get("architectures") or text.get("architectures") or [None])[0]
     model_type = str(text.get("model_type") or config.get("model_type") or "")
-    hidden = int(_require(text, "hidden_size", "d_model"))
+    hidden = int(_require(text, "hidden_size", "d_model", "n_embd", "n_embed"))
     if isinstance(text.get("layers_block_type"), list):
         n_layers = len(text["layers_block_type"])
     else:
-        n_layers = int(_require(text, "num_hidden_layers", "n_layers"))
+        n_layers = int(_require(text, "num_hidden_layers", "n_layers", "n_layer"))
     vocab = int(_require(text, "vocab_size"))
     tie = bool(_get(text, "tie_word_embeddings", default=_get(config, "tie_word_embeddings", default=False)))
-    max_ctx = int(_get(text, "max_position_embeddings", "seq_length", default=0) or 0)
+    max_ctx = int(_get(text, "max_position_embeddings", "seq_length", "n_positions", default=0) or 0)
     fmt = _checkpoint_format(config, text)
     if fmt in ("bf16", "fp16") and name:
         # NVIDIA's NVFP4/FP8 repositories keep quantization in hf_quant_config.json, not in
@@ -638,14 +643,17 @@ def model_from_config(config: dict[str, Any] | str | Path, name: str | None = No
         upper = name.upper()
         fmt = "nvfp4" if "NVFP4" in upper else "fp8" if "FP8" in upper else fmt
     notes: list[str] = []
-    act = str(_get(text, "hidden_act", "hidden_activation", default="silu"))
+    act = str(_get(text, "hidden_act", "hidden_activation", "activation_function", default="silu"))
+    if model_type in _UNGATED_TYPES and act not in _UNGATED:
+        act = "gelu"
 
     if "hybrid_override_pattern" in text or "layers_block_type" in text:
         layers = _parse_mamba_pattern(text, hidden)
         notes.append("hybrid Mamba-2/attention: per-sequence SSM state, KV only on attention layers")
     else:
-        heads = int(_require(text, "num_attention_heads", "n_heads"))
+        heads = int(_require(text, "num_attention_heads", "n_heads", "n_head"))
         kv_heads = int(_get(text, "num_key_value_heads", "num_kv_heads", default=heads))
+        kv_per_layer = text.get("num_key_value_heads_per_layer")  # DeciLM: GQA width per layer
         head_dim = int(_get(text, "head_dim", default=hidden // heads))
         v_head_dim = _get(text, "v_head_dim")
         bias = bool(_get(text, "attention_bias", "qkv_bias", default=model_type.startswith("qwen2")))
@@ -657,7 +665,9 @@ def model_from_config(config: dict[str, Any] | str | Path, name: str | None = No
         top_k = int(_get(text, "num_experts_per_tok", "experts_per_token", "top_k_experts",
                          "moe_topk", default=0) or 0)
         dense_inter = int(_get(text, "dense_intermediate_size", "intermediate_size_mlp",
-                               "intermediate_size", default=0) or 0)
+                               "intermediate_size", "ffn_dim", "n_inner", default=0) or 0)
+        if not dense_inter and model_type in _UNGATED_TYPES:
+            dense_inter = 4 * hidden  # GPT-J / BLOOM: FFN width 4 x hidden when n_inner is null
         if n_exp:
             expert_inter = int(_get(text, "moe_intermediate_size", default=0) or 0)
             if not expert_inter:
@@ -698,6 +708,8 @@ def model_from_config(config: dict[str, Any] | str | Path, name: str | None = No
                 raise ModelConfigError(f"layer_types entry {kind!r} is not understood")
             else:
                 hd, vd, kvh = head_dim, v_head_dim, kv_heads
+                if isinstance(kv_per_layer, list) and i < len(kv_per_layer):
+                    kvh = int(kv_per_layer[i])
                 if windows[i] and _get(text, "swa_head_dim"):
                     hd = int(text["swa_head_dim"])
                     vd = _get(text, "swa_v_head_dim", default=vd)

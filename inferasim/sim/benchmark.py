@@ -223,3 +223,32 @@ def predict_closed(model: ModelSpec, gpu: GPU, layout: Layout, engine: str, para
     c = layout_cost(model, gpu, layout, precision)
     sched = engine_sched(engine, model, gpu, layout, precision, engine_version)
     return closed_loop(params, c, sched, np.array([isl]), np.array([osl]), np.array([concurrency]))
+
+
+@dataclass(frozen=True)
+class OpenLoopResult:
+    ttft: np.ndarray
+    tpot: np.ndarray
+    running: np.ndarray
+    throughput: np.ndarray
+    stable: np.ndarray  # False when the rate exceeds what the replica can serve
+
+
+def open_loop(p: StepParams, c: LayoutCost, sched: EngineSched, isl: np.ndarray, osl: np.ndarray,
+              rate: np.ndarray) -> OpenLoopResult:
+    """Poisson arrivals at `rate` requests/s to one replica: the number running follows from
+    Little's law, R = rate x (TTFT + (osl - 1) TPOT), solved as a fixed point on the closed-loop
+    model without its wave term (Poisson arrivals do not come in waves)."""
+    isl = np.asarray(isl, dtype=float)
+    osl = np.asarray(osl, dtype=float)
+    lam = np.asarray(rate, dtype=float)
+    cap = np.minimum(_capacity(sched, isl, osl, p.kv_scale), sched.max_num_seqs) * c.layout.dp
+    no_wave = StepParams(**{**p.as_dict(), "burst": 0.0})
+    running = np.maximum(lam * 1.0, 1.0)
+    res = closed_loop(no_wave, c, sched, isl, osl, running)
+    for _ in range(40):
+        target = lam * (res.ttft + (osl - 1.0) * res.tpot)
+        running = np.clip(0.5 * running + 0.5 * target, 1e-3, cap)
+        res = closed_loop(no_wave, c, sched, isl, osl, np.maximum(running, 1.0))
+    stable = lam * (res.ttft + (osl - 1.0) * res.tpot) <= cap * 1.001
+    return OpenLoopResult(ttft=res.ttft, tpot=res.tpot, running=running, throughput=lam * osl, stable=stable)
