@@ -1,0 +1,578 @@
+"""Engine schedulers of the discrete-event simulator (DESIGN.md section 4), one per dp rank.
+
+Two policies share one interface so that prefix caching, a host-KV tier, routers and P/D pools
+can be added later without touching the event loop in `inferasim.sim.des`:
+
+- `VllmScheduler` (vLLM V1, `EngineSched.mixed`): every step the running requests first (decodes
+  one token each, partially prefilled requests their next chunk), then the leftover of
+  `max_num_batched_tokens` to waiting requests in FCFS order, bounded by `max_num_seqs` and free
+  KV blocks. A decode that finds no free block preempts the newest running request by recompute.
+- `SglangScheduler` (SGLang without mixed chunking): a prefill-only batch whenever the head of
+  the queue passes SGLang's KV admission check (prompt + clipped max_new_tokens against free
+  tokens minus `new_token_ratio` x the running requests' remaining outputs), else one decode-only
+  batch of all running requests; retraction when a decode step does not fit.
+
+The interface the event loop uses:
+    enqueue(req)              a request reached this rank
+    schedule(now) -> Batch    the next step's work (allocates its KV)
+    commit(batch, t_end)      apply a step; returns the requests that finished
+    decode_run_limit()        how many pure-decode steps with unchanged membership follow
+    decode_state()            (batch, mean context at the first of those steps)
+    advance_decode(k, t_end)  apply k such steps at once
+    accepts_arrivals()        could a new arrival change the next step?
+
+Running requests live in a struct of numpy arrays (`RunningSet`), not in Python objects: a step
+touches all of them, and the vectorised form is what keeps the simulator usable inside searches.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from inferasim.sim.benchmark import EngineSched
+from inferasim.sim.kvcache import KVCache
+
+
+@dataclass(eq=False)
+class Request:
+    """One request and what the client saw of it.
+
+    Token times are kept compactly (first token, last token, count) because the mean TPOT of a
+    benchmark is (finish - first_token) / (output - 1); per-token gaps can be added when a
+    percentile-of-gaps metric needs them."""
+
+    rid: int
+    arrival: float  # s, the client sent it
+    prompt: int
+    output: int
+    prefix_hit: int = 0  # prompt tokens found in a prefix cache (none yet)
+    rank: int = 0  # attention-dp rank that serves it
+    first_token: float | None = None  # s, the client received the first token
+    finish: float | None = None  # s, the client received the last token
+    preemptions: int = 0
+    generated: int = 0  # tokens sampled so far; kept across a recompute preemption
+
+    @property
+    def ttft(self) -> float:
+        assert self.first_token is not None
+        return self.first_token - self.arrival
+
+    @property
+    def tpot(self) -> float:
+        assert self.first_token is not None and self.finish is not None
+        return (self.finish - self.first_token) / max(self.output - 1, 1)
+
+    @property
+    def e2e(self) -> float:
+        assert self.finish is not None
+        return self.finish - self.arrival
+
+
+class RunningSet:
+    """Requests holding KV on a rank, as parallel int64 arrays (rows compacted between steps).
+
+    `comp` counts tokens whose KV is written; `gen` tokens sampled. A row is decoding when it has
+    sampled a token and all but the last sampled token are in the KV (comp == prompt + gen - 1)."""
+
+    FIELDS = ("rid", "prompt", "out", "gen", "comp", "seq")
+
+    def __init__(self, capacity: int = 64) -> None:
+        self.n = 0
+        self._cap = capacity
+        for name in self.FIELDS:
+            setattr(self, name, np.zeros(capacity, dtype=np.int64))
+        self.alive = np.ones(capacity, dtype=bool)
+        self.dead = 0  # rows preempted this step, removed at the next compaction
+
+    @property
+    def n_alive(self) -> int:
+        return self.n - self.dead
+
+    def add(self, rid: int, prompt: int, out: int, gen: int, comp: int, seq: int) -> int:
+        if self.n == self._cap:
+            self._cap *= 2
+            for name in self.FIELDS:
+                arr = getattr(self, name)
+                grown = np.zeros(self._cap, dtype=np.int64)
+                grown[: self.n] = arr[: self.n]
+                setattr(self, name, grown)
+            alive = np.ones(self._cap, dtype=bool)
+            alive[: self.n] = self.alive[: self.n]
+            self.alive = alive
+        row = self.n
+        self.rid[row], self.prompt[row], self.out[row] = rid, prompt, out
+        self.gen[row], self.comp[row], self.seq[row] = gen, comp, seq
+        self.alive[row] = True
+        self.n += 1
+        return row
+
+    def kill(self, row: int) -> None:
+        self.alive[row] = False
+        self.dead += 1
+
+    def compact(self) -> None:
+        """Drop dead rows, keeping the others in order."""
+        if not self.dead:
+            return
+        keep = np.flatnonzero(self.alive[: self.n])
+        m = keep.size
+        for name in self.FIELDS:
+            arr = getattr(self, name)
+            arr[:m] = arr[keep]
+        self.alive[: self.n] = True
+        self.n, self.dead = m, 0
+
+
+@dataclass
+class Batch:
+    """One engine step of one rank: the rows it touches and the step-time inputs."""
+
+    dec_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    pre_rows: list[int] = field(default_factory=list)
+    pre_chunks: list[int] = field(default_factory=list)
+    pre_starts: list[int] = field(default_factory=list)
+    ctx_dec: float = 0.0  # mean context a decode attends to (its KV plus the new token)
+
+    @property
+    def n_dec(self) -> int:
+        return int(self.dec_rows.size)
+
+    @property
+    def n_pref(self) -> int:
+        return int(sum(self.pre_chunks))
+
+    @property
+    def ctx_pref(self) -> float:
+        """Token-weighted mean context a prefill token attends to: a chunk of L tokens from
+        position s sees s + L/2 on average (the analytic model's isl/2 for a whole prompt)."""
+        tot = self.n_pref
+        if not tot:
+            return 0.0
+        return sum(n * (s + n / 2.0) for n, s in zip(self.pre_chunks, self.pre_starts, strict=True)) / tot
+
+    @property
+    def empty(self) -> bool:
+        return not self.dec_rows.size and not self.pre_rows
+
+
+class Scheduler(ABC):
+    """State and bookkeeping common to the engine policies; subclasses decide what runs."""
+
+    def __init__(self, sched: EngineSched, kv_capacity_tokens: int, delivery_delay: float = 0.0) -> None:
+        self.sched = sched
+        self.kv = KVCache(kv_capacity_tokens, sched.block_size)
+        self.run = RunningSet()
+        self.waiting: deque[Request] = deque()
+        self.reqs: dict[int, Request] = {}
+        self.delay = delivery_delay  # client-side latency added to every delivered token
+        self._seq = 0  # admission counter: larger = newer
+        self.preemptions = 0
+
+    # -- queue -----------------------------------------------------------------------------------
+    def enqueue(self, req: Request) -> None:
+        self.reqs[req.rid] = req
+        self.waiting.append(req)
+
+    def max_request_tokens(self) -> int:
+        """The longest prompt + output this rank can ever run (whole pool, nothing else running)."""
+        return self.kv.capacity_tokens
+
+    def _admit(self, req: Request, chunk: int) -> int:
+        """Move the head of the queue into the running set with `chunk` prompt tokens scheduled."""
+        self.kv.allocate(self.kv.blocks_for(chunk))
+        self._seq += 1
+        return self.run.add(req.rid, req.prompt, req.output, req.generated, 0, self._seq)
+
+    def _preempt(self, row: int, to_head: bool = True) -> None:
+        """Recompute preemption: drop the row's KV; its sampled tokens stay and are re-prefilled."""
+        r = self.run
+        req = self.reqs[int(r.rid[row])]
+        req.generated = int(r.gen[row])
+        req.preemptions += 1
+        self.preemptions += 1
+        self.kv.free(self.kv.blocks_for(int(r.comp[row])))
+        r.kill(row)
+        if to_head:
+            self.waiting.appendleft(req)
+        else:
+            self.waiting.append(req)
+
+    # -- policy ----------------------------------------------------------------------------------
+    @abstractmethod
+    def schedule(self, now: float) -> Batch:
+        """Choose the next step's work and allocate its KV (may preempt)."""
+
+    @abstractmethod
+    def decode_run_limit(self) -> int | None:
+        """None when the rank is idle; 0 when the next step is not a pure decode step of all
+        running requests; else k >= 1 such steps that can run with no finish, KV shortage or
+        admission in between (arrivals are the event loop's business)."""
+
+    @abstractmethod
+    def accepts_arrivals(self) -> bool:
+        """Whether a request arriving now could join the next step (False when the queue head is
+        blocked or the running set is full: an arrival then changes nothing)."""
+
+    # -- applying steps --------------------------------------------------------------------------
+    def commit(self, batch: Batch, t_end: float) -> list[Request]:
+        r = self.run
+        if batch.dec_rows.size:
+            r.comp[batch.dec_rows] += 1
+        if batch.pre_rows:
+            pre = np.asarray(batch.pre_rows, dtype=np.int64)
+            r.comp[pre] += np.asarray(batch.pre_chunks, dtype=np.int64)
+            touched = np.concatenate([batch.dec_rows, pre])
+        else:
+            touched = batch.dec_rows
+        sampled = touched[r.comp[touched] == r.prompt[touched] + r.gen[touched]]
+        r.gen[sampled] += 1
+        self._after_step(1)
+        if batch.pre_rows:
+            t_tok = t_end + self.delay
+            for row in sampled[r.gen[sampled] == 1]:
+                req = self.reqs[int(r.rid[row])]
+                if req.first_token is None:
+                    req.first_token = t_tok
+        done = sampled[r.gen[sampled] >= r.out[sampled]]
+        finished = self._finish(done, t_end)
+        r.compact()
+        return finished
+
+    def _finish(self, rows: np.ndarray, t_end: float) -> list[Request]:
+        r = self.run
+        out = []
+        for row in rows:
+            req = self.reqs.pop(int(r.rid[row]))
+            req.generated = int(r.gen[row])
+            req.finish = t_end + self.delay
+            if req.first_token is None:  # output == 1 and first token in the same step
+                req.first_token = req.finish
+            self.kv.free(self.kv.blocks_for(int(r.comp[row])))
+            r.kill(int(row))
+            out.append(req)
+        return out
+
+    def _after_step(self, k: int) -> None:
+        """Hook: policy state that evolves per step (SGLang's new_token_ratio)."""
+
+    def decode_state(self) -> tuple[int, float]:
+        """Rows of the pure decode batch and their mean context at its first step."""
+        n = self.run.n
+        return n, float(self.run.comp[:n].mean()) + 1.0
+
+    def advance_decode(self, k: int, t_end: float) -> list[Request]:
+        """Apply k pure decode steps of every running row at once (checked by decode_run_limit)."""
+        r = self.run
+        n = r.n
+        comp = r.comp[:n]
+        self.kv.allocate(int(self.kv.decode_blocks(comp, np.array([k]))[0]))
+        comp += k
+        r.gen[:n] += k
+        self._after_step(k)
+        done = np.flatnonzero(r.gen[:n] >= r.out[:n])
+        finished = self._finish(done, t_end) if done.size else []
+        r.compact()
+        return finished
+
+    # -- helpers for the run limit -----------------------------------------------------------------
+    def _pure_decode_rows(self) -> bool:
+        n = self.run.n
+        r = self.run
+        return bool(np.all((r.gen[:n] >= 1) & (r.comp[:n] == r.prompt[:n] + r.gen[:n] - 1)))
+
+    def _run_to_event(self) -> tuple[int, np.ndarray | None]:
+        """Steps until the first finish, capped where decode blocks run out; also the cumulative
+        blocks per step when they were needed (None when the pool is ample)."""
+        r = self.run
+        n = r.n
+        k_fin = int((r.out[:n] - r.gen[:n]).min())
+        free = self.kv.free_blocks
+        comp = r.comp[:n]
+        if k_fin <= 1:
+            return k_fin, None
+        last = int(self.kv.decode_blocks(comp, np.array([k_fin]))[0])
+        if last <= free:
+            return k_fin, None
+        cum = self.kv.decode_blocks(comp, np.arange(1, k_fin + 1))
+        return int(np.searchsorted(cum, free, side="right")), cum
+
+
+class VllmScheduler(Scheduler):
+    """vLLM V1 (vllm/v1/core/sched/scheduler.py), chunked prefill on, no prefix cache."""
+
+    def schedule(self, now: float) -> Batch:
+        r, kv = self.run, self.kv
+        n = r.n
+        budget = self.sched.max_batched_tokens
+        known = r.prompt[:n] + r.gen[:n]
+        comp = r.comp[:n]
+        is_dec = (r.gen[:n] >= 1) & (comp == known - 1)
+        dec = np.flatnonzero(is_dec)
+        if dec.size > budget:  # more decodes than the token budget: the oldest go first
+            dec = np.sort(dec[np.argsort(r.seq[dec], kind="stable")[:budget]])
+        need = (comp[dec] % kv.block_size == 0).astype(np.int64)  # writing a token that opens a block
+        total = int(need.sum())
+        preempted = False
+        if total > kv.free_blocks:
+            # V1 pops the newest running request until the older ones fit; it is never one that
+            # was already served this step, so the oldest decodes keep their blocks.
+            dec_need = np.zeros(n, dtype=np.int64)
+            dec_need[dec] = need
+            for row in np.argsort(-r.seq[:n], kind="stable"):
+                if total <= kv.free_blocks:
+                    break
+                self._preempt(int(row))
+                total -= int(dec_need[row])
+                preempted = True
+            keep = r.alive[dec]
+            dec = dec[keep]
+        kv.allocate(total)
+        budget -= int(dec.size)
+        batch = Batch(dec_rows=dec, ctx_dec=float(comp[dec].mean()) + 1.0 if dec.size else 0.0)
+        # Partially prefilled (or recomputing) requests continue, oldest first.
+        part = np.flatnonzero(~is_dec & r.alive[:n])
+        if part.size:
+            for row in part[np.argsort(r.seq[part], kind="stable")]:
+                row = int(row)
+                if budget <= 0:
+                    break
+                if not r.alive[row]:
+                    continue
+                chunk = min(int(known[row] - comp[row]), budget)
+                blocks = int(kv.blocks_needed(int(comp[row]), chunk))
+                while blocks > kv.free_blocks and r.alive[row]:
+                    alive_rows = np.flatnonzero(r.alive[:n])
+                    victim = int(alive_rows[np.argmax(r.seq[alive_rows])])
+                    self._preempt(victim)
+                    preempted = True
+                if not r.alive[row]:
+                    break  # preempted itself: V1 stops scheduling the running queue
+                kv.allocate(blocks)
+                batch.pre_rows.append(row)
+                batch.pre_chunks.append(chunk)
+                batch.pre_starts.append(int(comp[row]))
+                budget -= chunk
+        # Waiting requests, FCFS; V1 admits none in a step that preempted.
+        if not preempted:
+            max_seqs = self.sched.max_num_seqs
+            while self.waiting and budget > 0 and r.n_alive < max_seqs:
+                req = self.waiting[0]
+                chunk = min(req.prompt + req.generated, budget)
+                if kv.blocks_for(chunk) > kv.free_blocks:
+                    break
+                self.waiting.popleft()
+                batch.pre_rows.append(self._admit(req, chunk))
+                batch.pre_chunks.append(chunk)
+                batch.pre_starts.append(0)
+                budget -= chunk
+        return batch
+
+    def _head_admissible(self, n: int, free_blocks: int) -> bool:
+        budget = self.sched.max_batched_tokens - n
+        if not self.waiting or budget <= 0 or n >= self.sched.max_num_seqs:
+            return False
+        req = self.waiting[0]
+        return self.kv.blocks_for(min(req.prompt + req.generated, budget)) <= free_blocks
+
+    def decode_run_limit(self) -> int | None:
+        n = self.run.n
+        if n == 0:
+            return None if not self.waiting else 0
+        if n > self.sched.max_batched_tokens or not self._pure_decode_rows():
+            return 0
+        first = int(self.kv.decode_blocks(self.run.comp[:n], np.array([1]))[0])
+        if first > self.kv.free_blocks:
+            return 0
+        # Blocks only get scarcer during a decode run, so a head blocked now stays blocked.
+        if self._head_admissible(n, self.kv.free_blocks - first):
+            return 0
+        k, _ = self._run_to_event()
+        return k
+
+    def accepts_arrivals(self) -> bool:
+        n = self.run.n
+        return not self.waiting and n < self.sched.max_num_seqs and n < self.sched.max_batched_tokens
+
+
+# SGLang scheduler constants (python/sglang/global_config.py, srt/managers/scheduler.py and
+# schedule_policy.py): new_token_ratio starts at 0.7 and decays linearly over 600 decode steps to
+# 0.7 x 0.14; max_new_tokens estimates are clipped at 4096; a retraction frees room for 20 decode
+# steps of the remaining requests.
+SGLANG_INIT_NEW_TOKEN_RATIO = 0.7
+SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR = 0.14
+SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS = 600
+SGLANG_CLIP_MAX_NEW_TOKENS = 4096
+SGLANG_RETRACT_DECODE_STEPS = 20
+SGLANG_MAX_PREFILL_TOKENS = 16384
+
+
+def _sum_clipped(rem: np.ndarray, steps: np.ndarray, clip: int) -> np.ndarray:
+    """sum_i min(rem_i - j, clip) for every j in `steps`, in O(N log N + len(steps))."""
+    base = int(rem.sum()) - rem.size * steps
+    excess = np.sort(rem - clip)
+    excess = excess[excess > 0]
+    if not excess.size:
+        return base
+    suffix = np.concatenate([np.cumsum(excess[::-1])[::-1], [0]])
+    idx = np.searchsorted(excess, steps, side="right")
+    over = suffix[idx] - steps * (excess.size - idx)
+    return base - over
+
+
+class SglangScheduler(Scheduler):
+    """SGLang (srt/managers/scheduler.py + schedule_policy.PrefillAdder), fcfs, no radix hits,
+    `--enable-mixed-chunk` off: prefill and decode never share a step."""
+
+    def __init__(self, sched: EngineSched, kv_capacity_tokens: int, delivery_delay: float = 0.0) -> None:
+        super().__init__(sched, kv_capacity_tokens, delivery_delay)
+        self.chunked_row: int | None = None  # the one request SGLang prefills in chunks
+        self.ratio = SGLANG_INIT_NEW_TOKEN_RATIO
+        self.min_ratio = SGLANG_INIT_NEW_TOKEN_RATIO * SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR
+        self.decay = (SGLANG_INIT_NEW_TOKEN_RATIO - self.min_ratio) / SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS
+        self._decoded = False  # the last step was a decode step (the ratio decays per decode)
+
+    def max_request_tokens(self) -> int:
+        return self.kv.capacity_tokens - 1  # admission is a strict inequality
+
+    # -- admission -------------------------------------------------------------------------------
+    def _reserved(self, ratio: float) -> float:
+        """Tokens SGLang keeps back for the running requests' future outputs (and the rest of
+        the chunked request, which this model counts in full so no one takes its room)."""
+        r = self.run
+        n = r.n
+        rem = np.minimum(r.out[:n] - r.gen[:n], SGLANG_CLIP_MAX_NEW_TOKENS)
+        res = ratio * float(rem.sum())
+        if self.chunked_row is not None:
+            row = self.chunked_row
+            res += (1.0 - ratio) * float(rem[row])  # full output for the chunked one
+            res += float(r.prompt[row] + r.gen[row] - r.comp[row])
+        return res
+
+    @staticmethod
+    def _demand(req: Request) -> tuple[int, int]:
+        return req.prompt + req.generated, min(req.output - req.generated, SGLANG_CLIP_MAX_NEW_TOKENS)
+
+    def _head_admissible(self) -> bool:
+        if not self.waiting or self.run.n >= self.sched.max_num_seqs or self.chunked_row is not None:
+            return False
+        ext, mn = self._demand(self.waiting[0])
+        return ext + mn < self.kv.free_blocks * self.kv.block_size - self._reserved(self.ratio)
+
+    def schedule(self, now: float) -> Batch:
+        r, kv = self.run, self.kv
+        batch = Batch()
+        rem_chunk = min(self.sched.prefill_chunk, SGLANG_MAX_PREFILL_TOKENS)
+        avail = kv.free_blocks * kv.block_size - self._reserved(self.ratio)
+        if self.chunked_row is not None:
+            row = self.chunked_row
+            remaining = int(r.prompt[row] + r.gen[row] - r.comp[row])
+            chunk = min(remaining, rem_chunk)
+            kv.allocate(kv.blocks_needed(int(r.comp[row]), chunk))
+            batch.pre_rows.append(row)
+            batch.pre_chunks.append(chunk)
+            batch.pre_starts.append(int(r.comp[row]))
+            rem_chunk -= chunk
+            if chunk == remaining:
+                self.chunked_row = None
+        while (self.waiting and rem_chunk > 0 and self.chunked_row is None
+               and r.n_alive < self.sched.max_num_seqs):
+            ext, mn = self._demand(self.waiting[0])
+            if ext + mn >= avail:
+                break
+            req = self.waiting.popleft()
+            chunk = min(ext, rem_chunk)
+            row = self._admit(req, chunk)
+            avail -= ext + mn if chunk == ext else chunk
+            if chunk < ext:
+                self.chunked_row = row
+            batch.pre_rows.append(row)
+            batch.pre_chunks.append(chunk)
+            batch.pre_starts.append(0)
+            rem_chunk -= chunk
+        if batch.pre_rows:
+            self._decoded = False
+            return batch
+        n = r.n
+        if n == 0:
+            return batch
+        need = int(kv.blocks_needed(r.comp[:n], 1).sum())
+        if need > kv.free_blocks:
+            self._retract()
+            n = r.n
+        self._decoded = True
+        rows = np.flatnonzero(r.alive[:n])
+        batch.dec_rows = rows
+        batch.ctx_dec = float(r.comp[rows].mean()) + 1.0
+        return batch
+
+    def _retract(self) -> None:
+        """SGLang retract_decode: drop the requests with the fewest outputs (then the longest
+        prompts) until 20 decode steps of the rest fit, and raise new_token_ratio to the share of
+        output the survivors have produced."""
+        r, kv = self.run, self.kv
+        n = r.n
+        order = np.lexsort((-r.prompt[:n], r.gen[:n]))  # fewest outputs first, longest prompt first
+        left = n
+        for row in order:
+            if left <= 1:
+                break
+            if kv.free_blocks * kv.block_size >= SGLANG_RETRACT_DECODE_STEPS * left:
+                break
+            self._preempt(int(row), to_head=True)
+            left -= 1
+        alive = np.flatnonzero(r.alive[:n])
+        need = int(kv.blocks_needed(r.comp[alive], 1).sum())
+        assert need <= kv.free_blocks, "one request alone does not fit the KV pool"
+        decoded = float(r.gen[alive].sum())
+        total = float(r.out[alive].sum())
+        self.ratio = min(1.0, (decoded + SGLANG_RETRACT_DECODE_STEPS * alive.size) / max(total, 1.0))
+        r.compact()
+
+    def _after_step(self, k: int) -> None:
+        if self._decoded:
+            self.ratio = max(self.min_ratio, self.ratio - self.decay * k)
+
+    def advance_decode(self, k: int, t_end: float) -> list[Request]:
+        self._decoded = True
+        return super().advance_decode(k, t_end)
+
+    def decode_run_limit(self) -> int | None:
+        r = self.run
+        n = r.n
+        if n == 0:
+            return None if not self.waiting else 0
+        if self.chunked_row is not None or self._head_admissible():
+            return 0
+        comp = r.comp[:n]
+        first = int(self.kv.decode_blocks(comp, np.array([1]))[0])
+        if first > self.kv.free_blocks:
+            return 0
+        k, cum = self._run_to_event()
+        if k >= 1 and self.waiting and n < self.sched.max_num_seqs:
+            # Admission can open up during the run (the reservation shrinks with the remaining
+            # outputs and the decaying ratio): find the first step after which the head fits.
+            j = np.arange(1, k + 1)
+            if cum is None:
+                cum = self.kv.decode_blocks(comp, j)
+            cum = cum[:k]
+            ratio = np.maximum(self.min_ratio, self.ratio - self.decay * j)
+            rem = r.out[:n] - r.gen[:n]
+            reserved = ratio * _sum_clipped(rem, j, SGLANG_CLIP_MAX_NEW_TOKENS)
+            ext, mn = self._demand(self.waiting[0])
+            ok = ext + mn < (self.kv.free_blocks - cum) * self.kv.block_size - reserved
+            if ok.any():
+                k = int(np.argmax(ok)) + 1
+        return k
+
+    def accepts_arrivals(self) -> bool:
+        return not self.waiting and self.run.n < self.sched.max_num_seqs and self.chunked_row is None
+
+
+def make_scheduler(sched: EngineSched, kv_capacity_tokens: int, delivery_delay: float = 0.0) -> Scheduler:
+    """The policy `sched` describes: mixed steps are vLLM V1 style, separate ones SGLang style."""
+    cls = VllmScheduler if sched.mixed else SglangScheduler
+    return cls(sched, kv_capacity_tokens, delivery_delay)

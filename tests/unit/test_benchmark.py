@@ -1,0 +1,83 @@
+"""The steady-state benchmark estimator: closed loop, offline batch, open loop."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from inferasim.catalog.gpus import get_gpu
+from inferasim.catalog.models import get_model
+from inferasim.layout import Layout
+from inferasim.sim.benchmark import closed_loop, engine_sched, offline_batch, open_loop
+from inferasim.steptime import StepParams, layout_cost, roofline_floor
+
+MODEL = "meta-llama/Meta-Llama-3.1-70B"
+
+
+def setup(engine: str = "vllm", tp: int = 4, gpu: str = "H100", version: str = ""):  # noqa: ANN201
+    model, g = get_model(MODEL), get_gpu(gpu)
+    lay = Layout(tp=tp)
+    return layout_cost(model, g, lay, "fp8", "fp8"), engine_sched(engine, model, g, lay, "fp8", version, "fp8")
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang", "atom"])
+def test_closed_loop_latency_grows_with_concurrency(engine: str) -> None:
+    cost, sched = setup(engine)
+    conc = np.array([1, 4, 16, 64, 256], dtype=float)
+    r = closed_loop(StepParams(), cost, sched, np.full(5, 1024.0), np.full(5, 512.0), conc)
+    assert np.all(np.diff(r.tpot) > 0) and np.all(np.diff(r.ttft) > 0)
+    assert np.all(np.diff(r.throughput) > 0)  # below saturation more clients, more tokens/s
+    assert np.all(r.ttft > 0) and np.all(r.tpot > 0)
+
+
+def test_throughput_never_above_the_roofline() -> None:
+    cost, sched = setup()
+    conc = np.array([1, 8, 64, 512], dtype=float)
+    r = closed_loop(StepParams(), cost, sched, np.full(4, 1024.0), np.full(4, 1024.0), conc)
+    bound = r.running / roofline_floor(cost, r.running, 1024.0 + 512.0)
+    assert np.all(r.throughput <= bound)
+
+
+def test_kv_pool_limits_running_requests_and_queues_clients() -> None:
+    cost, sched = setup(tp=2)
+    small = replace(sched, kv_tokens=40_000)
+    r = closed_loop(StepParams(), cost, small, np.array([8192.0]), np.array([1024.0]), np.array([64.0]))
+    assert bool(r.kv_limited[0])
+    assert r.running[0] * 9216 <= 40_000 + 9216
+    free = closed_loop(StepParams(), cost, sched, np.array([8192.0]), np.array([1024.0]), np.array([4.0]))
+    assert r.ttft[0] > 5 * free.ttft[0]
+
+
+def test_mixed_and_separate_prefill_scheduling_differ() -> None:
+    cost, vllm = setup("vllm")
+    assert vllm.mixed
+    sglang = replace(vllm, mixed=False)
+    p = StepParams(burst=0.0)
+    args = (np.array([4096.0]), np.array([256.0]), np.array([64.0]))
+    mixed, separate = closed_loop(p, cost, vllm, *args), closed_loop(p, cost, sglang, *args)
+    # Separate prefill batches stall every decode for their whole step (host cost and weight read
+    # included): TPOT suffers more than with chunks riding in decode steps.
+    assert separate.tpot[0] > mixed.tpot[0]
+    _, v0 = setup("vllm", version="0.6.1")
+    assert not v0.mixed  # vLLM V0 ran prefill apart
+
+
+def test_offline_batch_latency_and_throughput() -> None:
+    cost, sched = setup()
+    b = np.array([1, 8, 64, 256], dtype=float)
+    r = offline_batch(StepParams(), cost, sched, np.full(4, 512.0), np.full(4, 512.0), b)
+    assert np.all(np.diff(r.batch_latency) > 0)
+    assert np.all(np.diff(r.throughput) > 0)
+    np.testing.assert_allclose(r.throughput, b * 512 / r.batch_latency)
+
+
+def test_open_loop_little_law_and_saturation() -> None:
+    cost, sched = setup()
+    rates = np.array([0.5, 2.0, 8.0, 1e4])
+    r = open_loop(StepParams(), cost, sched, np.full(4, 1024.0), np.full(4, 256.0), rates)
+    assert bool(r.stable[0]) and bool(r.stable[1]) and not bool(r.stable[3])
+    ok = r.stable
+    np.testing.assert_allclose(r.running[ok], rates[ok] * (r.ttft[ok] + 255 * r.tpot[ok]), rtol=0.05)
+    assert np.all(np.diff(r.tpot[ok]) >= 0)

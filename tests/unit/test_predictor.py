@@ -1,0 +1,124 @@
+"""The anchored predictor end to end: fit round trip, transfer, validation regression guard."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from inferasim.anchors import AnchorStore, load_anchor
+from inferasim.predictor import AnchoredPredictor, anchor_from_rows, fit_anchor_rows, fitted_from_anchor
+from inferasim.validate import CannotPredict, filter_rows, load_rows, run_validation, select_anchors
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def silicon(request: pytest.FixtureRequest):  # noqa: ANN201
+    path = REPO.parent / "shared" / "data" / "aic-silicon" / "silicon_dev.csv"
+    if not path.exists():
+        pytest.skip("shared data not present")
+    return filter_rows(load_rows(path))
+
+
+def test_round_trip_anchor_points_within_fit_residual(silicon) -> None:
+    anchors = select_anchors(silicon)
+    checked = 0
+    for choice in anchors.values():
+        if len(choice.rows) < 5:
+            continue
+        fitted = fit_anchor_rows(choice.rows)
+        logs = []
+        for row in choice.rows:
+            pred = fitted.predict(row)
+            logs += [np.log(pred.tpot_ms / row.tpot_ms), np.log(pred.ttft_ms / row.ttft_ms)]
+        rms = float(np.sqrt(np.mean(np.square(logs))))
+        assert rms == pytest.approx(fitted.fit.rms_log_error, rel=0.05, abs=0.01)
+        checked += 1
+    assert checked >= 10
+
+
+def test_stored_anchor_reproduces_the_fit(silicon, tmp_path: Path) -> None:
+    choice = next(c for c in select_anchors(silicon).values() if len(c.rows) >= 5)
+    anchor = anchor_from_rows(choice.rows, "test")
+    store = AnchorStore(tmp_path)
+    path = store.save(anchor)
+    again = fitted_from_anchor(load_anchor(path))
+    direct = fit_anchor_rows(choice.rows)
+    row = choice.rows[-1]
+    assert again.predict(row).tpot_ms == pytest.approx(direct.predict(row).tpot_ms, rel=1e-9)
+
+
+def test_transfer_to_more_gpus_lowers_tpot_but_not_below_the_fixed_cost(silicon) -> None:
+    key = next(k for k in select_anchors(silicon) if "Llama-3.1-70B" in k[2] and k[3] == "h100_sxm")
+    fitted = fit_anchor_rows(select_anchors(silicon)[key].rows)
+    from inferasim.layout import Layout
+
+    t2 = fitted.predict_layout(Layout(tp=2), 1024, 1024, 8)["tpot"]
+    t8 = fitted.predict_layout(Layout(tp=8), 1024, 1024, 8)["tpot"]
+    assert t8 < t2
+    assert t8 > fitted.params.t_fixed
+    assert t8 > t2 / 4  # the host part does not shrink
+
+
+def test_unknown_model_is_unpredicted_with_reason(silicon) -> None:
+    rows = [r for r in silicon if r.mode == "agg"][:3]
+    from dataclasses import replace
+
+    bad = [replace(r, model_path="acme/Unknown-1B") for r in rows]
+    with pytest.raises(CannotPredict, match="unknown model"):
+        AnchoredPredictor().fit(bad[0].kernel_key, bad)
+
+
+def test_validation_accuracy_regression_guard(silicon) -> None:
+    """Loose bounds well above the measured figures (see the closing notes): they catch a broken
+    law, not a one-point regression."""
+    res = run_validation(silicon, AnchoredPredictor())
+    s = res.summary
+    assert s["tpot"]["median_ape"] < 0.16
+    assert s["ttft"]["median_ape"] < 0.32
+    assert s["throughput_per_gpu"]["median_ape"] < 0.16
+    assert s["ranking"]["pair_accuracy"] > 0.9
+    assert s["tpot"]["n"] > 1000
+
+
+def test_validate_cli_writes_outputs(tmp_path: Path) -> None:
+    data = REPO.parent / "shared" / "data" / "argonne-offline" / "vllm_offline_dev.csv"
+    if not data.exists():
+        pytest.skip("shared data not present")
+    r = subprocess.run([sys.executable, "-m", "inferasim.cli", "validate", str(data), "--anchor-rule", "min-gpus",
+                        "--out", str(tmp_path), "--split-by", "engine,gpu"], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert list(summary)[:3] == ["tpot", "ttft", "throughput_per_gpu"]
+    assert summary["batch_latency"]["n"] > 500 and summary["batch_latency"]["median_ape"] < 0.2
+    assert "gpu" in summary["splits"] and (tmp_path / "predictions.csv").exists()
+
+
+def test_predict_cli_uses_shipped_anchor_and_flags_unanchored() -> None:
+    base = [sys.executable, "-m", "inferasim.cli", "predict", "--model", "meta-llama/Llama-3.1-70B", "--engine",
+            "vllm", "--precision", "fp8", "--isl", "1024", "--osl", "1024", "--concurrency", "16", "-o", "json"]
+    r = subprocess.run(base + ["--gpu", "h100_sxm", "--tp", "4"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["anchor"] and d["mode"] == "anchored"
+    assert d["interval"]["tpot_ms"][0] < d["tpot_ms"] < d["interval"]["tpot_ms"][1]
+    r = subprocess.run(base + ["--gpu", "MI355X", "--tp", "4"], capture_output=True, text=True, timeout=120)
+    d = json.loads(r.stdout)
+    assert d["anchor"] is None and d["mode"].startswith("unanchored")
+    r = subprocess.run(base + ["--gpu", "MI355X", "--tp", "4", "--require-anchor"], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2 and "nearest" in r.stderr
+
+
+def test_shipped_anchors_are_valid() -> None:
+    store = AnchorStore(REPO / "anchors")
+    assert not store.errors()
+    assert len(store.all()) >= 40
+    for a in store.all():
+        assert a.provenance.method == "public-data" and a.provenance.rows
