@@ -1,0 +1,107 @@
+"""Speed and accuracy benchmarks, printed as ratios against baselines measured in the same run.
+
+    make bench
+
+- validate on the whole dev file: wall time, and its ratio to the 60 s budget of the issue, and
+  to the time it takes just to read and score the file with an oracle predictor (the baseline:
+  what the protocol costs without any modelling);
+- the vectorised step-time model against a per-step Python loop of the same model;
+- the accuracy figures of `inferasim validate` on the dev files.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from inferasim.catalog.gpus import get_gpu  # noqa: E402
+from inferasim.catalog.models import get_model  # noqa: E402
+from inferasim.layout import Layout  # noqa: E402
+from inferasim.predictor import AnchoredPredictor  # noqa: E402
+from inferasim.steptime import StepParams, layout_cost, step_time  # noqa: E402
+from inferasim.validate import BenchRow, RowPrediction, load_rows, run_validation  # noqa: E402
+
+DATA = REPO.parent / "shared" / "data"
+BUDGET_S = 60.0
+
+
+class _Oracle:
+    """Baseline predictor: returns the anchor's first row; costs nothing but the protocol."""
+
+    def fit(self, key: tuple[str, ...], rows: list[BenchRow]) -> _Oracle:
+        self.row = rows[0]
+        return self
+
+    def predict(self, row: BenchRow) -> RowPrediction:
+        return RowPrediction(ttft_ms=self.row.ttft_ms, tpot_ms=self.row.tpot_ms,
+                             batch_latency_s=self.row.batch_latency_s, throughput_tok_s=self.row.throughput_tok_s)
+
+
+def bench_validate(path: Path) -> dict[str, float]:
+    t0 = time.perf_counter()
+    rows = load_rows(path)
+    run_validation(rows, _Oracle())
+    base = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    rows = load_rows(path)
+    res = run_validation(rows, AnchoredPredictor(), split_by=("engine", "gpu"))
+    wall = time.perf_counter() - t0
+    s = res.summary
+    print(f"validate {path.name}: {wall:.2f} s = {wall / BUDGET_S:.3f} x the 60 s budget, "
+          f"{wall / base:.1f} x the protocol-only baseline ({base:.2f} s)")
+    for m in ("tpot", "ttft", "throughput_per_gpu", "batch_latency"):
+        if s[m]["n"]:
+            print(f"  {m:20s} median APE {100 * s[m]['median_ape']:5.1f}%  p90 {100 * s[m]['p90_ape']:6.1f}%  "
+                  f"n={s[m]['n']}")
+    r = s["ranking"]
+    if r.get("pairs"):
+        print(f"  ranking: pair accuracy {r['pair_accuracy']:.3f} ({r['pairs']} pairs), equal-GPU pairs "
+              f"{r['pair_accuracy_equal_gpus']} ({r['pairs_equal_gpus']}), top1 {r['top1']:.3f}, "
+              f"regret {r['regret']:.4f}")
+    for split, groups in s.get("splits", {}).items():
+        for name, sub in groups.items():
+            parts = [f"{m} {100 * sub[m]['median_ape']:.1f}%" for m in ("tpot", "ttft", "throughput_per_gpu")
+                     if sub.get(m, {}).get("n")]
+            if parts:
+                print(f"    {split}={name}: " + ", ".join(parts))
+    return {"wall": wall, "base": base}
+
+
+def bench_steptime() -> None:
+    cost = layout_cost(get_model("meta-llama/Meta-Llama-3.1-70B"), get_gpu("H100"), Layout(tp=4), "fp8")
+    p = StepParams()
+    n = 20000
+    batches = np.random.default_rng(0).integers(1, 256, n).astype(float)
+    ctx = np.random.default_rng(1).integers(128, 8192, n).astype(float)
+    t0 = time.perf_counter()
+    step_time(p, cost, batches, ctx)
+    vec = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for b, c in zip(batches[:2000], ctx[:2000], strict=True):
+        step_time(p, cost, b, c)
+    loop = (time.perf_counter() - t0) * n / 2000
+    print(f"step_time over {n} batches: vectorised {vec * 1e3:.1f} ms, {loop / vec:.0f} x faster than a "
+          f"per-step Python loop ({loop * 1e3:.0f} ms)")
+
+
+def main() -> int:
+    bench_steptime()
+    files = [DATA / "aic-silicon" / "silicon_dev.csv", DATA / "argonne-offline" / "vllm_offline_dev.csv"]
+    for f in files:
+        if f.exists():
+            out = bench_validate(f)
+            if out["wall"] > BUDGET_S:
+                print(f"  over budget: {out['wall']:.1f} s > {BUDGET_S} s")
+        else:
+            print(f"skipped {f}: not present")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
