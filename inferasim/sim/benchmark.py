@@ -175,6 +175,15 @@ def closed_loop(p: StepParams, c: LayoutCost, sched: EngineSched, isl: np.ndarra
     t_batch = step_time(p, c, b / 2.0 if sched.mixed else 0.0, ctx, np.minimum(budget, b * isl), isl / 2.0)
     ttft_wave = 0.5 * t_dec + batches * t_batch
     ttft_mean = (1.0 - p.burst) * ttft + p.burst * np.maximum(ttft_wave, ttft) + admission_wait + p.t_ttft
+    # In a wave, a request that got its first token early decodes while the rest of its wave is
+    # prefilled: whole prefill batches stall it (separate batches), or their chunks slow its
+    # steps (mixed). No later arrivals interrupt it: every client of the wave is busy. The
+    # steady-state stretch T_dec / (1 - u) applies to the share of requests outside waves.
+    total_batches = np.maximum(np.ceil(b * isl / budget), 1.0)
+    per_batch_stall = t_batch if not sched.mixed else np.maximum(t_batch - step_time(p, c, b / 2.0, ctx), 0.0)
+    stall = (total_batches - 1.0) / 2.0 * per_batch_stall
+    tpot_wave = t_dec + stall / np.maximum(osl - 1.0, 1.0)
+    tpot = (1.0 - p.burst) * tpot + p.burst * tpot_wave
     throughput = running / (ttft_mean + (osl - 1.0) * tpot) * osl
     return BenchResult(ttft=ttft_mean, tpot=tpot, running=running, throughput=throughput,
                        step_decode=t_dec, kv_limited=cap < conc)
