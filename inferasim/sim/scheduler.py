@@ -503,8 +503,10 @@ class SglangScheduler(Scheduler):
         if need > kv.free_blocks:
             self._retract()
             n = r.n
+            need = int(kv.blocks_needed(r.comp[:n], 1).sum())
+        kv.allocate(need)
         self._decoded = True
-        rows = np.flatnonzero(r.alive[:n])
+        rows = np.arange(n)
         batch.dec_rows = rows
         batch.ctx_dec = float(r.comp[rows].mean()) + 1.0
         return batch
