@@ -102,27 +102,37 @@ def kv_transfer_time(model: ModelSpec, gpu: GPU, tokens: float, kv_dtype_bytes: 
 def disagg_point(fitted: FittedAnchor, prefill_layout: Layout, prefill_workers: int, decode_layout: Layout,
                  decode_workers: int, isl: int, osl: int, concurrency: int) -> dict[str, float]:
     """Closed-loop TTFT/TPOT of a disaggregated deployment priced from a colocated anchor:
-    prefill pool from prefill-only steps, decode pool from decode-only steps, plus the KV
-    transfer; the arrival rate is the one both pools sustain (their rates matched)."""
+    the prefill pool from prefill-only steps, the decode pool from decode-only steps, plus the KV
+    transfer; the arrival rate is the one both pools sustain (their rates matched). The anchor's
+    per-request overhead and wave share carry over: they belong to the engine and the harness."""
     from inferasim.sim.benchmark import engine_sched
 
     model, gpu, prm = fitted.model, fitted.gpu, fitted.params
     pc = layout_cost(model, gpu, prefill_layout, fitted.precision, fitted.kv_dtype)
     dc = layout_cost(model, gpu, decode_layout, fitted.precision, fitted.kv_dtype)
+    psched = engine_sched(fitted.engine, model, gpu, prefill_layout, fitted.precision, fitted.engine_version,
+                          fitted.kv_dtype)
     dsched = engine_sched(fitted.engine, model, gpu, decode_layout, fitted.precision, fitted.engine_version,
                           fitted.kv_dtype)
-    cap = max(dsched.kv_tokens // (isl + osl), 1) * decode_layout.dp
-    per_worker = min(max(concurrency / max(decode_workers, 1), 1.0), cap, dsched.max_num_seqs * decode_layout.dp)
-    b = per_worker / decode_layout.dp
-    tpot = float(step_time(prm, dc, b, isl + osl / 2.0))
-    chunk = min(isl, max(dsched.max_batched_tokens, 1024))
-    n_chunks = int(np.ceil(isl / chunk))
-    prefill_one = n_chunks * float(step_time(prm, pc, 0.0, 0.0, chunk, isl / 2.0))
+    dws, pws = max(decode_workers, 1), max(prefill_workers, 1)
+    cap = max(dsched.kv_tokens * prm.kv_scale // (isl + osl), 1) * decode_layout.dp
+    cap = min(cap, dsched.max_num_seqs * decode_layout.dp)
+    per_worker = min(max(concurrency / dws, 1.0), cap)
+    tpot = float(step_time(prm, dc, per_worker / decode_layout.dp, isl + osl / 2.0))
+    # Prefill pool: tokens/s of one worker running full chunks.
+    chunk = float(max(min(psched.max_batched_tokens, 16384), 1024))
+    rate = chunk / float(step_time(prm, pc, 0.0, 0.0, chunk, isl / 2.0)) * prefill_layout.dp
+    own = float(np.ceil(isl / chunk)) * float(step_time(prm, pc, 0.0, 0.0, min(chunk, isl), isl / 2.0))
     xfer = kv_transfer_time(model, gpu, isl, same_domain=gpu.scale_up.domain >= 8 * gpu.gpus_per_node)
-    ttft = prefill_one + xfer
-    # Closed loop: X = C / (TTFT + (osl-1) TPOT); prefill pool queueing (M/D/1 per worker).
-    for _ in range(20):
-        x = concurrency / (ttft + (osl - 1) * tpot)
-        u = min(x / max(prefill_workers * prefill_layout.dp, 1) * prefill_one, 0.95)
-        ttft = prefill_one + xfer + u * prefill_one / (2 * (1 - u))
-    return {"ttft": ttft, "tpot": tpot}
+    ttft = own + xfer
+    x = concurrency / (ttft + (osl - 1) * tpot)
+    for _ in range(30):
+        u = min(x * isl / (pws * rate), 0.95)
+        steady = own + u * own / (2 * (1 - u))
+        wave = (min(concurrency, cap * dws) / pws * isl / rate + isl / rate) / 2.0
+        ttft = xfer + (1 - prm.burst) * steady + prm.burst * max(wave, steady)
+        service = ttft + (osl - 1) * tpot
+        x_new = min(concurrency, cap * dws) / service
+        x = 0.5 * x + 0.5 * x_new
+    admission = max(concurrency / x - (ttft + (osl - 1) * tpot), 0.0)
+    return {"ttft": ttft + admission + prm.t_ttft, "tpot": tpot}
