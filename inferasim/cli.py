@@ -10,6 +10,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from inferasim.anchors import AnchorFileError, AnchorStore, KernelSet, NoCompatibleAnchor, load_anchor
 from inferasim.catalog.engines import ENGINES, UnknownEngineError, normalize_engine
@@ -24,6 +25,7 @@ from inferasim.catalog.models import (
 from inferasim.layout import Layout, LayoutError
 from inferasim.memory import plan_memory
 from inferasim.output import OUTPUT_FORMATS, emit, table
+from inferasim.spec import SpecError
 
 EXIT_USAGE = 2
 
@@ -251,8 +253,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
 # ---- validate ----------------------------------------------------------------------------------
 
 def _progress(done: int, total: int) -> None:
-    if not sys.stderr.isatty() and done not in (total,) and done % max(total // 10, 1):
-        return
+    if not sys.stderr.isatty():
+        return  # a bar is for people watching a terminal, not for logs
     width = 30
     filled = int(width * done / max(total, 1))
     sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} kernel sets")
@@ -365,31 +367,110 @@ def cmd_anchors(args: argparse.Namespace) -> int:
     raise UsageError(f"unknown anchors action {args.action!r}")
 
 
+# ---- tune --------------------------------------------------------------------------------------
+
+def _stage_progress(stage: str, done: int, total: int) -> None:
+    if not sys.stderr.isatty():
+        return  # a bar is for people watching a terminal, not for logs
+    width = 30
+    filled = int(width * done / max(total, 1))
+    sys.stderr.write(f"\r{stage:8s} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}")
+    if done >= total:
+        sys.stderr.write("\n")
+    sys.stderr.flush()
+
+
+def _tune_table(result: Any) -> str:
+    d = result.as_dict()
+    lines = [f"Tuning {d['model']} on {d['gpu']} (budget {result.spec.hardware.max_gpus} GPUs): {d['workload']}",
+             f"{d['space']['candidates']} candidates scored, {d['space']['pruned']} pruned; "
+             f"stage 1 {d['timings_s']['stage1']:.2f} s ({d['timings_s']['candidates_per_s']:,.0f} candidates/s), "
+             f"stage 2 {d['timings_s']['stage2']:.2f} s", ""]
+    rows = []
+    for i, e in enumerate(d["shortlist"], 1):
+        p = e["predicted"]
+        dg = e["disaggregation"]
+        shape = e["layout_label"] if not dg else (
+            f"P{dg['prefill_workers']}x{Layout(**dg['prefill_layout']).label()}"
+            f"+D{dg['decode_workers']}x{Layout(**dg['decode_layout']).label()}")
+        rows.append((i, e["engine"], e["precision"], shape, e["replicas"], e["gpus"], e["max_num_seqs"],
+                     e["max_num_batched_tokens"], round(p["throughput_per_gpu_at_slo"]), p["ttft_p90_ms"],
+                     p["itl_p90_ms"], "yes" if e["meets_slo"] else "no",
+                     e["anchor"][:24] if e["anchor"] else "unanchored"))
+    lines.append(table(["#", "engine", "prec", "layout", "repl", "GPUs", "max seqs", "max tokens", "tok/s/GPU@SLO",
+                        "TTFT p90 ms", "ITL p90 ms", "SLO", "anchor"], rows, title="Short list (best first)"))
+    rec = d["recommendation"]
+    if rec:
+        lines += ["", f"Recommendation: {rec['engine']} {rec['precision']} {rec['layout_label']} x{rec['replicas']} "
+                      f"({rec['gpus']} GPUs), max_num_seqs {rec['max_num_seqs']}, "
+                      f"max_num_batched_tokens {rec['max_num_batched_tokens']}: "
+                      f"{rec['predicted']['throughput_per_gpu_at_slo']:,.0f} tok/s/GPU at the SLO"
+                      + ("" if rec["anchor"] else "  [unanchored: measurement-free, rank within engine]")]
+    for m in d["missing_anchors"]:
+        lines.append(f"missing anchor: {m['engine']} {m['precision']} on {m['gpu']} "
+                     f"(harvest ~{m['harvest_gpu_hours']:.2f} GPU-hours at {Layout(**m['harvest_layout']).label()})")
+    return "\n".join(lines)
+
+
+def _plot_pareto(result: Any, path: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise UsageError("--plot needs matplotlib: pip install 'inferasim[plot]'") from None
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    colors = {"vllm": "tab:blue", "sglang": "tab:orange", "atom": "tab:red"}
+    for e in result.ranked[:300]:
+        per_gpu = e.curve_rate * result.workload.osl / e.candidate.gpus_per_replica
+        ax.plot(1.0 / e.curve_tpot, per_gpu, ".", color=colors.get(e.candidate.engine, "gray"), alpha=0.15, ms=3)
+    xs = [p.tokens_per_user for p in result.pareto]
+    ys = [p.throughput_per_gpu for p in result.pareto]
+    ax.plot(xs, ys, "k-", lw=1.5, label="Pareto front")
+    for eng, col in colors.items():
+        ax.plot([], [], ".", color=col, label=eng)
+    ax.set_xlabel("tokens/s per user (1 / TPOT)")
+    ax.set_ylabel("tokens/s per GPU")
+    ax.set_title(f"{result.model.name} on {result.gpu.name}")
+    ax.legend(loc="upper right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from inferasim.search.tune import tune
+    from inferasim.spec import load_spec
+
+    spec = load_spec(args.spec)
+    dirs = [Path(d) for d in args.anchors] if args.anchors else None
+    result = tune(spec, anchor_dirs=dirs, progress=None if args.output != "table" else _stage_progress)
+    data = result.as_dict()
+    if args.plot:
+        _plot_pareto(result, args.plot)
+    if args.manifest and result.recommendation is not None:
+        from inferasim.search.deploy import manifests_for
+
+        text = manifests_for(result, name=args.name, namespace=args.namespace)
+        Path(args.manifest).write_text(text)
+        data["manifest_file"] = args.manifest
+    emit(data, args.output, _tune_table(result))
+    if args.output == "table":
+        if args.plot:
+            print(f"Pareto plot written to {args.plot}")
+        if args.manifest:
+            print(f"Deployment manifest written to {args.manifest}")
+    return 0
+
+
 # ---- demo --------------------------------------------------------------------------------------
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    print("inferasim demo: the catalog and a memory plan for the bundled example\n")
-    cmd_gpus(argparse.Namespace(output="table"))
-    print()
     example = Path(__file__).resolve().parent.parent / "examples" / "llama70b-mi355x.yaml"
-    model_name, gpu_name = "meta-llama/Meta-Llama-3.1-70B", "MI355X"
-    if example.exists():
-        import yaml
-
-        spec = yaml.safe_load(example.read_text()) or {}
-        model_name = spec.get("model", model_name)
-        gpu_name = spec.get("hardware", {}).get("gpu", gpu_name)
-    model = get_model(model_name)
-    gpu = get_gpu(gpu_name)
-    rows = []
-    for engine in ENGINES:
-        for tp in (1, 2, 4, 8):
-            plan = plan_memory(model, gpu, Layout(tp=tp), engine=engine, precision="fp8")
-            rows.append((engine, f"tp{tp}", plan.weights["total"] / 1e9, plan.kv_bytes / 1e9,
-                         plan.kv_tokens_per_replica, plan.feasible, "; ".join(plan.reasons)))
-    print(table(["engine", "layout", "weights GB/GPU", "KV GB/GPU", "KV tokens", "fits", "why not"], rows,
-                title=f"Memory plans: {model.name} at fp8 on {gpu.name}"))
-    return 0
+    print(f"inferasim demo: `inferasim tune {example.relative_to(example.parent.parent)}`\n")
+    return cmd_tune(argparse.Namespace(spec=str(example), anchors=None, plot=None, manifest=None, name="llm",
+                                       namespace="default", output="table"))
 
 
 # ---- entry point -------------------------------------------------------------------------------
@@ -460,6 +541,16 @@ def build_parser() -> argparse.ArgumentParser:
     _add_output(p)
     p.set_defaults(func=cmd_anchors)
 
+    p = sub.add_parser("tune", help="search deployments for a spec (the ServingTuning spec fields)")
+    p.add_argument("spec", help="SPEC.yaml: a tuning spec or a whole ServingTuning manifest")
+    p.add_argument("--anchors", action="append", default=None, help="anchor folder(s) (default: anchors/)")
+    p.add_argument("--plot", default=None, help="write the Pareto plot (PNG) here")
+    p.add_argument("--manifest", default=None, help="write the recommended Deployment + Service YAML here")
+    p.add_argument("--name", default="llm", help="name of the rendered Deployment")
+    p.add_argument("--namespace", default="default")
+    _add_output(p)
+    p.set_defaults(func=cmd_tune)
+
     p = sub.add_parser("demo", help="run the main job on the bundled example")
     p.set_defaults(func=cmd_demo)
     return parser
@@ -467,7 +558,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 USER_ERRORS: tuple[type[Exception], ...] = (
     UsageError, UnknownModelError, ModelConfigError, UnknownGPUError, UnknownEngineError, LayoutError,
-    FileNotFoundError, AnchorFileError, NoCompatibleAnchor,
+    FileNotFoundError, AnchorFileError, NoCompatibleAnchor, SpecError,
 )
 
 

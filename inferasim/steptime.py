@@ -19,6 +19,7 @@ estimator and the fit stay fast.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import asdict, dataclass, field
 
@@ -217,6 +218,12 @@ class LayoutCost:
 
 def layout_cost(model: ModelSpec, gpu: GPU, layout: Layout, precision: str = "auto",
                 kv_dtype: str = "auto") -> LayoutCost:
+    """Per-GPU work of `layout` (cached: searches ask for the same layouts many times)."""
+    return _layout_cost(model, gpu, layout, precision, kv_dtype)
+
+
+@functools.lru_cache(maxsize=4096)
+def _layout_cost(model: ModelSpec, gpu: GPU, layout: Layout, precision: str, kv_dtype: str) -> LayoutCost:
     precision = normalize_precision(precision)
     if precision == "auto":
         precision = {"nvfp4": "fp4"}.get(model.checkpoint_format, model.checkpoint_format)

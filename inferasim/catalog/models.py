@@ -169,7 +169,7 @@ class ParamBreakdown:
         }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # identity semantics: hashing 100 layer specs per lookup is slow
 class ModelSpec:
     name: str  # Hugging Face id, e.g. "meta-llama/Meta-Llama-3.1-70B"
     architecture: str  # config "architectures"[0] or model_type
@@ -220,6 +220,13 @@ class ModelSpec:
 
     # ---- parameters ------------------------------------------------------------------------
     def params(self) -> ParamBreakdown:
+        cached = self.__dict__.get("_params")
+        if cached is None:
+            cached = self._count_params()
+            object.__setattr__(self, "_params", cached)  # frozen: computed once, kept
+        return cached
+
+    def _count_params(self) -> ParamBreakdown:
         attn = dense = routed = shared = other = 0.0
         for layer in self.layers:
             attn += layer.attention.params

@@ -25,6 +25,7 @@ wait is part of TTFT (closed-loop Little's law: C = X x (wait + service)).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -48,14 +49,15 @@ class EngineSched:
 
     engine: str
     mixed: bool  # prefill chunks ride in decode steps (vLLM V1, ATOM) or run apart (SGLang, vLLM V0)
-    max_num_seqs: int
+    max_num_seqs: int  # (an array of limits when the search evaluates many at once)
     max_batched_tokens: int  # per-step token budget (vLLM) / chunked prefill size (SGLang)
     kv_tokens: int  # KV pool of one dp rank, in tokens
     block_size: int
 
     @property
-    def prefill_chunk(self) -> int:
-        return max(self.max_batched_tokens, 256)
+    def prefill_chunk(self) -> int | np.ndarray:
+        # Works on arrays too: the search evaluates many scheduler limits in one call.
+        return np.maximum(self.max_batched_tokens, 256)
 
 
 def _version_tuple(version: str) -> tuple[int, ...]:
@@ -71,7 +73,14 @@ def _version_tuple(version: str) -> tuple[int, ...]:
 def engine_sched(engine: str, model: ModelSpec, gpu: GPU, layout: Layout, precision: str = "auto",
                  engine_version: str = "", kv_dtype: str = "auto", max_num_seqs: int | None = None,
                  max_batched_tokens: int | None = None) -> EngineSched:
-    engine = normalize_engine(engine)
+    """The engine's scheduler limits and KV pool for a deployment (cached per deployment)."""
+    return _engine_sched(normalize_engine(engine), model, gpu, layout, precision, engine_version, kv_dtype,
+                         max_num_seqs, max_batched_tokens)
+
+
+@functools.lru_cache(maxsize=4096)
+def _engine_sched(engine: str, model: ModelSpec, gpu: GPU, layout: Layout, precision: str, engine_version: str,
+                  kv_dtype: str, max_num_seqs: int | None, max_batched_tokens: int | None) -> EngineSched:
     engine_tp = layout.tp * layout.dp if engine == "sglang" else layout.tp
     d = engine_defaults(engine, gpu.hbm_bytes, tp=engine_tp, pp=layout.pp, dp_attention=layout.dp,
                         gpu_name=gpu.name)
@@ -116,13 +125,17 @@ def _capacity(sched: EngineSched, isl: np.ndarray, osl: np.ndarray, kv_scale: fl
 
 def _prefill_rate(p: StepParams, c: LayoutCost, sched: EngineSched, isl: np.ndarray) -> np.ndarray:
     """Tokens/s of one dp rank doing nothing but prefill in full chunks."""
-    chunk = np.full_like(isl, float(sched.prefill_chunk))
+    chunk = np.broadcast_to(np.asarray(sched.prefill_chunk, dtype=float), np.shape(isl)).copy()
     return chunk / step_time(p, c, 0.0, 0.0, chunk, isl / 2.0)
 
 
 def closed_loop(p: StepParams, c: LayoutCost, sched: EngineSched, isl: np.ndarray, osl: np.ndarray,
-                concurrency: np.ndarray) -> BenchResult:
+                concurrency: np.ndarray, hit: np.ndarray | float = 0.0) -> BenchResult:
+    """`hit` is the prefix-cache hit share of each prompt: only the rest is computed (at the
+    context of the cached prefix), but the KV the request holds is the whole prompt."""
     isl = np.asarray(isl, dtype=float)
+    new = np.maximum(isl * (1.0 - np.asarray(hit, dtype=float)), 1.0)
+    pos = isl - new / 2.0  # mean context of the computed prompt tokens
     osl = np.asarray(osl, dtype=float)
     conc = np.asarray(concurrency, dtype=float)
     dp = c.layout.dp
@@ -133,20 +146,20 @@ def closed_loop(p: StepParams, c: LayoutCost, sched: EngineSched, isl: np.ndarra
     t_dec = step_time(p, c, b, ctx)
     if sched.mixed:
         chunk = np.clip(sched.max_batched_tokens - b, 64.0, None)
-        chunk = np.minimum(chunk, isl)
-        t_mix = step_time(p, c, b, ctx, chunk, isl / 2.0)
+        chunk = np.minimum(chunk, new)
+        t_mix = step_time(p, c, b, ctx, chunk, pos)
         per_token = np.maximum(t_mix - t_dec, 0.0) / chunk
-        p_req = isl * per_token  # marginal prefill time one request adds to the rank
-        n_chunks = np.ceil(isl / chunk)
+        p_req = new * per_token  # marginal prefill time one request adds to the rank
+        n_chunks = np.ceil(new / chunk)
         # Half a step to the next step boundary, then one step per chunk, each carrying its
         # chunk's marginal compute.
         ttft_base = 0.5 * t_dec + n_chunks * t_dec + p_req
     else:
-        chunk = np.minimum(float(sched.prefill_chunk), isl)
-        full = np.floor(isl / chunk)
-        rest = isl - full * chunk
-        p_req = full * step_time(p, c, 0.0, 0.0, chunk, isl / 2.0) + \
-            np.where(rest > 0, step_time(p, c, 0.0, 0.0, np.maximum(rest, 1.0), isl / 2.0), 0.0)
+        chunk = np.minimum(np.asarray(sched.prefill_chunk, dtype=float), new)
+        full = np.floor(new / chunk)
+        rest = new - full * chunk
+        p_req = full * step_time(p, c, 0.0, 0.0, chunk, pos) + \
+            np.where(rest > 0, step_time(p, c, 0.0, 0.0, np.maximum(rest, 1.0), pos), 0.0)
         ttft_base = 0.5 * t_dec + p_req
     tpot = t_dec.copy()
     ttft = ttft_base.copy()
@@ -170,16 +183,16 @@ def closed_loop(p: StepParams, c: LayoutCost, sched: EngineSched, isl: np.ndarra
     # the share of requests that see the wave (1: perfectly synchronised clients; less once the
     # waves have spread out).
     budget = np.maximum(sched.max_batched_tokens - (b / 2.0 if sched.mixed else 0.0), 64.0)
-    a = isl / budget
+    a = new / budget
     batches = np.maximum(a * (b + 1.0) / 2.0 + 0.5, 1.0)
-    t_batch = step_time(p, c, b / 2.0 if sched.mixed else 0.0, ctx, np.minimum(budget, b * isl), isl / 2.0)
+    t_batch = step_time(p, c, b / 2.0 if sched.mixed else 0.0, ctx, np.minimum(budget, b * new), pos)
     ttft_wave = 0.5 * t_dec + batches * t_batch
     ttft_mean = (1.0 - p.burst) * ttft + p.burst * np.maximum(ttft_wave, ttft) + admission_wait + p.t_ttft
     # In a wave, a request that got its first token early decodes while the rest of its wave is
     # prefilled: whole prefill batches stall it (separate batches), or their chunks slow its
     # steps (mixed). No later arrivals interrupt it: every client of the wave is busy. The
     # steady-state stretch T_dec / (1 - u) applies to the share of requests outside waves.
-    total_batches = np.maximum(np.ceil(b * isl / budget), 1.0)
+    total_batches = np.maximum(np.ceil(b * new / budget), 1.0)
     per_batch_stall = t_batch if not sched.mixed else np.maximum(t_batch - step_time(p, c, b / 2.0, ctx), 0.0)
     stall = (total_batches - 1.0) / 2.0 * per_batch_stall
     tpot_wave = t_dec + stall / np.maximum(osl - 1.0, 1.0)

@@ -1,0 +1,84 @@
+"""Choosing: objectives, the Pareto front, and a short list that differs where it matters."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from inferasim.search.estimate import Estimate
+from inferasim.spec import Objective
+
+
+def objective_value(e: Estimate, objective: Objective, osl: float, rate: float | None,
+                    price_per_gpu_hour: float | None) -> float:
+    """Higher is better, whatever the objective (minimisations are negated)."""
+    if objective.minimize == "gpus":
+        return -float(e.gpus) if e.meets_slo else -math.inf
+    if objective.minimize == "costPerMillionTokens":
+        cost = cost_per_million_tokens(e, osl, price_per_gpu_hour or 1.0)
+        return -cost if e.meets_slo else -math.inf
+    if objective.maximize == "goodput":
+        if rate is None:
+            return e.max_rate_slo * e.replicas * osl
+        return min(rate, e.max_rate_slo * e.replicas) * osl
+    return e.per_gpu_at_slo(osl)
+
+
+def cost_per_million_tokens(e: Estimate, osl: float, price_per_gpu_hour: float) -> float:
+    """$ per million output tokens at the SLO operating point of one replica."""
+    tokens_per_hour = e.max_rate_slo * osl * 3600.0
+    if tokens_per_hour <= 0:
+        return math.inf
+    return price_per_gpu_hour * e.candidate.gpus_per_replica / tokens_per_hour * 1e6
+
+
+@dataclass(frozen=True)
+class ParetoPoint:
+    label: str
+    engine: str
+    tokens_per_user: float  # tok/s seen by one user (1 / TPOT)
+    throughput_per_gpu: float  # tok/s per GPU
+    concurrency: float
+
+    def as_dict(self) -> dict[str, float | str]:
+        return {"label": self.label, "engine": self.engine, "tokens_per_s_per_user": self.tokens_per_user,
+                "throughput_per_gpu": self.throughput_per_gpu, "concurrency": self.concurrency}
+
+
+def pareto_front(estimates: list[Estimate], osl: float) -> list[ParetoPoint]:
+    """Non-dominated (tokens/s per user, tokens/s per GPU) points over every candidate's curve."""
+    pts: list[ParetoPoint] = []
+    for e in estimates:
+        per_gpu = e.curve_rate * osl / e.candidate.gpus_per_replica
+        per_user = 1.0 / np.maximum(e.curve_tpot, 1e-9)
+        for u, g, c in zip(per_user, per_gpu, e.curve_conc, strict=True):
+            pts.append(ParetoPoint(e.candidate.label(), e.candidate.engine, float(u), float(g), float(c)))
+    pts.sort(key=lambda p: (-p.tokens_per_user, -p.throughput_per_gpu))
+    front: list[ParetoPoint] = []
+    best = -1.0
+    for p in pts:
+        if p.throughput_per_gpu > best:
+            front.append(p)
+            best = p.throughput_per_gpu
+    return front
+
+
+def shortlist(ranked: list[Estimate], n: int = 5) -> list[Estimate]:
+    """The best candidate of each distinct shape (engine, precision, layout or disaggregation), in
+    rank order; if fewer shapes exist, fill with the next best of any shape."""
+    out: list[Estimate] = []
+    seen: set[str] = set()
+    for e in ranked:
+        if e.candidate.shape not in seen:
+            out.append(e)
+            seen.add(e.candidate.shape)
+        if len(out) == n:
+            return out
+    for e in ranked:
+        if e not in out:
+            out.append(e)
+        if len(out) == n:
+            break
+    return out

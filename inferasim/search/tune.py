@@ -1,0 +1,258 @@
+"""`inferasim tune`: space -> stage 1 (vectorised estimates) -> stage 2 (simulator on the best) ->
+recommendation, Pareto front and a short list of five."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from inferasim.anchors import Anchor, AnchorStore
+from inferasim.catalog.gpus import GPU, get_gpu
+from inferasim.catalog.models import ModelSpec, get_model, normalize_precision, resolve_model_name
+from inferasim.predictor import FittedAnchor, benchmark_kv_dtype, fitted_from_anchor, unanchored
+from inferasim.search.estimate import Estimate, estimate_disagg, estimate_group, operate
+from inferasim.search.select import (
+    ParetoPoint,
+    cost_per_million_tokens,
+    objective_value,
+    pareto_front,
+    shortlist,
+)
+from inferasim.search.space import Candidate, Space, build_space
+from inferasim.search.workload import WorkloadShape, shape_of
+from inferasim.sim.benchmark import engine_sched
+from inferasim.spec import TuningSpec
+from inferasim.steptime import layout_cost
+
+# A harvest measures a handful of concurrencies at two lengths: about 20 minutes of the anchor
+# layout's GPUs, engine start-up included.
+HARVEST_MINUTES = 20.0
+STAGE2_TOP = 50
+MAX_DISAGG_PER_KERNEL = 120
+
+Progress = Callable[[str, int, int], None]
+
+
+@dataclass
+class TuneResult:
+    spec: TuningSpec
+    model: ModelSpec
+    gpu: GPU
+    workload: WorkloadShape
+    space: Space
+    ranked: list[Estimate]
+    pareto: list[ParetoPoint]
+    missing_anchors: list[dict[str, Any]]
+    timings: dict[str, float]
+    anchors_used: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def recommendation(self) -> Estimate | None:
+        return self.ranked[0] if self.ranked else None
+
+    def shortlist(self) -> list[Estimate]:
+        return shortlist(self.ranked, 5)
+
+    def entry(self, e: Estimate) -> dict[str, Any]:
+        c = e.candidate
+        osl = self.workload.osl
+        spread = e.fitted._spread(not e.anchored or e.fitted._extrapolation(
+            int(max(self.workload.concurrency or 1, 1)), int(self.workload.isl), int(osl)), c.layout,
+            int(self.workload.isl), int(osl))
+        price = self.spec.hardware.price_per_gpu_hour
+        d: dict[str, Any] = {
+            "engine": c.engine, "precision": c.precision, "layout": c.layout.as_dict(),
+            "layout_label": c.layout.label(), "replicas": e.replicas, "gpus": e.gpus,
+            "gpus_per_replica": c.gpus_per_replica,
+            "max_num_seqs": c.max_num_seqs, "max_num_batched_tokens": c.max_batched_tokens,
+            "chunked_prefill": c.chunked_prefill, "spec_method": c.spec_method,
+            "disaggregation": None if c.disagg is None else {
+                "prefill_workers": c.disagg.prefill_workers, "prefill_layout": c.disagg.prefill.as_dict(),
+                "decode_workers": c.disagg.decode_workers, "decode_layout": c.disagg.decode.as_dict()},
+            "predicted": {
+                "throughput_per_gpu_at_slo": e.per_gpu_at_slo(osl),
+                "max_request_rate_per_replica_at_slo": e.max_rate_slo,
+                "ttft_ms": _ms(e.ttft), "tpot_ms": _ms(e.tpot), "ttft_p90_ms": _ms(e.ttft_p90),
+                "itl_p90_ms": _ms(e.itl_p90), "tokens_per_s_per_user": (1.0 / e.tpot) if e.tpot > 0 else None,
+                "interval_log": spread, "stage": e.stage,
+            },
+            "meets_slo": e.meets_slo, "extrapolated": not e.anchored,
+            "anchor": e.fitted.anchor_id if e.anchored else None,
+            "mode": "anchored" if e.anchored else "unanchored: ranked within its engine only",
+            "notes": e.notes,
+        }
+        if price is not None:
+            d["predicted"]["cost_per_million_tokens"] = cost_per_million_tokens(e, osl, price)
+        return d
+
+    def as_dict(self) -> dict[str, Any]:
+        rec = self.recommendation
+        return {
+            "model": self.model.name, "gpu": self.gpu.name, "workload": self.workload.describe(),
+            "objective": self.spec.objective.model_dump(by_alias=True, exclude_none=True),
+            "recommendation": self.entry(rec) if rec else None,
+            "shortlist": [self.entry(e) for e in self.shortlist()],
+            "pareto": [p.as_dict() for p in self.pareto],
+            "missing_anchors": self.missing_anchors,
+            "anchors_used": self.anchors_used,
+            "space": {"candidates": len(self.space.candidates), "pruned": len(self.space.pruned),
+                      "pruned_reasons": [{"what": w, "why": r} for w, r in self.space.pruned[:200]]},
+            "timings_s": self.timings,
+        }
+
+
+def _ms(v: float) -> float | None:
+    return None if not math.isfinite(v) else v * 1e3
+
+
+def _anchor_for(store: AnchorStore, engine: str, model: ModelSpec, gpu: GPU, precision: str) -> Anchor | None:
+    """The best stored anchor of (engine, model, GPU, precision), any engine version: the newest
+    measurements a user would deploy. Prefers more points."""
+    hits = []
+    for a in store.all():
+        ks = a.kernel_set
+        if ks.engine != engine:
+            continue
+        try:
+            same_model = resolve_model_name(ks.model) == model.name
+            same_gpu = get_gpu(ks.gpu).name == gpu.name
+        except ValueError:
+            continue
+        p = normalize_precision(ks.precision or "auto")
+        if same_model and same_gpu and p == precision:
+            hits.append(a)
+    if not hits:
+        return None
+    return max(hits, key=lambda a: (len(a.points), a.kernel_set.engine_version))
+
+
+def _stage2(e: Estimate, w: WorkloadShape) -> Estimate:
+    """Refine one candidate with the discrete-event simulator at its operating point: requests
+    replayed one by one, percentiles measured instead of assumed."""
+    from inferasim.sim.des import simulate_closed_loop
+
+    c = e.candidate
+    if c.disagg is not None or not math.isfinite(e.tpot):
+        return e
+    fitted = e.fitted
+    cost = layout_cost(fitted.model, fitted.gpu, c.layout, fitted.precision, fitted.kv_dtype)
+    sched = engine_sched(fitted.engine, fitted.model, fitted.gpu, c.layout, fitted.precision, fitted.engine_version,
+                         fitted.kv_dtype, max_num_seqs=c.max_num_seqs, max_batched_tokens=c.max_batched_tokens)
+    if not c.chunked_prefill:
+        from dataclasses import replace as _replace
+
+        sched = _replace(sched, mixed=False)
+    # Clients in flight per replica at the operating point (Little's law).
+    if w.rate is not None:
+        conc = max(int(round(w.rate / e.replicas * (e.ttft + (w.osl - 1) * e.tpot))), 1)
+    else:
+        conc = int(w.concurrency or 1)
+    conc = min(conc, 1024)
+    isl_new = max(int(w.isl * (1.0 - w.hit)), 1)
+    n = int(min(max(4 * conc, 200), 2000))
+    from dataclasses import replace as _replace
+
+    params = _replace(fitted.params, burst=0.0)
+    # Client think time desynchronises the clients as real traffic is (no lock-step waves).
+    think = 0.5 * (e.ttft + (w.osl - 1) * e.tpot)
+    res = simulate_closed_loop(params, cost, sched, isl_new, int(w.osl), conc, num_requests=n, seed=1,
+                               range_ratio=0.2, think_time=think)
+    d = res.as_dict()
+    if d.get("ttft_p90_s") is None:
+        return e
+    e.ttft, e.tpot = d["ttft_mean_s"], d["tpot_mean_s"]
+    e.ttft_p90, e.itl_p90 = d["ttft_p90_s"], d.get("tpot_p90_s", e.tpot * 1.25)
+    e.stage = 2
+    return e
+
+
+def tune(spec: TuningSpec, anchor_dirs: list[Path] | None = None, progress: Progress | None = None,
+         stage2_top: int = STAGE2_TOP) -> TuneResult:
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    model = get_model(spec.model)
+    gpu = get_gpu(spec.hardware.gpu)
+    if spec.workload.static is None:
+        raise ValueError("workload: tune reads `static` workloads here; `prometheus` workloads are observed by "
+                         "the operator (or `inferasim observe`) and `trace` workloads by `inferasim simulate`")
+    w = shape_of(spec.workload.static)
+    precisions = [normalize_precision(p) for p in spec.precision]
+    precisions = [model.checkpoint_format if p == "auto" else p for p in precisions]
+    precisions = ["fp4" if p == "nvfp4" else p for p in precisions]
+    space = build_space(model, gpu, spec.engines, precisions, spec.hardware.max_gpus, spec.hardware.gpus_per_node,
+                        spec.search)
+    timings["space"] = time.perf_counter() - t0
+    store = AnchorStore(*(anchor_dirs or [Path(__file__).resolve().parents[2] / "anchors"]))
+    fitted_by: dict[tuple[str, str], FittedAnchor] = {}
+    missing: list[dict[str, Any]] = []
+    anchors_used: dict[str, str] = {}
+    groups: dict[tuple[str, str, Any], list[Candidate]] = defaultdict(list)
+    disagg: list[Candidate] = []
+    for cand in space.candidates:
+        key = (cand.engine, cand.precision)
+        if key not in fitted_by:
+            anchor = _anchor_for(store, cand.engine, model, gpu, cand.precision)
+            kv = benchmark_kv_dtype(cand.precision)
+            if anchor is not None:
+                fitted_by[key] = fitted_from_anchor(anchor)
+                anchors_used[f"{cand.engine}/{cand.precision}"] = anchor.id
+            else:
+                fitted_by[key] = unanchored(cand.engine, model, gpu, cand.precision, cand.layout, kv_dtype=kv)
+                smallest = min((c.layout for c in space.candidates if (c.engine, c.precision) == key),
+                               key=lambda lay: lay.gpus)
+                missing.append({"engine": cand.engine, "model": model.name, "gpu": gpu.name,
+                                "precision": cand.precision, "harvest_layout": smallest.as_dict(),
+                                "harvest_gpu_hours": smallest.gpus * HARVEST_MINUTES / 60.0})
+        if cand.disagg is not None:
+            disagg.append(cand)
+        else:
+            groups[(cand.engine, cand.precision, cand.layout)].append(cand)
+    t1 = time.perf_counter()
+    estimates: list[Estimate] = []
+    total = len(groups)
+    for i, ((engine, precision, _lay), cands) in enumerate(groups.items(), 1):
+        estimates.extend(estimate_group(fitted_by[(engine, precision)], cands, w))
+        if progress:
+            progress("stage 1", i, total)
+    per_kernel: dict[tuple[str, str], int] = defaultdict(int)
+    for cand in disagg:
+        key = (cand.engine, cand.precision)
+        if per_kernel[key] >= MAX_DISAGG_PER_KERNEL:
+            continue
+        per_kernel[key] += 1
+        estimates.append(estimate_disagg(fitted_by[key], cand, w))
+    for e in estimates:
+        operate(e, w, spec.objective.slo, spec.hardware.max_gpus)
+    timings["stage1"] = time.perf_counter() - t1
+    price = spec.hardware.price_per_gpu_hour
+
+    def score(e: Estimate) -> tuple[int, int, float]:
+        # Anchored before unanchored, SLO met before not, then the objective.
+        return (int(e.anchored), int(e.meets_slo), objective_value(e, spec.objective, w.osl, w.rate, price))
+
+    ranked = sorted(estimates, key=score, reverse=True)
+    t2 = time.perf_counter()
+    top = ranked[:stage2_top]
+    for i, e in enumerate(top, 1):
+        _stage2(e, w)
+        if e.stage == 2:
+            from inferasim.search.estimate import slo_ok
+
+            slo = spec.objective.slo
+            ok = slo_ok(np.array([e.ttft_p90 / 1.6]), np.array([e.itl_p90 / 1.25]), slo)[0]
+            e.meets_slo = bool(ok) and not any("exceeds" in n or "needs" in n for n in e.notes)
+        if progress:
+            progress("stage 2", i, len(top))
+    ranked = sorted(top, key=score, reverse=True) + ranked[stage2_top:]
+    timings["stage2"] = time.perf_counter() - t2
+    front = pareto_front(estimates, w.osl)
+    timings["total"] = time.perf_counter() - t0
+    timings["candidates_per_s"] = len(space.candidates) / max(timings["stage1"], 1e-9)
+    return TuneResult(spec, model, gpu, w, space, ranked, front, missing, timings, anchors_used)

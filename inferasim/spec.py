@@ -1,0 +1,214 @@
+"""The tuning specification: what `inferasim tune SPEC.yaml` reads and what the ServingTuning
+custom resource's `spec` holds. One set of pydantic models is the single source of both (the
+operator generates its CRD schema from these).
+
+Field names are camelCase on the wire (Kubernetes convention) and snake_case in Python; both are
+accepted on input.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic.alias_generators import to_camel
+
+from inferasim.catalog.engines import ENGINES
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+
+class TargetRef(_Model):
+    """The live deployment being tuned (the operator recommends; it never changes it)."""
+
+    kind: Literal["Deployment", "StatefulSet", "LeaderWorkerSet"] = "Deployment"
+    name: str = Field(description="Name of the workload in the ServingTuning's namespace.")
+
+
+class Hardware(_Model):
+    gpu: str = Field(description="GPU product, any accepted spelling: MI355X, AMD_Instinct_MI355X, NVIDIA-H200 ...")
+    gpus_per_node: int = Field(8, ge=1, description="GPUs per node (scale-up domain of one node).")
+    max_gpus: int = Field(8, ge=1, alias="maxGPUs", description="GPU budget of the recommended deployment.")
+    price_per_gpu_hour: float | None = Field(None, ge=0, description="For the cost view ($/GPU-hour).")
+
+
+class SLO(_Model):
+    ttft_p90_ms: float | None = Field(None, gt=0, description="90th percentile time to first token, ms.")
+    itl_p90_ms: float | None = Field(None, gt=0, description="90th percentile inter-token latency, ms.")
+    ttft_p99_ms: float | None = Field(None, gt=0)
+    itl_p99_ms: float | None = Field(None, gt=0)
+
+
+class Objective(_Model):
+    maximize: Literal["throughputPerGPU", "goodput"] | None = Field(
+        "throughputPerGPU", description="What to maximize under the SLO.")
+    minimize: Literal["gpus", "costPerMillionTokens"] | None = Field(
+        None, description="Or what to minimize while serving the workload's rate within the SLO.")
+    slo: SLO = Field(default_factory=SLO)
+
+    @model_validator(mode="after")
+    def _one_goal(self) -> Objective:
+        if self.minimize is not None:
+            self.maximize = None
+        if self.maximize is None and self.minimize is None:
+            raise ValueError("objective needs maximize (throughputPerGPU | goodput) or minimize (gpus | "
+                             "costPerMillionTokens)")
+        return self
+
+
+class StaticWorkload(_Model):
+    """A workload described by its shape; `kind` picks the arrival process."""
+
+    kind: Literal["closed", "poisson", "multi-turn"] = "poisson"
+    request_rate: float | None = Field(None, gt=0, description="Requests/s (poisson).")
+    sessions_per_second: float | None = Field(None, gt=0, description="New sessions/s (multi-turn).")
+    concurrency: int | None = Field(None, ge=1, description="Clients (closed loop).")
+    input_tokens: int = Field(1024, ge=1, description="Prompt tokens (first turn for multi-turn).")
+    output_tokens: int = Field(256, ge=1, description="Output tokens per request.")
+    turns: int = Field(1, ge=1, description="Turns per session (multi-turn).")
+    think_time_s: float = Field(0.0, ge=0, description="Pause between a reply and the next turn.")
+    user_tokens_per_turn: int = Field(0, ge=0, description="New user tokens added by each later turn.")
+    prefix_hit_rate: float | None = Field(None, ge=0, le=1, description="Observed prefix-cache hit rate.")
+    num_requests: int = Field(2000, ge=1, description="Requests to simulate in stage 2.")
+
+    @model_validator(mode="after")
+    def _rate_given(self) -> StaticWorkload:
+        need = {"closed": "concurrency", "poisson": "request_rate", "multi-turn": "sessions_per_second"}[self.kind]
+        if getattr(self, need) is None:
+            raise ValueError(f"workload kind {self.kind!r} needs {to_camel(need)}")
+        return self
+
+
+class PrometheusWorkload(_Model):
+    url: str = Field(description="Prometheus HTTP API base URL.")
+    selector: dict[str, str] = Field(default_factory=dict, description="Label matchers of the target's series.")
+    window: str = Field("1h", description="Range of the rate() windows, e.g. 5m, 6h.")
+
+
+class TraceWorkload(_Model):
+    path: str = Field(description="Mooncake JSONL or Azure CSV trace file.")
+    format: Literal["mooncake", "azure", "auto"] = "auto"
+    time_scale: float = Field(1.0, gt=0, description="Multiply arrival times by this (0.5 = twice the rate).")
+    sample: int | None = Field(None, ge=1, description="Use only the first N requests.")
+
+
+class WorkloadSource(_Model):
+    static: StaticWorkload | None = None
+    prometheus: PrometheusWorkload | None = None
+    trace: TraceWorkload | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> WorkloadSource:
+        given = [k for k in ("static", "prometheus", "trace") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(f"workload needs exactly one of static, prometheus, trace (got {given or 'none'})")
+        return self
+
+
+class HarvestPolicy(_Model):
+    allowed: bool = False
+    max_gpu_hours: float = Field(4.0, ge=0)
+    deadline_minutes: int = Field(60, ge=1)
+    images: dict[str, str] = Field(default_factory=dict, description="Engine -> image to harvest with.")
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class Confirmation(_Model):
+    mode: Literal["none", "canary", "argo-rollouts"] = "none"
+    window: str = "30m"
+    candidates: int = Field(2, ge=0, le=5)
+
+
+class Retune(_Model):
+    every: str | None = Field(None, description="Re-tune period, e.g. 24h.")
+    drift_threshold: float = Field(0.25, gt=0, description="Re-tune when the workload moves this much.")
+
+
+class SearchSpace(_Model):
+    """Limits of the configuration space (defaults cover what the engines usually run)."""
+
+    max_num_seqs: list[int] = Field(default_factory=lambda: [64, 128, 256, 512, 1024])
+    max_num_batched_tokens: list[int] = Field(default_factory=lambda: [2048, 4096, 8192, 16384])
+    chunked_prefill: list[bool] = Field(default_factory=lambda: [True, False])
+    disaggregation: bool = Field(True, description="Also consider prefill/decode pools.")
+    expert_parallel: bool = True
+    attention_dp: bool = True
+    pipeline_parallel: bool = True
+
+
+class TuningSpec(_Model):
+    """Everything `inferasim tune` needs: the same fields as a ServingTuning's spec."""
+
+    target: TargetRef | None = None
+    model: str = Field(description="Hugging Face id, or a path to a config.json.")
+    precision: list[str] = Field(default_factory=lambda: ["auto"], description="Precisions to consider.")
+    hardware: Hardware
+    engines: list[str] = Field(default_factory=lambda: list(ENGINES))
+    objective: Objective = Field(default_factory=Objective)
+    workload: WorkloadSource
+    search: SearchSpace = Field(default_factory=SearchSpace)
+    harvest: HarvestPolicy = Field(default_factory=HarvestPolicy)
+    confirmation: Confirmation = Field(default_factory=Confirmation)
+    retune: Retune = Field(default_factory=Retune)
+
+    @field_validator("engines")
+    @classmethod
+    def _engines_known(cls, v: list[str]) -> list[str]:
+        out = []
+        for e in v:
+            name = e.strip().lower()
+            if name not in ENGINES:
+                raise ValueError(f"engine {e!r} is not supported; accepted: {', '.join(ENGINES)}")
+            out.append(name)
+        if not out:
+            raise ValueError("engines must list at least one of " + ", ".join(ENGINES))
+        return out
+
+    @field_validator("precision", mode="before")
+    @classmethod
+    def _precision_list(cls, v: Any) -> Any:
+        return [v] if isinstance(v, str) else v
+
+
+class SpecError(ValueError):
+    """A spec file that cannot be used; the message names the field and the fix."""
+
+
+def _plain_error(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(x) for x in err["loc"] if not str(x).startswith("function-after"))
+        msg = err["msg"].removeprefix("Value error, ")
+        parts.append(f"{loc or 'spec'}: {msg}")
+    return "; ".join(parts)
+
+
+def parse_spec(data: dict[str, Any]) -> TuningSpec:
+    """A TuningSpec from a dict: a bare spec, or a whole ServingTuning manifest (its `spec`)."""
+    if not isinstance(data, dict):
+        raise SpecError("the spec must be a YAML mapping")
+    if data.get("kind") == "ServingTuning" or "apiVersion" in data:
+        data = data.get("spec") or {}
+    try:
+        return TuningSpec.model_validate(data)
+    except ValidationError as exc:
+        raise SpecError(_plain_error(exc)) from None
+
+
+def load_spec(path: str | Path) -> TuningSpec:
+    p = Path(path)
+    try:
+        data = yaml.safe_load(p.read_text())
+    except FileNotFoundError:
+        raise SpecError(f"spec file {p} does not exist") from None
+    except yaml.YAMLError as exc:
+        raise SpecError(f"{p} is not valid YAML: {exc}") from None
+    try:
+        return parse_spec(data)
+    except SpecError as exc:
+        raise SpecError(f"{p}: {exc}") from None
