@@ -92,7 +92,7 @@ def estimate_group(fitted: FittedAnchor, candidates: list[Candidate], w: Workloa
         r = closed_loop(params, cost, sched, np.full(sel.size, w.isl), np.full(sel.size, w.osl), conc[sel], w.hit)
         for k, i in enumerate(idx):
             s = slice(k * g, (k + 1) * g)
-            rate = r.running[s] / (r.ttft[s] + (w.osl - 1.0) * r.tpot[s])
+            rate = r.throughput[s] / w.osl
             out.append(Estimate(candidates[i], fitted, fitted.anchor_id != "unanchored", r.running[s],
                                 rate, r.ttft[s], r.tpot[s]))
     return out

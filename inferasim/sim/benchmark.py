@@ -197,7 +197,8 @@ def closed_loop(p: StepParams, c: LayoutCost, sched: EngineSched, isl: np.ndarra
     stall = (total_batches - 1.0) / 2.0 * per_batch_stall
     tpot_wave = t_dec + stall / np.maximum(osl - 1.0, 1.0)
     tpot = (1.0 - p.burst) * tpot + p.burst * tpot_wave
-    throughput = running / (ttft_mean + (osl - 1.0) * tpot) * osl
+    # Closed-loop Little's law over the clients: X = C / (wait + service).
+    throughput = np.maximum(conc, 1.0) / (ttft_mean + (osl - 1.0) * tpot) * osl
     return BenchResult(ttft=ttft_mean, tpot=tpot, running=running, throughput=throughput,
                        step_decode=t_dec, kv_limited=cap < conc)
 

@@ -1,0 +1,131 @@
+"""Search: spec validation, pruning with reasons, Pareto front, and the true best on a small space."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from inferasim.catalog.gpus import get_gpu
+from inferasim.catalog.models import get_model
+from inferasim.predictor import unanchored
+from inferasim.search.space import build_space
+from inferasim.search.tune import tune
+from inferasim.sim.benchmark import engine_sched
+from inferasim.sim.des import simulate_closed_loop
+from inferasim.spec import SearchSpace, SpecError, parse_spec
+from inferasim.steptime import layout_cost
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def small_spec(**over: object) -> dict:
+    spec = {
+        "model": "meta-llama/Meta-Llama-3.1-8B",
+        "precision": ["bf16"],
+        "hardware": {"gpu": "H100", "gpusPerNode": 8, "maxGPUs": 2},
+        "engines": ["vllm"],
+        "objective": {"maximize": "throughputPerGPU", "slo": {"ttftP90Ms": 1500, "itlP90Ms": 40}},
+        "workload": {"static": {"kind": "poisson", "requestRate": 4, "inputTokens": 1024, "outputTokens": 256}},
+        "search": {"maxNumSeqs": [32, 256], "maxNumBatchedTokens": [2048, 8192], "chunkedPrefill": [True],
+                   "disaggregation": False},
+    }
+    spec.update(over)
+    return spec
+
+
+def test_spec_errors_name_the_field() -> None:
+    with pytest.raises(SpecError, match="requestRate"):
+        parse_spec(small_spec(workload={"static": {"kind": "poisson"}}))
+    with pytest.raises(SpecError, match="engines"):
+        parse_spec(small_spec(engines=["trtllm"]))
+    with pytest.raises(SpecError, match="hardware"):
+        parse_spec({k: v for k, v in small_spec().items() if k != "hardware"})
+    # A whole ServingTuning manifest is accepted: its spec is used.
+    assert parse_spec({"apiVersion": "inferasim.io/v1alpha1", "kind": "ServingTuning",
+                       "spec": small_spec()}).hardware.max_gpus == 2
+
+
+def test_pruned_candidates_keep_their_reason() -> None:
+    model, gpu = get_model("meta-llama/Meta-Llama-3.1-70B"), get_gpu("H100")
+    space = build_space(model, gpu, ["vllm", "atom"], ["bf16"], 8, 8, SearchSpace())
+    reasons = dict(space.pruned)
+    assert any("ATOM" in r for r in reasons.values())
+    tp1 = [why for what, why in space.pruned if what == "vllm bf16 tp1"]
+    assert tp1 and "H100" in tp1[0] and "GB" in tp1[0]
+    assert all(c.layout.gpus <= 8 for c in space.candidates)
+    assert space.candidates, "tp4 / tp8 fit"
+
+
+def test_pareto_front_is_non_dominated() -> None:
+    result = tune(parse_spec(small_spec()), stage2_top=0)
+    front = result.pareto
+    assert len(front) >= 3
+    for a in front:
+        for b in front:
+            assert not (b.tokens_per_user > a.tokens_per_user and b.throughput_per_gpu > a.throughput_per_gpu)
+    users = [p.tokens_per_user for p in front]
+    assert users == sorted(users, reverse=True)
+
+
+def _brute_force_value(cand, slo_ttft_ms: float, slo_itl_ms: float) -> float:  # noqa: ANN001
+    """Per-GPU output tokens/s at the SLO by discrete-event simulation of a concurrency sweep."""
+    model, gpu = get_model("meta-llama/Meta-Llama-3.1-8B"), get_gpu("H100")
+    fitted = unanchored("vllm", model, gpu, "bf16", cand.layout)
+    cost = layout_cost(model, gpu, cand.layout, "bf16", fitted.kv_dtype)
+    sched = engine_sched("vllm", model, gpu, cand.layout, "bf16", "", fitted.kv_dtype,
+                         max_num_seqs=cand.max_num_seqs, max_batched_tokens=cand.max_batched_tokens)
+    params = replace(fitted.params, burst=0.0)
+    best = 0.0
+    for conc in (4, 8, 16, 32, 64, 128, 256):
+        res = simulate_closed_loop(params, cost, sched, 1024, 256, conc, num_requests=4 * conc + 100, seed=3,
+                                   range_ratio=0.3)
+        d = res.as_dict()
+        if d["ttft_p90_s"] * 1e3 <= slo_ttft_ms and d["tpot_p90_s"] * 1e3 <= slo_itl_ms:
+            best = max(best, res.throughput / cand.layout.gpus)
+    return best
+
+
+def test_search_finds_the_true_best_on_a_small_space() -> None:
+    spec = parse_spec(small_spec())
+    result = tune(spec, stage2_top=0)
+    assert len(result.space.candidates) == 12  # tp1, tp2, pp2 x 2 x 2
+    values = {c: _brute_force_value(c, 1500, 40) for c in result.space.candidates}
+    truth = max(values.values())
+    assert truth > 0
+    picked = result.recommendation.candidate
+    assert values[picked] >= 0.85 * truth, (picked.label(), values[picked], truth)
+
+
+def test_tune_cli_json_shape(tmp_path: Path) -> None:
+    spec_file = tmp_path / "spec.yaml"
+    import yaml
+
+    spec_file.write_text(yaml.safe_dump(small_spec()))
+    r = subprocess.run([sys.executable, "-m", "inferasim.cli", "tune", str(spec_file), "-o", "json"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["recommendation"]["engine"] == "vllm"
+    assert len(d["shortlist"]) == 5 and d["pareto"]
+    assert d["recommendation"]["mode"].startswith("unanchored")  # no H100 bf16 vLLM anchor for Llama-8B
+    assert d["missing_anchors"] and d["missing_anchors"][0]["harvest_gpu_hours"] > 0
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(small_spec(workload={"static": {"kind": "poisson"}})))
+    r = subprocess.run([sys.executable, "-m", "inferasim.cli", "tune", str(bad)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2 and "requestRate" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_anchored_candidates_rank_with_their_anchor() -> None:
+    spec = parse_spec(small_spec(model="meta-llama/Meta-Llama-3.1-70B", precision=["fp8"],
+                                 hardware={"gpu": "h100_sxm", "gpusPerNode": 8, "maxGPUs": 8}))
+    result = tune(spec, stage2_top=5)
+    rec = result.recommendation
+    assert rec.anchored and "tp" in result.anchors_used["vllm/fp8"] or result.anchors_used
+    assert np.isfinite(rec.per_gpu_at_slo(256))
