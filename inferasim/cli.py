@@ -464,6 +464,72 @@ def cmd_tune(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---- advise / mix -------------------------------------------------------------------------------
+
+def _fitted_for(args: argparse.Namespace, layout: Layout):  # noqa: ANN202
+    from inferasim.predictor import benchmark_kv_dtype, fitted_from_anchor, unanchored
+    from inferasim.search.tune import _anchor_for
+
+    engine = normalize_engine(args.engine)
+    model, gpu = get_model(args.model), get_gpu(args.gpu)
+    precision = args.precision if args.precision != "auto" else model.checkpoint_format
+    precision = "fp4" if precision == "nvfp4" else precision
+    if args.anchor:
+        return fitted_from_anchor(load_anchor(args.anchor)), True
+    anchor = _anchor_for(_anchor_store(args.anchors), engine, model, gpu, precision)
+    if anchor is not None:
+        return fitted_from_anchor(anchor), True
+    print("note: no anchor for this kernel set; advising measurement-free", file=sys.stderr)
+    return unanchored(engine, model, gpu, precision, layout, kv_dtype=benchmark_kv_dtype(precision)), False
+
+
+def cmd_advise(args: argparse.Namespace) -> int:
+    from inferasim.search.advisor import advise_batch
+
+    layout = _layout(args)
+    fitted, anchored = _fitted_for(args, layout)
+    adv = advise_batch(fitted, args.isl, args.osl, args.itl_p90_ms, args.max_loss, layout=layout)
+    d = adv.as_dict()
+    d["anchored"] = anchored
+    rows = [("largest max_num_seqs meeting ITL p90", adv.max_num_seqs),
+            ("  TPOT there (ms)", adv.tpot_ms), ("  output tok/s there", adv.throughput),
+            (f"smallest limit within {args.max_loss:.0%} of that", adv.saturating_batch),
+            ("  output tok/s there", adv.throughput_at_saturating),
+            ("KV pool per GPU (GB)", adv.kv_gb_pool), ("KV needed per GPU (GB)", adv.kv_gb_needed),
+            ("KV that can be given back per GPU (GB)", adv.kv_gb_returnable),
+            ("memory fraction that gives it back", adv.memory_fraction),
+            ("anchored", anchored)]
+    emit(d, args.output, table(["batching advice", "value"], rows))
+    return 0
+
+
+def cmd_mix(args: argparse.Namespace) -> int:
+    import yaml
+    from pydantic import ValidationError
+
+    from inferasim.search.mix import MixSpec, plan_mix
+
+    try:
+        raw = yaml.safe_load(Path(args.plan).read_text())
+        spec = MixSpec.model_validate(raw)
+    except ValidationError as exc:
+        raise UsageError(f"{args.plan}: " + "; ".join(
+            f"{'.'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in exc.errors())) from None
+    except yaml.YAMLError as exc:
+        raise UsageError(f"{args.plan} is not valid YAML: {exc}") from None
+    dirs = [Path(d) for d in args.anchors] if args.anchors else None
+    plan = plan_mix(spec, anchor_dirs=dirs)
+    rows = [(a.tier, a.model, a.gpus, a.entry["engine"] if a.entry else "-",
+             a.entry["layout_label"] if a.entry else "-", a.entry["replicas"] if a.entry else "-")
+            for a in plan.assignments]
+    text = table(["tier", "model", "GPUs", "engine", "layout", "replicas"], rows,
+                 title=f"Mix plan: {plan.gpus} of {plan.budget} GPUs")
+    if plan.unserved:
+        text += "\nunserved tiers (no model meets their SLO within the budget): " + ", ".join(plan.unserved)
+    emit(plan.as_dict(), args.output, text)
+    return 0
+
+
 # ---- demo --------------------------------------------------------------------------------------
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -550,6 +616,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--namespace", default="default")
     _add_output(p)
     p.set_defaults(func=cmd_tune)
+
+    p = sub.add_parser("advise", help="batching advisor: batch limit for a latency target, KV to give back")
+    p.add_argument("--model", required=True)
+    p.add_argument("--gpu", required=True)
+    p.add_argument("--engine", required=True, help=f"one of {', '.join(ENGINES)}")
+    p.add_argument("--precision", default="auto")
+    p.add_argument("--isl", type=_positive("isl"), required=True)
+    p.add_argument("--osl", type=_positive("osl"), required=True)
+    p.add_argument("--itl-p90-ms", type=float, required=True, help="latency target: p90 inter-token latency")
+    p.add_argument("--max-loss", type=float, default=0.05, help="throughput share one may give up (default 5%%)")
+    p.add_argument("--anchor", default=None)
+    p.add_argument("--anchors", action="append", default=None)
+    _add_layout(p)
+    _add_output(p)
+    p.set_defaults(func=cmd_advise)
+
+    p = sub.add_parser("mix", help="mix planner: models x latency tiers under one GPU budget")
+    p.add_argument("plan", help="PLAN.yaml: hardware, engines, precision, tiers (name, models, requestRate, slo)")
+    p.add_argument("--anchors", action="append", default=None)
+    _add_output(p)
+    p.set_defaults(func=cmd_mix)
 
     p = sub.add_parser("demo", help="run the main job on the bundled example")
     p.set_defaults(func=cmd_demo)

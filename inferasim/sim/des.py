@@ -52,14 +52,21 @@ class SimResult:
     steps: int  # engine iterations
     preemptions: int = 0
 
-    def _arrays(self) -> dict[str, np.ndarray]:
-        arrival = np.array([r.arrival for r in self.requests])
-        first = np.array([r.first_token for r in self.requests], dtype=float)
-        finish = np.array([r.finish for r in self.requests], dtype=float)
-        out = np.array([r.output for r in self.requests], dtype=float)
+    def _arrays(self, first_rid: int = 0, stop_rid: int | None = None) -> dict[str, np.ndarray]:
+        reqs = self.requests[first_rid:stop_rid]
+        arrival = np.array([r.arrival for r in reqs])
+        first = np.array([r.first_token for r in reqs], dtype=float)
+        finish = np.array([r.finish for r in reqs], dtype=float)
+        out = np.array([r.output for r in reqs], dtype=float)
         multi = out > 1
         return {"ttft": first - arrival, "e2e": finish - arrival,
                 "tpot": (finish - first)[multi] / (out[multi] - 1.0)}
+
+    def means(self, first_rid: int = 0, stop_rid: int | None = None) -> dict[str, float]:
+        """Mean TTFT, TPOT and end-to-end latency over requests[first_rid:stop_rid] (issue
+        order). Skipping the first `concurrency` requests drops the start-up wave, which is what
+        a steady-state estimator describes."""
+        return {k: float(v.mean()) if v.size else 0.0 for k, v in self._arrays(first_rid, stop_rid).items()}
 
     def as_dict(self) -> dict:
         d: dict = {
@@ -79,8 +86,10 @@ class SimResult:
 class Simulator:
     """The event loop of one replica: dp lockstepped ranks fed from per-rank arrival heaps."""
 
-    def __init__(self, p: StepParams, c: LayoutCost, sched: EngineSched, delivery_delay: float = 0.0) -> None:
+    def __init__(self, p: StepParams, c: LayoutCost, sched: EngineSched, delivery_delay: float = 0.0,
+                 jump: bool = True) -> None:
         self.p, self.c, self.sched = p, c, sched
+        self.jump = jump  # False steps one iteration at a time (the reference the tests compare to)
         capacity = int(sched.kv_tokens * p.kv_scale)
         self.ranks: list[Scheduler] = [make_scheduler(sched, capacity, delivery_delay)
                                        for _ in range(c.layout.dp)]
@@ -128,7 +137,7 @@ class Simulator:
             finished: list[Request] = []
             if all(limits[i] for i in busy):
                 # Every busy rank runs pure decode steps: jump over k of them at once.
-                k = min(int(limits[i]) for i in busy)  # type: ignore[arg-type]
+                k = min(int(limits[i]) for i in busy) if self.jump else 1  # type: ignore[arg-type]
                 times: np.ndarray | None = None
                 for i in busy:
                     n, ctx1 = ranks[i].decode_state()
@@ -195,15 +204,19 @@ def _lengths(rng: np.random.Generator, mean: int, n: int, range_ratio: float) ->
 
 def simulate_closed_loop(p: StepParams, c: LayoutCost, sched: EngineSched, isl: int, osl: int,
                          concurrency: int, num_requests: int | None = None, seed: int = 0,
-                         range_ratio: float = 0.0) -> SimResult:
+                         range_ratio: float = 0.0, think_time: float = 0.0, jump: bool = True) -> SimResult:
     """`vllm bench serve --max-concurrency C --num-prompts N` with random ISL/OSL prompts: C
     clients each send a request and the next one when the previous is fully delivered, until N
-    have been sent (default 10 x C, at least 50). Client i talks to dp rank i mod dp."""
+    have been sent (default 10 x C, at least 50). Client i talks to dp rank i mod dp.
+
+    `range_ratio` draws lengths as `--random-range-ratio` does. `think_time` (s, mean of an
+    exponential pause before a client's next request) models client-side jitter. Both break the
+    lockstep waves that fixed lengths keep forever in a deterministic replay (see the tests)."""
     num = int(num_requests) if num_requests is not None else max(10 * int(concurrency), 50)
     rng = np.random.default_rng(seed)
     prompts = _lengths(rng, isl, num, range_ratio)
     outputs = _lengths(rng, osl, num, range_ratio)
-    sim = Simulator(p, c, sched, delivery_delay=p.t_ttft)
+    sim = Simulator(p, c, sched, delivery_delay=p.t_ttft, jump=jump)
     dp = len(sim.ranks)
     requests: list[Request] = []
     client_of: list[int] = []
@@ -221,18 +234,19 @@ def simulate_closed_loop(p: StepParams, c: LayoutCost, sched: EngineSched, isl: 
     def on_finish(req: Request) -> None:
         if len(requests) < num:
             assert req.finish is not None
-            issue(client_of[req.rid], req.finish)
+            pause = float(rng.exponential(think_time)) if think_time > 0.0 else 0.0
+            issue(client_of[req.rid], req.finish + pause)
 
     sim.run(on_finish)
     return sim.result(requests)
 
 
 def simulate_offline(p: StepParams, c: LayoutCost, sched: EngineSched, isl: int, osl: int,
-                     batch: int) -> SimResult:
+                     batch: int, jump: bool = True) -> SimResult:
     """`batch` requests handed to the engine at once, no refill (vLLM benchmark_latency /
     benchmark_throughput). `duration` is the batch latency. No API-server latency: the offline
     benchmarks call the engine in-process."""
-    sim = Simulator(p, c, sched, delivery_delay=0.0)
+    sim = Simulator(p, c, sched, delivery_delay=0.0, jump=jump)
     dp = len(sim.ranks)
     requests = [Request(rid=i, arrival=0.0, prompt=int(isl), output=int(osl), rank=i % dp)
                 for i in range(int(batch))]

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from inferasim.sim.benchmark import EngineSched
-from inferasim.sim.kvcache import KVCache
+from inferasim.sim.kvcache import DecodeBlocks, KVCache
 
 
 @dataclass(eq=False)
@@ -54,7 +54,7 @@ class Request:
     first_token: float | None = None  # s, the client received the first token
     finish: float | None = None  # s, the client received the last token
     preemptions: int = 0
-    generated: int = 0  # tokens sampled so far; kept across a recompute preemption
+    generated: int = 0  # tokens sampled, as of its last preemption or its finish (kept by recompute)
 
     @property
     def ttft(self) -> float:
@@ -171,6 +171,8 @@ class Scheduler(ABC):
         self.delay = delivery_delay  # client-side latency added to every delivered token
         self._seq = 0  # admission counter: larger = newer
         self.preemptions = 0
+        self._all_decode = True  # every running row is decoding (kept by commit)
+        self._prof: DecodeBlocks | None = None  # block profile of the current decode batch
 
     # -- queue -----------------------------------------------------------------------------------
     def enqueue(self, req: Request) -> None:
@@ -196,6 +198,7 @@ class Scheduler(ABC):
         self.preemptions += 1
         self.kv.free(self.kv.blocks_for(int(r.comp[row])))
         r.kill(row)
+        self._prof = None
         if to_head:
             self.waiting.appendleft(req)
         else:
@@ -240,6 +243,9 @@ class Scheduler(ABC):
         done = sampled[r.gen[sampled] >= r.out[sampled]]
         finished = self._finish(done, t_end)
         r.compact()
+        n = r.n
+        self._all_decode = bool(np.all((r.gen[:n] >= 1) & (r.comp[:n] == r.prompt[:n] + r.gen[:n] - 1)))
+        self._prof = None
         return finished
 
     def _finish(self, rows: np.ndarray, t_end: float) -> list[Request]:
@@ -256,7 +262,7 @@ class Scheduler(ABC):
             out.append(req)
         return out
 
-    def _after_step(self, k: int) -> None:
+    def _after_step(self, k: int) -> None:  # noqa: B027 - an optional hook, not an abstract method
         """Hook: policy state that evolves per step (SGLang's new_token_ratio)."""
 
     def decode_state(self) -> tuple[int, float]:
@@ -268,21 +274,21 @@ class Scheduler(ABC):
         """Apply k pure decode steps of every running row at once (checked by decode_run_limit)."""
         r = self.run
         n = r.n
-        comp = r.comp[:n]
-        self.kv.allocate(int(self.kv.decode_blocks(comp, np.array([k]))[0]))
-        comp += k
+        self.kv.allocate(self._profile().at(k))
+        r.comp[:n] += k
         r.gen[:n] += k
         self._after_step(k)
         done = np.flatnonzero(r.gen[:n] >= r.out[:n])
         finished = self._finish(done, t_end) if done.size else []
         r.compact()
+        self._prof = None
         return finished
 
     # -- helpers for the run limit -----------------------------------------------------------------
-    def _pure_decode_rows(self) -> bool:
-        n = self.run.n
-        r = self.run
-        return bool(np.all((r.gen[:n] >= 1) & (r.comp[:n] == r.prompt[:n] + r.gen[:n] - 1)))
+    def _profile(self) -> DecodeBlocks:
+        if self._prof is None:
+            self._prof = self.kv.decode_profile(self.run.comp[: self.run.n])
+        return self._prof
 
     def _run_to_event(self) -> tuple[int, np.ndarray | None]:
         """Steps until the first finish, capped where decode blocks run out; also the cumulative
@@ -291,13 +297,10 @@ class Scheduler(ABC):
         n = r.n
         k_fin = int((r.out[:n] - r.gen[:n]).min())
         free = self.kv.free_blocks
-        comp = r.comp[:n]
-        if k_fin <= 1:
+        prof = self._profile()
+        if prof.at(k_fin) <= free:
             return k_fin, None
-        last = int(self.kv.decode_blocks(comp, np.array([k_fin]))[0])
-        if last <= free:
-            return k_fin, None
-        cum = self.kv.decode_blocks(comp, np.arange(1, k_fin + 1))
+        cum = prof.upto(k_fin)
         return int(np.searchsorted(cum, free, side="right")), cum
 
 
@@ -336,6 +339,8 @@ class VllmScheduler(Scheduler):
         # Partially prefilled (or recomputing) requests continue, oldest first.
         part = np.flatnonzero(~is_dec & r.alive[:n])
         if part.size:
+            served = np.zeros(n, dtype=bool)
+            served[dec] = True
             for row in part[np.argsort(r.seq[part], kind="stable")]:
                 row = int(row)
                 if budget <= 0:
@@ -345,13 +350,16 @@ class VllmScheduler(Scheduler):
                 chunk = min(int(known[row] - comp[row]), budget)
                 blocks = int(kv.blocks_needed(int(comp[row]), chunk))
                 while blocks > kv.free_blocks and r.alive[row]:
-                    alive_rows = np.flatnonzero(r.alive[:n])
-                    victim = int(alive_rows[np.argmax(r.seq[alive_rows])])
+                    # The newest request not yet served this step (V1 pops the running queue's
+                    # tail, which is never one it already scheduled); possibly this one.
+                    cand = np.flatnonzero(r.alive[:n] & ~served)
+                    victim = int(cand[np.argmax(r.seq[cand])])
                     self._preempt(victim)
                     preempted = True
                 if not r.alive[row]:
                     break  # preempted itself: V1 stops scheduling the running queue
                 kv.allocate(blocks)
+                served[row] = True
                 batch.pre_rows.append(row)
                 batch.pre_chunks.append(chunk)
                 batch.pre_starts.append(int(comp[row]))
@@ -382,9 +390,9 @@ class VllmScheduler(Scheduler):
         n = self.run.n
         if n == 0:
             return None if not self.waiting else 0
-        if n > self.sched.max_batched_tokens or not self._pure_decode_rows():
+        if n > self.sched.max_batched_tokens or not self._all_decode:
             return 0
-        first = int(self.kv.decode_blocks(self.run.comp[:n], np.array([1]))[0])
+        first = self._profile().at(1)
         if first > self.kv.free_blocks:
             return 0
         # Blocks only get scarcer during a decode run, so a head blocked now stays blocked.
@@ -549,8 +557,7 @@ class SglangScheduler(Scheduler):
             return None if not self.waiting else 0
         if self.chunked_row is not None or self._head_admissible():
             return 0
-        comp = r.comp[:n]
-        first = int(self.kv.decode_blocks(comp, np.array([1]))[0])
+        first = self._profile().at(1)
         if first > self.kv.free_blocks:
             return 0
         k, cum = self._run_to_event()
@@ -558,9 +565,7 @@ class SglangScheduler(Scheduler):
             # Admission can open up during the run (the reservation shrinks with the remaining
             # outputs and the decaying ratio): find the first step after which the head fits.
             j = np.arange(1, k + 1)
-            if cum is None:
-                cum = self.kv.decode_blocks(comp, j)
-            cum = cum[:k]
+            cum = self._profile().upto(k) if cum is None else cum[:k]
             ratio = np.maximum(self.min_ratio, self.ratio - self.decay * j)
             rem = r.out[:n] - r.gen[:n]
             reserved = ratio * _sum_clipped(rem, j, SGLANG_CLIP_MAX_NEW_TOKENS)

@@ -1,0 +1,113 @@
+"""Mix planner: several models and latency tiers under one GPU budget.
+
+Each tier (a class of traffic: its SLO, its rate, its lengths) lists the models that may serve it,
+best first. For every (tier, model) the search finds the deployment that serves the tier's rate
+within its SLO on the fewest GPUs; the planner then picks one model per tier so that the
+deployments fit the budget together, serving as many tiers as it can, each with the most
+preferred model it can afford. Small plans are solved exactly (every combination is tried).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from inferasim.search.tune import tune
+from inferasim.spec import SLO, Hardware, Objective, SearchSpace, StaticWorkload, TuningSpec, WorkloadSource
+
+MAX_COMBINATIONS = 100_000
+
+
+class Tier(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+    name: str
+    models: list[str] = Field(min_length=1, description="Models that may serve this tier, most preferred first.")
+    request_rate: float = Field(gt=0)
+    input_tokens: int = Field(1024, ge=1)
+    output_tokens: int = Field(256, ge=1)
+    slo: SLO = Field(default_factory=SLO)
+
+
+class MixSpec(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+    hardware: Hardware
+    engines: list[str] = Field(default_factory=lambda: ["vllm", "sglang", "atom"])
+    precision: list[str] = Field(default_factory=lambda: ["auto"])
+    tiers: list[Tier] = Field(min_length=1)
+    search: SearchSpace = Field(default_factory=lambda: SearchSpace(disaggregation=False))
+
+
+@dataclass
+class Option:
+    tier: str
+    model: str
+    preference: int  # 0 = most preferred
+    gpus: int | None  # None: cannot meet the tier's SLO and rate within the budget
+    entry: dict[str, Any] | None
+
+
+@dataclass
+class MixPlan:
+    assignments: list[Option]
+    unserved: list[str]
+    gpus: int
+    budget: int
+    options: list[Option] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "gpus": self.gpus, "budget": self.budget, "unserved": self.unserved,
+            "assignments": [{"tier": o.tier, "model": o.model, "preference": o.preference, "gpus": o.gpus,
+                             "deployment": o.entry} for o in self.assignments],
+            "options": [{"tier": o.tier, "model": o.model, "gpus": o.gpus} for o in self.options],
+        }
+
+
+def _option(spec: MixSpec, tier: Tier, model: str, pref: int, anchor_dirs: list[Path] | None) -> Option:
+    ts = TuningSpec(
+        model=model, precision=spec.precision, hardware=spec.hardware, engines=spec.engines,
+        objective=Objective(minimize="gpus", slo=tier.slo),
+        workload=WorkloadSource(static=StaticWorkload(kind="poisson", request_rate=tier.request_rate,
+                                                      input_tokens=tier.input_tokens,
+                                                      output_tokens=tier.output_tokens)),
+        search=spec.search,
+    )
+    result = tune(ts, anchor_dirs=anchor_dirs, stage2_top=5)
+    rec = result.recommendation
+    if rec is None or not rec.meets_slo:
+        return Option(tier.name, model, pref, None, None)
+    return Option(tier.name, model, pref, rec.gpus, result.entry(rec))
+
+
+def plan_mix(spec: MixSpec, anchor_dirs: list[Path] | None = None) -> MixPlan:
+    options = [_option(spec, t, m, i, anchor_dirs) for t in spec.tiers for i, m in enumerate(t.models)]
+    per_tier = [[o for o in options if o.tier == t.name and o.gpus is not None] for t in spec.tiers]
+    choices = [opts + [None] for opts in per_tier]  # None = leave the tier unserved
+    n = 1
+    for c in choices:
+        n *= len(c)
+    if n > MAX_COMBINATIONS:
+        raise ValueError(f"{n} combinations of tiers and models: plan at most a few tiers with a few models each")
+    best: tuple[tuple[int, int, int], tuple[Option | None, ...]] | None = None
+    budget = spec.hardware.max_gpus
+    for combo in itertools.product(*choices):
+        used = sum(o.gpus for o in combo if o is not None and o.gpus is not None)
+        if used > budget:
+            continue
+        served = sum(o is not None for o in combo)
+        pref = -sum(o.preference for o in combo if o is not None)
+        key = (served, pref, -used)
+        if best is None or key > best[0]:
+            best = (key, combo)
+    assert best is not None  # the all-unserved combination always fits
+    combo = best[1]
+    chosen = [o for o in combo if o is not None]
+    unserved = [t.name for t, o in zip(spec.tiers, combo, strict=True) if o is None]
+    return MixPlan(chosen, unserved, sum(o.gpus or 0 for o in chosen), budget, options)
