@@ -129,3 +129,21 @@ def test_anchored_candidates_rank_with_their_anchor() -> None:
     rec = result.recommendation
     assert rec.anchored and "tp" in result.anchors_used["vllm/fp8"] or result.anchors_used
     assert np.isfinite(rec.per_gpu_at_slo(256))
+
+
+def test_tune_renders_the_recommended_manifest(tmp_path: Path) -> None:
+    import yaml
+
+    spec_file = tmp_path / "spec.yaml"
+    spec_file.write_text(yaml.safe_dump(small_spec()))
+    out = tmp_path / "deploy.yaml"
+    r = subprocess.run([sys.executable, "-m", "inferasim.cli", "tune", str(spec_file), "--manifest", str(out),
+                        "--name", "chat", "-o", "json"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    docs = list(yaml.safe_load_all(out.read_text()))
+    kinds = [d["kind"] for d in docs]
+    assert kinds == ["Deployment", "Service"]
+    rec = json.loads(r.stdout)["recommendation"]
+    container = docs[0]["spec"]["template"]["spec"]["containers"][0]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == rec["gpus_per_replica"]
+    assert str(rec["max_num_seqs"]) in container["args"]

@@ -1,0 +1,608 @@
+"""Tests for inferasim.render: ServingConfig -> engine argv, env and Kubernetes manifests."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from inferasim.catalog.engines import (
+    default_image,
+    default_port,
+    engine_flags,
+    is_known_flag,
+    launch_command,
+)
+from inferasim.catalog.gpus import get_gpu
+from inferasim.layout import Layout
+from inferasim.render import (
+    HF_HOME,
+    LABEL_ENGINE,
+    LABEL_LAYOUT,
+    LABEL_NAME,
+    ServingConfig,
+    engine_args,
+    engine_env,
+    render_deployment,
+    render_manifests,
+    render_service,
+    to_yaml,
+)
+
+MODEL = "meta-llama/Llama-3.1-70B-Instruct"
+MOE_MODEL = "deepseek-ai/DeepSeek-R1"
+AMD = "MI355X"
+NVIDIA = "H200"
+
+LAYOUTS = {
+    "tp1": Layout(),
+    "tp8": Layout(tp=8),
+    "tp4-dp2-ep8": Layout(tp=4, dp=2, moe_ep=8),
+    "pp2": Layout(pp=2),
+    "tp2-pp2": Layout(tp=2, pp=2),
+    "tp8-ep8": Layout(tp=8, moe_ep=8),
+    "dp8-ep8": Layout(tp=1, dp=8, moe_ep=8),
+}
+
+_NUMBER = re.compile(r"^-?\d+(\.\d+)?$")
+
+
+def _combos():
+    for engine in ("vllm", "sglang", "atom"):
+        for gpu in (AMD, NVIDIA):
+            if engine == "atom" and gpu == NVIDIA:
+                continue  # ROCm only; checked in test_atom_on_nvidia_is_rejected
+            for lname, layout in LAYOUTS.items():
+                if engine == "atom" and lname == "tp4-dp2-ep8":
+                    continue  # no ATOM form; checked in test_atom_parallel_mapping
+                yield pytest.param(engine, gpu, layout, id=f"{engine}-{gpu}-{lname}")
+
+
+def _flags_of(cfg: ServingConfig) -> list[str]:
+    """Flag tokens of the argv after the launch prefix (values such as '-1' excluded)."""
+    argv = engine_args(cfg)
+    prefix = launch_command(cfg.engine)
+    assert argv[: len(prefix)] == prefix
+    return [a.split("=", 1)[0] for a in argv[len(prefix) :] if a.startswith("-") and not _NUMBER.match(a)]
+
+
+def _value(argv: list[str], flag: str) -> str:
+    assert argv.count(flag) == 1, f"{flag} appears {argv.count(flag)} times in {argv}"
+    return argv[argv.index(flag) + 1]
+
+
+def _assert_real_unique_flags(cfg: ServingConfig) -> list[str]:
+    flags = _flags_of(cfg)
+    for flag in flags:
+        assert is_known_flag(cfg.engine, flag), f"{flag} is not a {cfg.engine} flag"
+    assert len(flags) == len(set(flags)), f"duplicated flags in {flags}"
+    return flags
+
+
+def _container(dep: dict) -> dict:
+    containers = dep["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1
+    return containers[0]
+
+
+def _full(engine: str, gpu: str, layout: Layout, **kw) -> ServingConfig:
+    """A config with every knob set (the engine-supported variant)."""
+    base = dict(
+        precision="fp8",
+        kv_cache_dtype="fp8",
+        max_num_seqs=256,
+        max_num_batched_tokens=8192,
+        chunked_prefill=True,
+        prefix_caching=False,
+        memory_fraction=0.85,
+        spec_method="mtp",
+        num_speculative_tokens=3,
+        max_model_len=32768,
+        replicas=2,
+    )
+    base.update(kw)
+    return ServingConfig(engine, MOE_MODEL, gpu, layout, **base)
+
+
+# ---------------------------------------------------------------------------------------------
+# Every rendered flag is real
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("engine", "gpu", "layout"), list(_combos()))
+def test_minimal_config_renders_only_real_flags(engine, gpu, layout):
+    cfg = ServingConfig(engine, MODEL, gpu, layout)
+    _assert_real_unique_flags(cfg)
+
+
+@pytest.mark.parametrize(("engine", "gpu", "layout"), list(_combos()))
+def test_full_config_renders_only_real_flags(engine, gpu, layout):
+    cfg = _full(engine, gpu, layout)
+    flags = _assert_real_unique_flags(cfg)
+    assert len(flags) >= 8
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang", "atom"])
+def test_knob_grid_renders_only_real_flags(engine):
+    specs = {
+        "vllm": ["none", "mtp", "ngram", "eagle3"],
+        "sglang": ["none", "mtp", "ngram", "eagle"],
+        "atom": ["none", "mtp", "eagle3"],
+    }
+    chunked = [None, True] if engine == "atom" else [None, True, False]
+    n = 0
+    for spec, kv, prefix, chunk, precision, role in itertools.product(
+        specs[engine],
+        ["auto", "fp8", "bf16"],
+        [None, True, False],
+        chunked,
+        ["auto", "fp8", "fp4"],
+        [None, "prefill", "decode"],
+    ):
+        cfg = ServingConfig(
+            engine,
+            MODEL,
+            AMD,
+            Layout(tp=4),
+            precision=precision,
+            kv_cache_dtype=kv,
+            prefix_caching=prefix,
+            chunked_prefill=chunk,
+            max_num_batched_tokens=65536,
+            max_model_len=32768,
+            spec_method=spec,
+            num_speculative_tokens=0 if spec == "none" else 2,
+            draft_model="yuhuili/EAGLE3-LLaMA3.1-Instruct-8B" if spec.startswith("eagle") else None,
+            disagg_role=role,
+        )
+        _assert_real_unique_flags(cfg)
+        n += 1
+    assert n > 100
+
+
+def test_every_catalogued_flag_passes_is_known_flag():
+    # guards the test helper against a catalogue that renames flags
+    for engine in ("vllm", "sglang", "atom"):
+        for flag in engine_flags(engine):
+            assert is_known_flag(engine, flag)
+
+
+# ---------------------------------------------------------------------------------------------
+# Engine argv details
+# ---------------------------------------------------------------------------------------------
+
+
+def test_vllm_model_is_positional_after_serve():
+    argv = engine_args(ServingConfig("vllm", MODEL, AMD, Layout(tp=8)))
+    assert argv[:3] == ["vllm", "serve", MODEL]
+    assert "--model" not in argv
+    assert _value(argv, "--port") == "8000"
+    assert _value(argv, "--tensor-parallel-size") == "8"
+
+
+def test_sglang_binds_all_interfaces_and_enables_metrics():
+    argv = engine_args(ServingConfig("sglang", MODEL, NVIDIA, Layout(tp=2)))
+    assert argv[:3] == ["python3", "-m", "sglang.launch_server"]
+    assert _value(argv, "--model-path") == MODEL
+    assert _value(argv, "--host") == "0.0.0.0"
+    assert _value(argv, "--port") == "30000"
+    assert "--enable-metrics" in argv
+
+
+def test_atom_uses_server_port_not_internal_port():
+    argv = engine_args(ServingConfig("atom", MODEL, AMD, Layout(tp=8)))
+    assert _value(argv, "--model") == MODEL
+    assert _value(argv, "--server-port") == "8000"
+    assert "--port" not in argv  # ATOM's --port is the internal engine port (8006)
+
+
+def test_vllm_parallel_mapping():
+    argv = engine_args(ServingConfig("vllm", MOE_MODEL, AMD, Layout(tp=4, dp=2, moe_ep=8)))
+    assert _value(argv, "--tensor-parallel-size") == "4"
+    assert _value(argv, "--data-parallel-size") == "2"
+    assert "--enable-expert-parallel" in argv
+    assert "--pipeline-parallel-size" not in argv
+    argv = engine_args(ServingConfig("vllm", MODEL, AMD, Layout(tp=2, pp=2)))
+    assert _value(argv, "--pipeline-parallel-size") == "2"
+    assert "--data-parallel-size" not in argv and "--enable-expert-parallel" not in argv
+    with pytest.raises(ValueError, match="moe_ep"):
+        engine_args(ServingConfig("vllm", MOE_MODEL, AMD, Layout(tp=8, moe_ep=4)))
+
+
+def test_sglang_parallel_mapping():
+    argv = engine_args(ServingConfig("sglang", MOE_MODEL, AMD, Layout(tp=4, dp=2, moe_ep=8)))
+    assert _value(argv, "--tp-size") == "8"  # tp x dp under DP attention
+    assert _value(argv, "--dp-size") == "2"
+    assert "--enable-dp-attention" in argv
+    assert _value(argv, "--ep-size") == "8"
+    argv = engine_args(ServingConfig("sglang", MODEL, AMD, Layout(pp=2)))
+    assert _value(argv, "--pp-size") == "2"
+    assert _value(argv, "--tp-size") == "1"
+    assert "--enable-dp-attention" not in argv and "--ep-size" not in argv
+
+
+def test_atom_parallel_mapping():
+    argv = engine_args(ServingConfig("atom", MOE_MODEL, AMD, Layout(tp=8, moe_ep=8)))
+    assert _value(argv, "--tensor-parallel-size") == "8"
+    assert "--enable-expert-parallel" in argv and "--enable-dp-attention" not in argv
+    argv = engine_args(ServingConfig("atom", MOE_MODEL, AMD, Layout(tp=1, dp=8, moe_ep=8)))
+    assert _value(argv, "--data-parallel-size") == "8"
+    assert "--enable-dp-attention" in argv and "--enable-expert-parallel" in argv
+    argv = engine_args(ServingConfig("atom", MODEL, AMD, Layout(tp=4, dp=2)))
+    assert _value(argv, "--data-parallel-size") == "2"
+    assert "--enable-dp-attention" not in argv
+    with pytest.raises(ValueError, match="ATOM cannot render layout tp=4, dp=2"):
+        engine_args(ServingConfig("atom", MOE_MODEL, AMD, Layout(tp=4, dp=2, moe_ep=8)))
+    with pytest.raises(ValueError, match="moe_ep"):
+        engine_args(ServingConfig("atom", MOE_MODEL, AMD, Layout(tp=8, moe_ep=2)))
+
+
+def test_memory_and_batching_flags_only_when_set():
+    for engine in ("vllm", "sglang", "atom"):
+        argv = engine_args(ServingConfig(engine, MODEL, AMD, Layout(tp=8)))
+        for flag in (
+            "--gpu-memory-utilization",
+            "--mem-fraction-static",
+            "--max-num-seqs",
+            "--max-running-requests",
+            "--max-num-batched-tokens",
+            "--chunked-prefill-size",
+            "--kv-cache-dtype",
+            "--quantization",
+            "--speculative-config",
+            "--method",
+        ):
+            assert flag not in argv, f"{engine}: {flag} rendered without being set"
+    vllm = engine_args(_full("vllm", AMD, Layout(tp=8)))
+    assert _value(vllm, "--gpu-memory-utilization") == "0.85"
+    assert _value(vllm, "--max-num-seqs") == "256"
+    assert _value(vllm, "--max-num-batched-tokens") == "8192"
+    assert _value(vllm, "--max-model-len") == "32768"
+    assert "--no-enable-prefix-caching" in vllm
+    sgl = engine_args(_full("sglang", AMD, Layout(tp=8)))
+    assert _value(sgl, "--mem-fraction-static") == "0.85"
+    assert _value(sgl, "--max-running-requests") == "256"
+    assert _value(sgl, "--chunked-prefill-size") == "8192"
+    assert _value(sgl, "--context-length") == "32768"
+    assert _value(sgl, "--kv-cache-dtype") == "fp8_e4m3"  # SGLang has no bare "fp8"
+    assert "--disable-radix-cache" in sgl
+    atom = engine_args(_full("atom", AMD, Layout(tp=8)))
+    assert _value(atom, "--gpu-memory-utilization") == "0.85"
+    assert _value(atom, "--max-num-seqs") == "256"
+    assert _value(atom, "--kv-cache-dtype") == "fp8"
+    assert "--no-enable-prefix-caching" in atom
+
+
+def test_chunked_prefill_off():
+    vllm = engine_args(ServingConfig("vllm", MODEL, AMD, Layout(tp=8), chunked_prefill=False))
+    assert "--no-enable-chunked-prefill" in vllm
+    sgl = engine_args(
+        ServingConfig("sglang", MODEL, AMD, Layout(tp=8), chunked_prefill=False, max_num_batched_tokens=32768)
+    )
+    assert _value(sgl, "--chunked-prefill-size") == "-1"
+    assert _value(sgl, "--max-prefill-tokens") == "32768"
+    with pytest.raises(ValueError, match="chunked_prefill"):
+        engine_args(ServingConfig("atom", MODEL, AMD, Layout(tp=8), chunked_prefill=False))
+    with pytest.raises(ValueError, match="max_num_batched_tokens >= max_model_len"):
+        engine_args(
+            ServingConfig(
+                "vllm",
+                MODEL,
+                AMD,
+                Layout(tp=8),
+                chunked_prefill=False,
+                max_num_batched_tokens=8192,
+                max_model_len=32768,
+            )
+        )
+
+
+def test_precision_fp8_quantizes_online_only_for_16_bit_checkpoints():
+    for engine in ("vllm", "sglang"):
+        argv = engine_args(ServingConfig(engine, MODEL, AMD, Layout(tp=8), precision="fp8"))
+        assert _value(argv, "--quantization") == "fp8"
+        argv = engine_args(
+            ServingConfig(engine, "amd/Llama-3.1-70B-Instruct-FP8-KV", AMD, Layout(tp=8), precision="fp8")
+        )
+        assert "--quantization" not in argv  # the checkpoint carries its scheme
+        argv = engine_args(ServingConfig(engine, MODEL, AMD, Layout(tp=8), precision="fp4"))
+        assert "--quantization" not in argv
+    argv = engine_args(ServingConfig("atom", MODEL, AMD, Layout(tp=8), precision="fp8"))
+    assert "--quantization" not in argv
+
+
+def test_speculative_decoding_per_engine():
+    vllm = engine_args(
+        ServingConfig(
+            "vllm", MODEL, NVIDIA, Layout(tp=8), spec_method="eagle3", num_speculative_tokens=3, draft_model="org/draft"
+        )
+    )
+    assert json.loads(_value(vllm, "--speculative-config")) == {
+        "method": "eagle3",
+        "model": "org/draft",
+        "num_speculative_tokens": 3,
+    }
+    sgl = engine_args(
+        ServingConfig("sglang", MOE_MODEL, AMD, Layout(tp=8), spec_method="mtp", num_speculative_tokens=3)
+    )
+    assert _value(sgl, "--speculative-algorithm") == "NEXTN"
+    assert _value(sgl, "--speculative-num-steps") == "3"
+    assert _value(sgl, "--speculative-eagle-topk") == "1"
+    assert _value(sgl, "--speculative-num-draft-tokens") == "4"
+    atom = engine_args(ServingConfig("atom", MOE_MODEL, AMD, Layout(tp=8), spec_method="mtp", num_speculative_tokens=3))
+    assert _value(atom, "--method") == "mtp"
+    assert _value(atom, "--num-speculative-tokens") == "3"
+
+
+def test_disaggregation_roles():
+    sgl = engine_args(ServingConfig("sglang", MOE_MODEL, AMD, Layout(tp=8), disagg_role="decode"))
+    assert _value(sgl, "--disaggregation-mode") == "decode"
+    vllm = engine_args(ServingConfig("vllm", MOE_MODEL, NVIDIA, Layout(tp=8), disagg_role="prefill"))
+    assert json.loads(_value(vllm, "--kv-transfer-config"))["kv_connector"] == "NixlConnector"
+    atom_p = engine_args(ServingConfig("atom", MOE_MODEL, AMD, Layout(tp=8), disagg_role="prefill"))
+    atom_d = engine_args(ServingConfig("atom", MOE_MODEL, AMD, Layout(tp=8), disagg_role="decode"))
+    assert json.loads(_value(atom_p, "--kv-transfer-config"))["kv_role"] == "kv_producer"
+    assert json.loads(_value(atom_d, "--kv-transfer-config"))["kv_role"] == "kv_consumer"
+    dep = render_deployment(ServingConfig("vllm", MOE_MODEL, NVIDIA, Layout(tp=8), disagg_role="prefill"), "p")
+    assert dep["metadata"]["labels"]["inferasim.io/disagg-role"] == "prefill"
+    env_names = [e["name"] for e in _container(dep)["env"]]
+    assert "VLLM_NIXL_SIDE_CHANNEL_HOST" in env_names
+
+
+# ---------------------------------------------------------------------------------------------
+# extra_args
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang", "atom"])
+def test_unknown_extra_arg_is_rejected(engine):
+    cfg = ServingConfig(engine, MODEL, AMD, Layout(tp=8), extra_args=("--definitely-not-a-flag", "1"))
+    with pytest.raises(ValueError, match="--definitely-not-a-flag"):
+        engine_args(cfg)
+    with pytest.raises(ValueError, match="--definitely-not-a-flag"):
+        render_manifests(cfg, "x")
+
+
+def test_extra_args_pass_through():
+    cfg = ServingConfig("vllm", MODEL, AMD, Layout(tp=8), extra_args=["--enforce-eager"])  # a list is accepted
+    assert cfg.extra_args == ("--enforce-eager",) and hash(cfg)
+    argv = engine_args(
+        ServingConfig("vllm", MODEL, AMD, Layout(tp=8), extra_args=("--enforce-eager", "--block-size", "1"))
+    )
+    assert argv[-3:] == ["--enforce-eager", "--block-size", "1"]
+    argv = engine_args(ServingConfig("vllm", MODEL, AMD, Layout(tp=8), extra_args=("--scheduling-policy=priority",)))
+    assert argv[-1] == "--scheduling-policy=priority"
+    argv = engine_args(ServingConfig("sglang", MODEL, AMD, Layout(tp=8), extra_args=("--chunked-prefill-size", "-1")))
+    assert argv[-2:] == ["--chunked-prefill-size", "-1"]
+    argv = engine_args(ServingConfig("atom", MODEL, AMD, Layout(tp=8), extra_args=("--block_size", "1")))
+    assert argv[-2:] == ["--block_size", "1"]  # ATOM accepts snake spellings
+
+
+@pytest.mark.parametrize(
+    ("engine", "extra", "match"),
+    [
+        ("vllm", ("--tensor-parallel-size", "2"), "duplicates"),
+        ("vllm", ("-tp", "2"), "duplicates"),  # alias of a rendered flag
+        ("vllm", ("--port", "9000"), "duplicates"),
+        ("sglang", ("--tp", "2"), "duplicates"),
+        ("sglang", ("--host", "127.0.0.1"), "duplicates"),
+        ("atom", ("--tensor_parallel_size", "2"), "duplicates"),
+        ("vllm", ("--enable-prefix-caching",), "duplicates"),  # conflicts with --no-enable-prefix-caching
+        ("vllm", ("--block-size",), "needs a value"),
+        ("vllm", ("--enforce-eager", "yes"), "not preceded by a flag"),
+        ("vllm", ("stray",), "not preceded by a flag"),
+        ("vllm", ("--enforce-eager=true",), "takes no value"),
+    ],
+)
+def test_bad_extra_args(engine, extra, match):
+    kw = {"prefix_caching": False} if "--enable-prefix-caching" in extra else {}
+    with pytest.raises(ValueError, match=match):
+        engine_args(ServingConfig(engine, MODEL, AMD, Layout(tp=8), extra_args=extra, **kw))
+
+
+# ---------------------------------------------------------------------------------------------
+# Manifests
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("engine", "gpu", "layout"), list(_combos()))
+def test_deployment_resources_scheduling_probes(engine, gpu, layout):
+    cfg = _full(engine, gpu, layout)
+    g = get_gpu(gpu)
+    dep = render_deployment(cfg, "chat-70b", "llm")
+    assert dep["apiVersion"] == "apps/v1" and dep["kind"] == "Deployment"
+    assert dep["metadata"]["namespace"] == "llm"
+    assert dep["spec"]["replicas"] == 2
+    c = _container(dep)
+    port = default_port(engine)
+
+    # GPUs: exactly the replica's GPUs of the vendor's resource, nothing of the other vendor's
+    res = c["resources"]
+    assert res["limits"][g.resource_name] == str(layout.gpus)
+    assert res["requests"][g.resource_name] == str(layout.gpus)
+    other = "nvidia.com/gpu" if g.vendor == "amd" else "amd.com/gpu"
+    assert other not in res["limits"] and other not in res["requests"]
+    assert "cpu" in res["requests"] and res["requests"]["memory"].endswith("Gi")
+
+    # node selection from the catalogue
+    pod = dep["spec"]["template"]["spec"]
+    key = "amd.com/gpu.product-name" if g.vendor == "amd" else "nvidia.com/gpu.product"
+    assert pod["nodeSelector"] == {key: g.product_label}
+    assert {"key": g.resource_name, "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+
+    # argv split into command + args
+    assert c["command"] + c["args"] == engine_args(cfg)
+    assert c["command"] == launch_command(engine)
+    assert c["image"] == default_image(engine, g.vendor, g.name)
+
+    # port and probes
+    assert c["ports"] == [{"name": "http", "containerPort": port, "protocol": "TCP"}]
+    for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
+        get = c[probe]["httpGet"]
+        assert get["path"] == "/health"
+        assert get["port"] == port
+
+    # shared memory
+    vols = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    shm = vols[mounts["/dev/shm"]]["emptyDir"]
+    assert shm["medium"] == "Memory" and shm["sizeLimit"].endswith("Gi")
+
+    # labels and selector
+    labels = dep["metadata"]["labels"]
+    assert labels[LABEL_NAME] == "chat-70b"
+    assert labels[LABEL_ENGINE] == engine
+    assert labels[LABEL_LAYOUT] == layout.label()
+    tmpl_labels = dep["spec"]["template"]["metadata"]["labels"]
+    assert dep["spec"]["selector"]["matchLabels"].items() <= tmpl_labels.items()
+
+    # env: engine_env plus the optional HF token
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    for k, v in engine_env(cfg).items():
+        assert env[k] == v
+    assert env["HF_HOME"] == HF_HOME
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang", "atom"])
+def test_service_matches_container_port(engine):
+    cfg = ServingConfig(engine, MODEL, AMD, Layout(tp=4))
+    dep, svc = render_manifests(cfg, "svc-test", "ns1")
+    c = _container(dep)
+    assert svc["apiVersion"] == "v1" and svc["kind"] == "Service"
+    assert svc["spec"]["type"] == "ClusterIP"
+    (sport,) = svc["spec"]["ports"]
+    assert sport["name"] == "http"
+    assert sport["port"] == c["ports"][0]["containerPort"] == default_port(engine)
+    assert sport["targetPort"] == c["ports"][0]["name"]
+    assert svc["spec"]["selector"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+    assert svc["metadata"]["namespace"] == "ns1"
+    assert render_service(cfg, "svc-test", "ns1") == svc
+
+
+@pytest.mark.parametrize(("engine", "gpu", "layout"), list(_combos()))
+def test_yaml_round_trip(engine, gpu, layout):
+    manifests = render_manifests(_full(engine, gpu, layout, draft_model=None), "rt")
+    text = to_yaml(manifests)
+    assert text.count("\n---\n") == 1
+    assert list(yaml.safe_load_all(text)) == manifests
+
+
+def test_env_per_vendor_and_engine():
+    assert engine_env(ServingConfig("vllm", MODEL, AMD, Layout(tp=8)))["VLLM_ROCM_USE_AITER"] == "1"
+    assert engine_env(ServingConfig("sglang", MODEL, AMD, Layout(tp=8)))["SGLANG_USE_AITER"] == "1"
+    for engine in ("vllm", "sglang"):
+        env = engine_env(ServingConfig(engine, MODEL, NVIDIA, Layout(tp=8)))
+        assert "VLLM_ROCM_USE_AITER" not in env and "SGLANG_USE_AITER" not in env
+        assert env["HF_HOME"] == HF_HOME
+
+
+def test_user_labels_merge_but_cannot_break_selector():
+    cfg = ServingConfig("vllm", MODEL, AMD, Layout(tp=8))
+    dep = render_deployment(cfg, "m", labels={"team": "llm", LABEL_NAME: "other"})
+    labels = dep["spec"]["template"]["metadata"]["labels"]
+    assert labels["team"] == "llm"
+    assert labels[LABEL_NAME] == "m" == dep["spec"]["selector"]["matchLabels"][LABEL_NAME]
+
+
+def test_image_override_and_engine_version():
+    cfg = ServingConfig("vllm", MODEL, AMD, Layout(tp=8), image="registry.local/vllm:dev")
+    assert _container(render_deployment(cfg, "m"))["image"] == "registry.local/vllm:dev"
+    cfg = ServingConfig("vllm", MODEL, AMD, Layout(tp=8), engine_version="0.10.1")
+    assert _container(render_deployment(cfg, "m"))["image"] == "vllm/vllm-openai-rocm:v0.10.1"
+    cfg = ServingConfig("sglang", MODEL, AMD, Layout(tp=8), engine_version="v0.5.9")
+    assert _container(render_deployment(cfg, "m"))["image"] == "lmsysorg/sglang:v0.5.9-rocm720-mi35x"
+    cfg = ServingConfig("atom", MODEL, AMD, Layout(tp=8), engine_version="9.9.9")
+    with pytest.raises(ValueError, match="set image explicitly"):
+        render_deployment(cfg, "m")
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("engine", "gpu", "layout"),
+    [
+        ("vllm", AMD, Layout(tp=8, pp=2)),
+        ("sglang", NVIDIA, Layout(tp=8, dp=2)),
+        ("atom", AMD, Layout(tp=4, pp=4)),
+        ("vllm", "GB200", Layout(tp=8)),  # 4 GPUs per GB200 node
+    ],
+)
+def test_multi_node_layout_is_refused(engine, gpu, layout):
+    cfg = ServingConfig(engine, MODEL, gpu, layout)
+    for render in (engine_args, lambda c: render_deployment(c, "m"), lambda c: render_manifests(c, "m")):
+        with pytest.raises(ValueError, match="LeaderWorkerSet") as err:
+            render(cfg)
+        msg = str(err.value)
+        assert "layout.tp" in msg and "layout.pp" in msg and "layout.dp" in msg
+        assert "gpus_per_node" in msg
+
+
+def test_atom_on_nvidia_is_rejected():
+    with pytest.raises(ValueError, match="ATOM is ROCm-only"):
+        ServingConfig("atom", MODEL, NVIDIA, Layout(tp=8))
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        ({"replicas": 0}, "replicas"),
+        ({"replicas": True}, "replicas"),
+        ({"memory_fraction": 0.0}, r"memory_fraction .*\(0, 1\]"),
+        ({"memory_fraction": 1.5}, r"memory_fraction .*\(0, 1\]"),
+        ({"max_num_seqs": 0}, "max_num_seqs"),
+        ({"max_num_batched_tokens": -5}, "max_num_batched_tokens"),
+        ({"max_model_len": 0}, "max_model_len"),
+        ({"chunked_prefill": "yes"}, "chunked_prefill"),
+        ({"precision": "fp7"}, "precision.*accepted: auto"),
+        ({"kv_cache_dtype": "int3"}, "kv_cache_dtype.*accepted"),
+        ({"spec_method": "medusa"}, "spec_method.*accepted"),
+        ({"spec_method": "mtp"}, "num_speculative_tokens"),
+        ({"num_speculative_tokens": 2}, "num_speculative_tokens"),
+        ({"spec_method": "eagle3", "num_speculative_tokens": 2}, "draft_model"),
+        ({"disagg_role": "both"}, "disagg_role.*prefill, decode"),
+        ({"extra_args": ("--block-size", 16)}, "extra_args"),
+        ({"extra_args": "--enforce-eager"}, "extra_args"),
+    ],
+)
+def test_field_validation(kw, match):
+    with pytest.raises(ValueError, match=match):
+        ServingConfig("vllm", MODEL, AMD, Layout(tp=8), **kw)
+
+
+def test_engine_specific_validation():
+    assert ServingConfig("vllm", MODEL, AMD, Layout(), memory_fraction=1.0).memory_fraction == 1.0
+    with pytest.raises(ValueError, match="kv_cache_dtype.*atom"):
+        ServingConfig("atom", MODEL, AMD, Layout(), kv_cache_dtype="fp8_e5m2")
+    with pytest.raises(ValueError, match="not supported by atom"):
+        ServingConfig("atom", MODEL, AMD, Layout(), spec_method="ngram", num_speculative_tokens=3)
+    with pytest.raises(ValueError, match="unknown serving engine"):
+        ServingConfig("tgi", MODEL, AMD, Layout())
+    with pytest.raises(ValueError, match="Unknown GPU"):
+        ServingConfig("vllm", MODEL, "MI999X", Layout())
+    with pytest.raises(ValueError, match="model"):
+        ServingConfig("vllm", "--model", AMD, Layout())
+    assert ServingConfig("vLLM", MODEL, AMD, Layout()).engine == "vllm"
+
+
+@pytest.mark.parametrize("name", ["Bad_Name", "1abc", "a" * 64, ""])
+def test_bad_names_are_rejected(name):
+    cfg = ServingConfig("vllm", MODEL, AMD, Layout())
+    with pytest.raises(ValueError, match="name"):
+        render_manifests(cfg, name)
+
+
+def test_render_does_not_import_kubernetes_or_kopf():
+    code = (
+        "import sys, inferasim.render as r; "
+        "bad = [m for m in ('kubernetes', 'kopf') if m in sys.modules]; "
+        "assert not bad, bad"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
