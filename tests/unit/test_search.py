@@ -145,5 +145,5 @@ def test_tune_renders_the_recommended_manifest(tmp_path: Path) -> None:
     assert kinds == ["Deployment", "Service"]
     rec = json.loads(r.stdout)["recommendation"]
     container = docs[0]["spec"]["template"]["spec"]["containers"][0]
-    assert container["resources"]["limits"]["nvidia.com/gpu"] == rec["gpus_per_replica"]
+    assert int(container["resources"]["limits"]["nvidia.com/gpu"]) == rec["gpus_per_replica"]
     assert str(rec["max_num_seqs"]) in container["args"]
