@@ -445,7 +445,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
     spec = load_spec(args.spec)
     dirs = [Path(d) for d in args.anchors] if args.anchors else None
-    result = tune(spec, anchor_dirs=dirs, progress=None if args.output != "table" else _stage_progress)
+    propose_with = (args.propose_endpoint, args.propose_model) if args.propose_endpoint else None
+    result = tune(spec, anchor_dirs=dirs, progress=None if args.output != "table" else _stage_progress,
+                  propose_with=propose_with)
     data = result.as_dict()
     if args.plot:
         _plot_pareto(result, args.plot)
@@ -536,7 +538,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     example = Path(__file__).resolve().parent.parent / "examples" / "llama70b-mi355x.yaml"
     print(f"inferasim demo: `inferasim tune {example.relative_to(example.parent.parent)}`\n")
     return cmd_tune(argparse.Namespace(spec=str(example), anchors=None, plot=None, manifest=None, name="llm",
-                                       namespace="default", output="table"))
+                                       namespace="default", output="table", propose_endpoint=None,
+                                       propose_model="default"))
 
 
 # ---- entry point -------------------------------------------------------------------------------
@@ -614,6 +617,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--manifest", default=None, help="write the recommended Deployment + Service YAML here")
     p.add_argument("--name", default="llm", help="name of the rendered Deployment")
     p.add_argument("--namespace", default="default")
+    p.add_argument("--propose-endpoint", default=None,
+                   help="OpenAI-compatible endpoint of an LLM that proposes candidates (off by default)")
+    p.add_argument("--propose-model", default="default", help="model name to ask at --propose-endpoint")
     _add_output(p)
     p.set_defaults(func=cmd_tune)
 

@@ -52,6 +52,7 @@ class TuneResult:
     missing_anchors: list[dict[str, Any]]
     timings: dict[str, float]
     anchors_used: dict[str, str] = field(default_factory=dict)
+    proposals: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def recommendation(self) -> Estimate | None:
@@ -105,6 +106,7 @@ class TuneResult:
             "space": {"candidates": len(self.space.candidates), "pruned": len(self.space.pruned),
                       "pruned_reasons": [{"what": w, "why": r} for w, r in self.space.pruned[:200]]},
             "timings_s": self.timings,
+            "proposals": self.proposals,
         }
 
 
@@ -174,7 +176,8 @@ def _stage2(e: Estimate, w: WorkloadShape) -> Estimate:
 
 
 def tune(spec: TuningSpec, anchor_dirs: list[Path] | None = None, progress: Progress | None = None,
-         stage2_top: int = STAGE2_TOP) -> TuneResult:
+         stage2_top: int = STAGE2_TOP, propose_with: tuple[str, str] | None = None) -> TuneResult:
+    """`propose_with` = (endpoint, model) turns on the LLM proposer (off by default)."""
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     model = get_model(spec.model)
@@ -238,6 +241,27 @@ def tune(spec: TuningSpec, anchor_dirs: list[Path] | None = None, progress: Prog
         return (int(e.anchored), int(e.meets_slo), objective_value(e, spec.objective, w.osl, w.rate, price))
 
     ranked = sorted(estimates, key=score, reverse=True)
+    proposals: list[dict[str, Any]] = []
+    if propose_with is not None:
+        from inferasim.search.proposer import propose
+
+        tmp = TuneResult(spec, model, gpu, w, space, ranked, [], missing, timings, anchors_used)
+        best = [tmp.entry(e) for e in ranked[:5]]
+        known = {e.candidate for e in estimates}
+        for prop in propose(propose_with[0], propose_with[1], space, best, spec.engines, precisions,
+                            spec.hardware.max_gpus):
+            verdict = "accepted" if prop.candidate is not None else "rejected"
+            proposals.append({"proposal": prop.raw, "verdict": verdict, "reason": prop.reason})
+            cand = prop.candidate
+            if cand is None or cand in known:
+                continue
+            new = estimate_group(fitted_by[(cand.engine, cand.precision)], [cand], w)
+            for e in new:
+                operate(e, w, spec.objective.slo, spec.hardware.max_gpus)
+                e.notes.append("proposed by the LLM proposer; scored by the predictor")
+            estimates.extend(new)
+            known.add(cand)
+        ranked = sorted(estimates, key=score, reverse=True)
     t2 = time.perf_counter()
     top = ranked[:stage2_top]
     for i, e in enumerate(top, 1):
@@ -255,4 +279,4 @@ def tune(spec: TuningSpec, anchor_dirs: list[Path] | None = None, progress: Prog
     front = pareto_front(estimates, w.osl)
     timings["total"] = time.perf_counter() - t0
     timings["candidates_per_s"] = len(space.candidates) / max(timings["stage1"], 1e-9)
-    return TuneResult(spec, model, gpu, w, space, ranked, front, missing, timings, anchors_used)
+    return TuneResult(spec, model, gpu, w, space, ranked, front, missing, timings, anchors_used, proposals)
