@@ -90,8 +90,31 @@ def bench_steptime() -> None:
           f"per-step Python loop ({loop * 1e3:.0f} ms)")
 
 
+def bench_tune() -> None:
+    """Issue 5's target: >= 5,000 candidates, the simulator on the best 50, a 2,000-request
+    multi-turn workload, under 10 s on the 2-core machine."""
+    from inferasim.search.tune import tune
+    from inferasim.spec import parse_spec
+
+    spec = parse_spec({
+        "model": "Qwen/Qwen3-235B-A22B", "precision": ["fp8", "bf16"],
+        "hardware": {"gpu": "MI355X", "gpusPerNode": 8, "maxGPUs": 16}, "engines": ["vllm", "sglang", "atom"],
+        "objective": {"maximize": "throughputPerGPU", "slo": {"ttftP90Ms": 2000, "itlP90Ms": 50}},
+        "workload": {"static": {"kind": "multi-turn", "sessionsPerSecond": 2, "turns": 4, "thinkTimeS": 10,
+                                "inputTokens": 2000, "userTokensPerTurn": 300, "outputTokens": 400,
+                                "numRequests": 2000}}})
+    t0 = time.perf_counter()
+    r = tune(spec, stage2_top=50)
+    wall = time.perf_counter() - t0
+    t = r.timings
+    print(f"tune: {len(r.space.candidates):,} candidates ({len(r.space.pruned)} pruned) in {wall:.2f} s = "
+          f"{wall / 10.0:.2f} x the 10 s budget; stage 1 {t['stage1']:.2f} s ({t['candidates_per_s']:,.0f} "
+          f"candidates/s), stage 2 (simulator, best 50) {t['stage2']:.2f} s")
+
+
 def main() -> int:
     bench_steptime()
+    bench_tune()
     files = [DATA / "aic-silicon" / "silicon_dev.csv", DATA / "argonne-offline" / "vllm_offline_dev.csv"]
     for f in files:
         if f.exists():
@@ -100,6 +123,12 @@ def main() -> int:
                 print(f"  over budget: {out['wall']:.1f} s > {BUDGET_S} s")
         else:
             print(f"skipped {f}: not present")
+    try:
+        from benchmarks import sim_bench
+    except ImportError:
+        sim_bench = None  # the simulator benchmark lands with the traffic simulator
+    if sim_bench is not None:
+        sim_bench.main()
     return 0
 
 

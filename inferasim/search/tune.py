@@ -175,9 +175,41 @@ def _stage2(e: Estimate, w: WorkloadShape) -> Estimate:
     return e
 
 
+def _run_stage2(top: list[Estimate], w: WorkloadShape, workers: int, progress: Progress | None) -> list[Estimate]:
+    """Simulate the best candidates, on `workers` processes when there are several cores: each
+    replay is independent and CPU-bound."""
+    if workers > 1 and len(top) > 4:
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor
+
+        ctx = mp.get_context("fork")  # the workers inherit the loaded catalogs and caches
+        out: list[Estimate] = []
+        with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+            for i, e in enumerate(pool.map(_stage2, top, [w] * len(top), chunksize=2), 1):
+                out.append(e)
+                if progress:
+                    progress("stage 2", i, len(top))
+        return out
+    for i, e in enumerate(top, 1):
+        _stage2(e, w)
+        if progress:
+            progress("stage 2", i, len(top))
+    return top
+
+
 def tune(spec: TuningSpec, anchor_dirs: list[Path] | None = None, progress: Progress | None = None,
-         stage2_top: int = STAGE2_TOP, propose_with: tuple[str, str] | None = None) -> TuneResult:
-    """`propose_with` = (endpoint, model) turns on the LLM proposer (off by default)."""
+         stage2_top: int = STAGE2_TOP, propose_with: tuple[str, str] | None = None,
+         workers: int | None = None) -> TuneResult:
+    """`propose_with` = (endpoint, model) turns on the LLM proposer (off by default). `workers`
+    processes run stage 2 (default: up to 2, the cores of the target machine)."""
+    import os
+    import threading
+
+    if workers is None:
+        # Forking is safe from the main thread of a CLI; inside a threaded server (the operator)
+        # another thread may hold a lock at fork time, so stay in-process there.
+        main = threading.current_thread() is threading.main_thread()
+        workers = max(1, min(2, os.cpu_count() or 1)) if main else 1
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     model = get_model(spec.model)
@@ -263,17 +295,14 @@ def tune(spec: TuningSpec, anchor_dirs: list[Path] | None = None, progress: Prog
             known.add(cand)
         ranked = sorted(estimates, key=score, reverse=True)
     t2 = time.perf_counter()
-    top = ranked[:stage2_top]
-    for i, e in enumerate(top, 1):
-        _stage2(e, w)
+    top = _run_stage2(ranked[:stage2_top], w, workers, progress)
+    for e in top:
         if e.stage == 2:
             from inferasim.search.estimate import slo_ok
 
             slo = spec.objective.slo
             ok = slo_ok(np.array([e.ttft_p90 / 1.6]), np.array([e.itl_p90 / 1.25]), slo)[0]
             e.meets_slo = bool(ok) and not any("exceeds" in n or "needs" in n for n in e.notes)
-        if progress:
-            progress("stage 2", i, len(top))
     ranked = sorted(top, key=score, reverse=True) + ranked[stage2_top:]
     timings["stage2"] = time.perf_counter() - t2
     front = pareto_front(estimates, w.osl)
