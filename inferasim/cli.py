@@ -422,9 +422,14 @@ def _plot_pareto(result: Any, path: str) -> None:
         raise UsageError("--plot needs matplotlib: pip install 'inferasim[plot]'") from None
     fig, ax = plt.subplots(figsize=(7, 4.5))
     colors = {"vllm": "tab:blue", "sglang": "tab:orange", "atom": "tab:red"}
-    for e in result.ranked[:300]:
+    step = max(len(result.ranked) // 3000, 1)  # every candidate's curve, thinned past 3,000 candidates
+    for e in result.ranked[::step]:
         per_gpu = e.curve_rate * result.workload.osl / e.candidate.gpus_per_replica
         ax.plot(1.0 / e.curve_tpot, per_gpu, ".", color=colors.get(e.candidate.engine, "gray"), alpha=0.15, ms=3)
+    rec = result.recommendation
+    if rec is not None and rec.slo_tpot > 0:
+        ax.plot([1.0 / rec.slo_tpot], [rec.per_gpu_at_slo(result.workload.osl)], "*", color="gold", ms=14,
+                markeredgecolor="black", label="recommendation (at the SLO)")
     xs = [p.tokens_per_user for p in result.pareto]
     ys = [p.throughput_per_gpu for p in result.pareto]
     ax.plot(xs, ys, "k-", lw=1.5, label="Pareto front")

@@ -46,6 +46,7 @@ class Estimate:
     stage: int = 1
     ttft_p90: float = float("nan")
     itl_p90: float = float("nan")
+    slo_tpot: float = float("nan")  # mean TPOT at the highest rate within the SLO (a point of the curve)
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -116,6 +117,9 @@ def operate(e: Estimate, w: WorkloadShape, slo: SLO, max_gpus: int) -> Estimate:
     """Fill in the SLO capacity, the replica count for the workload and the latency there."""
     ok = slo_ok(e.curve_ttft, e.curve_tpot, slo)
     e.max_rate_slo = float(e.curve_rate[ok].max()) if ok.any() else 0.0
+    if ok.any():
+        best = int(np.flatnonzero(ok)[np.argmax(e.curve_rate[ok])])
+        e.slo_tpot = float(e.curve_tpot[best])
     budget_replicas = max(max_gpus // e.candidate.gpus_per_replica, 1)
     if w.rate is not None:
         need = int(np.ceil(w.rate / e.max_rate_slo)) if e.max_rate_slo > 0 else budget_replicas + 1

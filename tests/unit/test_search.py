@@ -147,3 +147,16 @@ def test_tune_renders_the_recommended_manifest(tmp_path: Path) -> None:
     container = docs[0]["spec"]["template"]["spec"]["containers"][0]
     assert int(container["resources"]["limits"]["nvidia.com/gpu"]) == rec["gpus_per_replica"]
     assert str(rec["max_num_seqs"]) in container["args"]
+
+
+def test_tune_plot_writes_a_png(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    import yaml
+
+    spec_file = tmp_path / "spec.yaml"
+    spec_file.write_text(yaml.safe_dump(small_spec()))
+    png = tmp_path / "pareto.png"
+    r = subprocess.run([sys.executable, "-m", "inferasim.cli", "tune", str(spec_file), "--plot", str(png)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
