@@ -253,14 +253,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
 # ---- validate ----------------------------------------------------------------------------------
 
 def _progress(done: int, total: int) -> None:
-    if not sys.stderr.isatty():
-        return  # a bar is for people watching a terminal, not for logs
-    width = 30
-    filled = int(width * done / max(total, 1))
-    sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} kernel sets")
-    if done >= total:
-        sys.stderr.write("\n")
-    sys.stderr.flush()
+    _stage_progress("", done, total, unit=" kernel sets")
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -369,12 +362,13 @@ def cmd_anchors(args: argparse.Namespace) -> int:
 
 # ---- tune --------------------------------------------------------------------------------------
 
-def _stage_progress(stage: str, done: int, total: int) -> None:
+def _stage_progress(stage: str, done: int, total: int, unit: str = "") -> None:
     if not sys.stderr.isatty():
         return  # a bar is for people watching a terminal, not for logs
     width = 30
     filled = int(width * done / max(total, 1))
-    sys.stderr.write(f"\r{stage:8s} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}")
+    label = f"{stage:8s} " if stage else ""
+    sys.stderr.write(f"\r{label}[{'#' * filled}{'.' * (width - filled)}] {done}/{total}{unit}")
     if done >= total:
         sys.stderr.write("\n")
     sys.stderr.flush()
