@@ -222,7 +222,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
         load = {"request_rate": args.request_rate}
     conc = args.concurrency or 1
     extrap = fitted._extrapolation(conc // replicas or 1, isl, osl) or not anchored
-    spread = fitted._spread(extrap, layout, isl, osl)
+    spread = fitted._spread(extrap, layout, isl, osl, "tpot")
+    spread_ttft = fitted._spread(extrap, layout, isl, osl, "ttft")
     import math
 
     gpus = layout.gpus * replicas
@@ -232,7 +233,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
         "ttft_ms": ttft * 1e3, "tpot_ms": tpot * 1e3,
         "throughput_tok_s": tput, "throughput_per_gpu": tput / gpus,
         "tokens_per_s_per_user": 1.0 / tpot if tpot > 0 else None,
-        "interval": {"ttft_ms": [ttft * 1e3 * math.exp(-spread), ttft * 1e3 * math.exp(spread)],
+        "interval": {"ttft_ms": [ttft * 1e3 * math.exp(-spread_ttft), ttft * 1e3 * math.exp(spread_ttft)],
                      "tpot_ms": [tpot * 1e3 * math.exp(-spread), tpot * 1e3 * math.exp(spread)]},
         "extrapolated": extrap, "stable": stable,
         "anchor": fitted.anchor_id if anchored else None,
