@@ -392,8 +392,13 @@ def _tune_table(result: Any) -> str:
                      e["max_num_batched_tokens"], round(p["throughput_per_gpu_at_slo"]), p["ttft_p90_ms"],
                      p["itl_p90_ms"], "yes" if e["meets_slo"] else "no",
                      e["anchor"][:24] if e["anchor"] else "unanchored"))
-    lines.append(table(["#", "engine", "prec", "layout", "repl", "GPUs", "max seqs", "max tokens", "tok/s/GPU@SLO",
-                        "TTFT p90 ms", "ITL p90 ms", "SLO", "anchor"], rows, title="Short list (best first)"))
+    headers = ["#", "engine", "prec", "layout", "repl", "GPUs", "max seqs", "max tokens", "tok/s/GPU@SLO",
+               "TTFT p90 ms", "ITL p90 ms", "SLO", "anchor"]
+    if result.spec.hardware.price_per_gpu_hour is not None:
+        headers.insert(9, "$/Mtok")
+        rows = [(*r[:9], d["shortlist"][i]["predicted"].get("cost_per_million_tokens"), *r[9:])
+                for i, r in enumerate(rows)]
+    lines.append(table(headers, rows, title="Short list (best first)"))
     rec = d["recommendation"]
     if rec:
         lines += ["", f"Recommendation: {rec['engine']} {rec['precision']} {rec['layout_label']} x{rec['replicas']} "
@@ -402,8 +407,10 @@ def _tune_table(result: Any) -> str:
                       f"{rec['predicted']['throughput_per_gpu_at_slo']:,.0f} tok/s/GPU at the SLO"
                       + ("" if rec["anchor"] else "  [unanchored: measurement-free, rank within engine]")]
     for m in d["missing_anchors"]:
+        cost = f", ${m['harvest_cost']:.2f}" if m.get("harvest_cost") is not None else ""
         lines.append(f"missing anchor: {m['engine']} {m['precision']} on {m['gpu']} "
-                     f"(harvest ~{m['harvest_gpu_hours']:.2f} GPU-hours at {Layout(**m['harvest_layout']).label()})")
+                     f"(harvest ~{m['harvest_gpu_hours']:.2f} GPU-hours{cost} at "
+                     f"{Layout(**m['harvest_layout']).label()})")
     return "\n".join(lines)
 
 

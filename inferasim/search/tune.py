@@ -35,6 +35,7 @@ from inferasim.steptime import layout_cost
 # layout's GPUs, engine start-up included.
 HARVEST_MINUTES = 20.0
 STAGE2_TOP = 50
+CANARY_MINUTES = 30.0  # the default confirmation window of a ServingTuning
 MAX_DISAGG_PER_KERNEL = 120
 
 Progress = Callable[[str, int, int], None]
@@ -91,6 +92,9 @@ class TuneResult:
         }
         if price is not None:
             d["predicted"]["cost_per_million_tokens"] = cost_per_million_tokens(e, osl, price)
+            # Confirming on hardware: a canary of this deployment for CANARY_MINUTES.
+            d["confirm_gpu_hours"] = c.gpus_per_replica * CANARY_MINUTES / 60.0
+            d["confirm_cost"] = d["confirm_gpu_hours"] * price
         return d
 
     def as_dict(self) -> dict[str, Any]:
@@ -242,9 +246,12 @@ def tune(spec: TuningSpec, anchor_dirs: list[Path] | None = None, progress: Prog
                 fitted_by[key] = unanchored(cand.engine, model, gpu, cand.precision, cand.layout, kv_dtype=kv)
                 smallest = min((c.layout for c in space.candidates if (c.engine, c.precision) == key),
                                key=lambda lay: lay.gpus)
+                hours = smallest.gpus * HARVEST_MINUTES / 60.0
+                price = spec.hardware.price_per_gpu_hour
                 missing.append({"engine": cand.engine, "model": model.name, "gpu": gpu.name,
                                 "precision": cand.precision, "harvest_layout": smallest.as_dict(),
-                                "harvest_gpu_hours": smallest.gpus * HARVEST_MINUTES / 60.0})
+                                "harvest_gpu_hours": hours,
+                                "harvest_cost": None if price is None else hours * price})
         if cand.disagg is not None:
             disagg.append(cand)
         else:
