@@ -122,3 +122,15 @@ def test_shipped_anchors_are_valid() -> None:
     assert len(store.all()) >= 40
     for a in store.all():
         assert a.provenance.method == "public-data" and a.provenance.rows
+
+
+def test_shipped_anchor_parameters_match_a_fresh_fit() -> None:
+    """The stored parameters are what the current fit gives for the stored points (re-run
+    `inferasim anchors build` after changing the model)."""
+    store = AnchorStore(REPO / "anchors")
+    for anchor in sorted(store.all(), key=lambda a: a.id)[::15]:
+        stored = fitted_from_anchor(anchor)
+        fresh = fitted_from_anchor(anchor.model_copy(update={"params": {}}))
+        for key in ("t_fixed", "e_bw", "t_ttft"):
+            a, b = getattr(stored.params, key), getattr(fresh.params, key)
+            assert a == pytest.approx(b, rel=1e-6, abs=1e-9), (anchor.id, key)
