@@ -539,6 +539,28 @@ def cmd_mix(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---- observe -----------------------------------------------------------------------------------
+
+def cmd_observe(args: argparse.Namespace) -> int:
+    from inferasim.observe import ObservationError, observe
+
+    selector = {}
+    for item in args.selector:
+        if "=" not in item:
+            raise UsageError(f"--selector {item!r} must be LABEL=VALUE")
+        k, v = item.split("=", 1)
+        selector[k] = v
+    try:
+        obs = observe({"url": args.prometheus, "selector": selector, "window": args.window}, engine=args.engine)
+    except ObservationError as exc:
+        print(f"inferasim observe: {exc}", file=sys.stderr)
+        return 1
+    d = obs.model_dump(mode="json", exclude_none=True)
+    rows = [(k, v) for k, v in d.items() if not isinstance(v, dict | list)]
+    emit(d, args.output, table(["observed", "value"], rows))
+    return 0
+
+
 # ---- demo --------------------------------------------------------------------------------------
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -650,6 +672,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--anchors", action="append", default=None)
     _add_output(p)
     p.set_defaults(func=cmd_mix)
+
+    p = sub.add_parser("observe", help="the live workload of a deployment, read from Prometheus")
+    p.add_argument("--prometheus", required=True, help="Prometheus base URL, e.g. http://prometheus:9090")
+    p.add_argument("--selector", action="append", default=[], metavar="LABEL=VALUE",
+                   help="label matcher of the target's series (repeatable)")
+    p.add_argument("--window", default="5m", help="rate() window, e.g. 5m, 6h")
+    p.add_argument("--engine", default="auto", help="vllm, sglang, atom or auto")
+    _add_output(p)
+    p.set_defaults(func=cmd_observe)
+
+    for module in ("inferasim.emulator.cli", "inferasim.harvest.cli", "inferasim.sim.cli"):
+        import importlib
+
+        importlib.import_module(module).add_cli(sub)
 
     p = sub.add_parser("demo", help="run the main job on the bundled example")
     p.set_defaults(func=cmd_demo)

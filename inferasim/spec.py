@@ -111,7 +111,7 @@ class WorkloadSource(_Model):
 
 class HarvestPolicy(_Model):
     allowed: bool = False
-    max_gpu_hours: float = Field(4.0, ge=0)
+    max_gpu_hours: float = Field(4.0, ge=0, alias="maxGPUHours", description="GPU-hours all harvests may use.")
     deadline_minutes: int = Field(60, ge=1)
     images: dict[str, str] = Field(default_factory=dict, description="Engine -> image to harvest with.")
     node_selector: dict[str, str] = Field(default_factory=dict)

@@ -1,5 +1,8 @@
 """Discrete-event simulator of one engine replica (DESIGN.md section 4).
 
+(Real traffic — traces, Poisson, sessions, prefix caching, routers, prefill/decode pools — is the
+trace simulator's: `inferasim.sim.api.simulate_workload`.)
+
 The request-by-request counterpart of the steady-state estimator in `inferasim.sim.benchmark`:
 the same benchmarks (closed loop at fixed concurrency, offline batch), the same step-time model
 (`inferasim.steptime.step_time`), but every request is admitted, chunked, preempted and finished

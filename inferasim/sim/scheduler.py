@@ -1,7 +1,9 @@
 """Engine schedulers of the discrete-event simulator (DESIGN.md section 4), one per dp rank.
 
-Two policies share one interface so that prefix caching, a host-KV tier, routers and P/D pools
-can be added later without touching the event loop in `inferasim.sim.des`:
+Two policies share one interface, used by the closed-loop simulator (`inferasim.sim.des`) and the
+emulator. The trace simulator runs the same policies (and ATOM's), extended with the prefix cache,
+the host KV tier and KV arriving from a prefill pool, on the faster schedulers of
+`inferasim.sim.engines`; a test checks that both make the same decisions step for step.
 
 - `VllmScheduler` (vLLM V1, `EngineSched.mixed`): every step the running requests first (decodes
   one token each, partially prefilled requests their next chunk), then the leftover of

@@ -1,0 +1,567 @@
+"""The emulated engine: a real-time continuous-batching loop driven by the step-time model.
+
+It reuses the discrete-event simulator's schedulers (`inferasim.sim.scheduler`: vLLM V1 mixed
+chunked prefill, SGLang separate prefill batches), one per attention-dp rank, stepping in
+lockstep as `inferasim.sim.des.Simulator` does. What differs is the clock: instead of jumping to
+the next event, the loop waits until the emulated time of each step's end has come in real time
+(`VirtualClock`: emulated = real x speedup), then delivers that step's tokens.
+
+Why the emulated schedule never drifts: every step starts at the emulated end of the previous
+one, not at the real time the loop happened to wake. When the loop wakes late (a busy CPU, many
+streams) it catches up: it commits every step that has already ended, in one vectorised jump for
+runs of pure decode steps, and delivers their tokens together. Lateness then only delays
+delivery, never the emulated timeline, which is what the histograms record.
+
+Why it does not spin: it sleeps until the end of the current step (or the next arrival, or
+forever when idle and woken by a submission), and at least `min_tick` real seconds between
+wakes, which grows with the number of open streams (token delivery costs one socket write per
+stream per wake).
+
+Request life: `submit` stamps the request with its emulated arrival plus `StepParams.t_ttft`
+(API server, tokenisation: the per-request latency outside the steps that the analytic model and
+the simulator add to TTFT) and queues it; it reaches its rank's scheduler at that stamp. Token
+counts are read back from the scheduler's running set after every step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from inferasim.emulator.metrics import EngineMetrics
+from inferasim.emulator.timing import VirtualClock
+from inferasim.sim.benchmark import EngineSched
+from inferasim.sim.scheduler import Batch, Request, Scheduler, make_scheduler
+from inferasim.steptime import LayoutCost, StepParams, step_time
+
+# Real seconds between wakes: a floor, plus a share per open stream (one write each per wake),
+# capped so that delivery is never more than a few ms late in real time.
+MIN_TICK_BASE = 0.0002
+MIN_TICK_PER_STREAM = 4e-6
+MIN_TICK_CAP = 0.002
+# A loop more than this many real seconds behind its schedule gives up catching up: the emulated
+# clock is moved forward (counted in `stats()["clock_slips"]`) instead of replaying the backlog.
+MAX_LAG_REAL = 0.5
+MAX_JUMP = 512  # pure decode steps evaluated at once when catching up
+
+
+class RequestRejected(ValueError):
+    """A request no engine would accept (too long for the model or the KV pool)."""
+
+
+class EngineUnavailable(RuntimeError):
+    """The engine loop has stopped (shutdown or crash)."""
+
+
+# A sink delivers a request's new tokens (and its finish) to the client. It returns False when
+# it chose to hold intermediate tokens back (stream interval); the engine offers them again at
+# its next wake.
+Sink = Callable[["EmuRequest"], bool]
+
+
+@dataclass(eq=False)
+class EmuRequest:
+    """One request inside the emulator. Times are emulated seconds."""
+
+    rid: int  # slot: unique among live requests (the schedulers key on it), reused afterwards
+    serial: int  # unique over the emulator's lifetime
+    rank: int
+    prompt: int
+    output: int  # tokens it will generate (max_tokens with ignore_eos, else a drawn length)
+    max_tokens: int
+    finish_reason: str  # reason once `output` tokens are out: length | stop
+    recv_v: float  # reached the API server
+    enq_v: float  # reaches the engine core (recv + t_ttft)
+    sink: Sink  # called on delivery (tokens, finish)
+    sim: Request = field(repr=False, default=None)  # type: ignore[assignment]
+    first_sched_v: float | None = None
+    first_tok_v: float | None = None
+    finish_v: float | None = None
+    emitted: int = 0  # tokens produced by committed steps
+    sent: int = 0  # tokens handed to the sink (the sink advances it)
+    finished: bool = False
+    aborted: bool = False
+    error: str = ""
+
+    @property
+    def reason(self) -> str:
+        return "abort" if self.aborted else self.finish_reason
+
+
+class EngineLoop:
+    """One replica of `layout.dp` lockstepped ranks; see the module docstring."""
+
+    def __init__(self, params: StepParams, cost: LayoutCost, sched: EngineSched, metrics: EngineMetrics,
+                 clock: VirtualClock) -> None:
+        self.params = params
+        self.cost = cost
+        self.sched = sched
+        self.metrics = metrics
+        self.clock = clock
+        self.dp = cost.layout.dp
+        # KV pool as the simulator sizes it: the memory model's tokens x the fitted kv_scale.
+        self.kv_capacity = int(sched.kv_tokens * params.kv_scale)
+        self.ranks: list[Scheduler] = [make_scheduler(sched, self.kv_capacity) for _ in range(self.dp)]
+        self.v = 0.0  # emulated time the engine is free (end of the last committed step)
+        self._pending: list[tuple[float, int, EmuRequest]] = []  # (enq_v, serial, req) heap
+        self._slots: list[EmuRequest | None] = []
+        self._free: list[int] = []
+        cap = 256
+        self._emitted = np.zeros(cap, dtype=np.int64)
+        self._last = np.zeros(cap, dtype=np.float64)
+        self._dirty: set[int] = set()
+        self._aborts: list[EmuRequest] = []
+        self._serial = 0
+        self._rr = 0
+        self._waiter: asyncio.Future[None] | None = None
+        self._stopping = False
+        self.crashed: str | None = None
+        self.open = 0  # live requests (pending + queued + running + undelivered)
+        # statistics
+        self.steps = 0
+        self.max_lag_real = 0.0
+        self.clock_slips = 0
+        self.wakes = 0
+        self._gen_total = 0
+        self._tput_mark = (0.0, 0)
+        self._gen_tput = 0.0
+
+    # ---- public API (event-loop thread) ----------------------------------------------------------
+    def max_request_tokens(self) -> int:
+        return min(r.max_request_tokens() for r in self.ranks)
+
+    def submit(self, prompt: int, output: int, max_tokens: int, finish_reason: str, sink: Sink) -> EmuRequest:
+        """Queue a request; `sink(req)` is called whenever tokens or the finish are delivered."""
+        if self.crashed or self._stopping:
+            raise EngineUnavailable(self.crashed or "the emulated engine is shutting down")
+        limit = self.max_request_tokens()
+        if prompt + output > limit:
+            raise RequestRejected(
+                f"the request needs {prompt + output} tokens of KV cache ({prompt} prompt + {output} output) "
+                f"but one engine rank holds at most {limit}; reduce the prompt or max_tokens")
+        now = self.clock.now()
+        rid = self._free.pop() if self._free else self._new_slot()
+        rank = self._pick_rank()
+        self._serial += 1
+        req = EmuRequest(rid=rid, serial=self._serial, rank=rank, prompt=prompt, output=output,
+                         max_tokens=max_tokens, finish_reason=finish_reason, recv_v=now,
+                         enq_v=now + self.params.t_ttft, sink=sink)
+        req.sim = Request(rid=rid, arrival=req.enq_v, prompt=prompt, output=output, rank=rank)
+        self._slots[rid] = req
+        self._emitted[rid] = 0
+        self._last[rid] = 0.0
+        heapq.heappush(self._pending, (req.enq_v, req.serial, req))
+        self.open += 1
+        self._wake()
+        return req
+
+    def abort(self, req: EmuRequest) -> None:
+        """The client went away: stop the request at the next step boundary."""
+        if req.finished or req.aborted:
+            return
+        req.aborted = True
+        self._aborts.append(req)
+        self._wake()
+
+    def set_params(self, params: StepParams) -> None:
+        """New step-time parameters from the next step on (drift tests). `kv_scale` only sizes
+        the KV pool at start-up: live KV allocations cannot shrink under running requests."""
+        self.params = params
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._wake()
+
+    def stats(self) -> dict[str, float | int]:
+        return {
+            "emulated_now_s": self.clock.now(), "engine_free_at_s": self.v, "steps": self.steps,
+            "open_requests": self.open, "running": sum(r.run.n_alive for r in self.ranks),
+            "waiting": sum(len(r.waiting) for r in self.ranks) + len(self._pending),
+            "max_lag_real_s": self.max_lag_real, "clock_slips": self.clock_slips, "wakes": self.wakes,
+            "speedup": self.clock.speedup, "kv_capacity_tokens_per_rank": self.kv_capacity,
+            "preemptions": sum(r.preemptions for r in self.ranks),
+        }
+
+    # ---- the loop --------------------------------------------------------------------------------
+    async def run(self) -> None:
+        try:
+            await self._run()
+        except Exception as exc:
+            # An emulator bug must not leave clients hanging: fail every open request, report,
+            # and let /health say so (vLLM's /health also fails once its engine core is dead).
+            import traceback
+
+            traceback.print_exc()
+            self.crashed = f"{type(exc).__name__}: {exc}"
+            self._stopping = True
+            self._fail_all(f"emulated engine crashed: {self.crashed}")
+
+    def _fail_all(self, message: str) -> None:
+        for req in self._slots:
+            if req is not None and not req.finished:
+                req.error = message
+                req.aborted = True
+                req.finished = True
+                req.finish_v = self.v
+                self._dirty.add(req.rid)
+        try:
+            self._flush()
+        except Exception:  # the sinks write to sockets that may be gone; nothing more to do
+            pass
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while not self._stopping:
+            self.wakes += 1
+            now_v = self.clock.now()
+            lag = (now_v - self.v) / self.clock.speedup if self._busy() else 0.0
+            self.max_lag_real = max(self.max_lag_real, lag)
+            if lag > MAX_LAG_REAL:
+                # Hopelessly behind (the host is overloaded): move the emulated clock instead of
+                # replaying seconds of backlog at once. Visible in stats(), never silent.
+                self.clock_slips += 1
+                self.clock.t0 += lag - MIN_TICK_CAP
+                now_v = self.clock.now()
+            self._apply_aborts()
+            wake_v = self._advance(now_v)
+            self._update_gauges(now_v)
+            if self._stopping:
+                break
+            if wake_v is None:
+                await self._sleep(loop, None, wake_on_submit=True)
+                continue
+            delay = max(self.clock.real_delay(wake_v), self._min_tick())
+            # Sleeping until a step's end: arrivals need not wake us (they join the next step
+            # anyway). Sleeping until an arrival's stamp: an earlier one may come.
+            await self._sleep(loop, delay, wake_on_submit=not self._busy())
+
+    def _busy(self) -> bool:
+        return any(r.run.n or r.waiting for r in self.ranks)
+
+    def _min_tick(self) -> float:
+        return min(MIN_TICK_BASE + MIN_TICK_PER_STREAM * self.open, MIN_TICK_CAP)
+
+    async def _sleep(self, loop: asyncio.AbstractEventLoop, delay: float | None, wake_on_submit: bool) -> None:
+        fut: asyncio.Future[None] = loop.create_future()
+        self._waiter = fut if wake_on_submit else None
+        handle = loop.call_later(delay, _resolve, fut) if delay is not None else None
+        try:
+            await fut
+        finally:
+            self._waiter = None
+            if handle is not None:
+                handle.cancel()
+
+    def _wake(self) -> None:
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+        self._waiter = None
+
+    # ---- stepping --------------------------------------------------------------------------------
+    def _advance(self, now_v: float) -> float | None:
+        """Commit every step that has ended by `now_v`, deliver their tokens, then commit the
+        step in progress. Returns the emulated time to wake at, or None when idle."""
+        ranks = self.ranks
+        guard = 0
+        while True:
+            guard += 1
+            if guard > 100000:  # a bound on work per wake; the next wake continues
+                self._flush()
+                return self.v
+            self._enqueue_due(self.v)
+            limits = [rank.decode_run_limit() for rank in ranks]
+            busy = [i for i, lim in enumerate(limits) if lim is not None]
+            if not busy:
+                nxt = self._next_pending()
+                if nxt is None:
+                    self.v = max(self.v, now_v)
+                    self._flush()
+                    return None
+                if nxt <= now_v:
+                    self.v = max(self.v, nxt)
+                    continue
+                self._flush()
+                return nxt
+            if all(limits[i] for i in busy):
+                # Pure decode steps: commit the ones that have ended in one vectorised jump, or
+                # the single step in progress (cheaper than schedule + commit).
+                k = min(min(int(limits[i]) for i in busy), MAX_JUMP)  # type: ignore[arg-type]
+                end = self._jump(busy, k, now_v)
+                if end > now_v:
+                    return end
+                continue
+            batches = [rank.schedule(self.v) for rank in ranks]
+            dt = 0.0
+            for b in batches:
+                if not b.empty:
+                    dt = max(dt, float(step_time(self.params, self.cost, b.n_dec, b.ctx_dec, b.n_pref, b.ctx_pref)))
+            if dt == 0.0:
+                if not self._reject_stuck():
+                    nxt = self._next_pending()
+                    if nxt is None:
+                        self._flush()
+                        return None
+                    self.v = max(self.v, nxt)
+                continue
+            end = self.v + dt
+            future = end > now_v
+            if future:
+                self._flush()  # everything committed so far has ended: deliver it first
+            start = self.v
+            for i, (rank, b) in enumerate(zip(ranks, batches, strict=True)):
+                if not b.empty:
+                    self._commit_step(i, rank, b, start, end)
+            self.v = end
+            self.steps += 1
+            if future:
+                return end
+
+    def _jump(self, busy: list[int], k: int, now_v: float) -> float:
+        """Commit the pure decode steps (of all busy ranks) that ended by `now_v`, up to k and
+        not past the next arrival; when none has ended, flush and commit the one in progress.
+        Returns the emulated end of the last committed step."""
+        times: np.ndarray | None = None
+        states = []
+        for i in busy:
+            n, ctx1 = self.ranks[i].decode_state()
+            states.append((i, n))
+            t = np.asarray(step_time(self.params, self.cost, n, ctx1 + np.arange(k, dtype=float)), dtype=float)
+            times = t if times is None else np.maximum(times, t)
+        assert times is not None
+        ends = self.v + np.cumsum(times)
+        nxt = self._next_pending()
+        if nxt is not None:
+            # An arrival joins the first step that starts at or after it.
+            k = max(1, min(k, int(np.searchsorted(ends - times, nxt, side="left"))))
+        k_due = int(np.searchsorted(ends[:k], now_v, side="right"))
+        if k_due < 1:
+            self._flush()  # deliver what has ended before committing a step that has not
+            k_due = 1
+        end = float(ends[k_due - 1])
+        gaps_tail = times[1:k_due]
+        for i, n in states:
+            rank = self.ranks[i]
+            rids = rank.run.rid[:n].copy()
+            finished = rank.advance_decode(k_due, end)
+            first_gaps = ends[0] - self._last[rids]
+            self._emitted[rids] += k_due
+            self._last[rids] = end
+            self._dirty.update(rids.tolist())
+            gaps = np.concatenate([first_gaps, gaps_tail])
+            weights = np.concatenate([np.ones(n), np.full(gaps_tail.size, float(n))])
+            self.metrics.on_tokens(i, n * k_due, gaps, weights, np.full(k_due, float(n)))
+            self._gen_total += n * k_due
+            for sim in finished:
+                self._finish(sim.rid, end)
+        self.v = end
+        self.steps += k_due
+        return end
+
+    def _commit_step(self, i: int, rank: Scheduler, batch: Batch, start: float, end: float) -> None:
+        r = rank.run
+        pre_before = rank.preemptions
+        if batch.pre_rows:
+            for row, s in zip(batch.pre_rows, batch.pre_starts, strict=True):
+                if s == 0:
+                    req = self._slots[int(r.rid[row])]
+                    if req is not None and req.first_sched_v is None:
+                        req.first_sched_v = start
+                        self.metrics.on_admitted(i, req.prompt)
+        finished = rank.commit(batch, end)
+        self.metrics.on_preempted(i, rank.preemptions - pre_before)
+        n = r.n
+        rids = r.rid[:n]
+        gens = r.gen[:n]
+        if finished:
+            rids = np.concatenate([rids, np.array([f.rid for f in finished], dtype=np.int64)])
+            gens = np.concatenate([gens, np.array([f.generated for f in finished], dtype=np.int64)])
+        new = gens - self._emitted[rids]
+        got = new > 0
+        rows = rids[got]
+        n_new = new[got]
+        total = int(n_new.sum())
+        prompt_first = 0
+        if rows.size:
+            before = self._emitted[rows]
+            first = before == 0
+            if first.any():
+                ttfts = []
+                for rid in rows[first].tolist():
+                    req = self._slots[rid]
+                    if req is not None:
+                        req.first_tok_v = end
+                        ttfts.append(end - req.recv_v)
+                        prompt_first += req.prompt
+                self.metrics.on_first_tokens(i, np.asarray(ttfts), prompt_first)
+            cont = rows[~first]
+            gaps = end - self._last[cont] if cont.size else None
+            self._emitted[rows] = before + n_new
+            self._last[rows] = end
+            self._dirty.update(rows.tolist())
+        else:
+            gaps = None
+        self.metrics.on_tokens(i, total, gaps, None, np.array([float(total + prompt_first)]))
+        self._gen_total += total
+        for sim in finished:
+            self._finish(sim.rid, end)
+
+    def _finish(self, rid: int, end: float) -> None:
+        req = self._slots[rid]
+        if req is None or req.finished:
+            return
+        req.finished = True
+        req.finish_v = end
+        self._dirty.add(rid)
+        self._record_finish(req)
+
+    def _record_finish(self, req: EmuRequest) -> None:
+        end = req.finish_v if req.finish_v is not None else self.v
+        fs, ft = req.first_sched_v, req.first_tok_v
+        self.metrics.on_finished(
+            req.rank, req.reason, req.prompt, int(self._emitted[req.rid]), req.max_tokens, end - req.recv_v,
+            queue=(fs - req.enq_v) if fs is not None else None,
+            prefill=(ft - fs) if ft is not None and fs is not None else None,
+            decode=(end - ft) if ft is not None else None,
+            inference=(end - fs) if fs is not None else None)
+
+    # ---- queues ------------------------------------------------------------------------------------
+    def _new_slot(self) -> int:
+        rid = len(self._slots)
+        self._slots.append(None)
+        if rid >= self._emitted.size:
+            grow = self._emitted.size * 2
+            self._emitted = np.concatenate([self._emitted, np.zeros(grow - self._emitted.size, dtype=np.int64)])
+            self._last = np.concatenate([self._last, np.zeros(grow - self._last.size)])
+        return rid
+
+    def _pick_rank(self) -> int:
+        """vLLM's DP front end sends a request to the least loaded engine core; ties go round robin."""
+        if self.dp == 1:
+            return 0
+        loads = [0] * self.dp
+        for _, _, req in self._pending:
+            loads[req.rank] += 1
+        for i, r in enumerate(self.ranks):
+            loads[i] += r.run.n_alive + len(r.waiting)
+        best = min(loads)
+        for j in range(self.dp):
+            cand = (self._rr + j) % self.dp
+            if loads[cand] == best:
+                self._rr = cand + 1
+                return cand
+        return 0
+
+    def _next_pending(self) -> float | None:
+        heap = self._pending
+        while heap and heap[0][2].aborted:
+            _, _, req = heapq.heappop(heap)
+            self._drop_unstarted(req)
+        return heap[0][0] if heap else None
+
+    def _enqueue_due(self, v: float) -> None:
+        heap = self._pending
+        while heap and heap[0][0] <= v:
+            _, _, req = heapq.heappop(heap)
+            if req.aborted:
+                self._drop_unstarted(req)
+                continue
+            self.ranks[req.rank].enqueue(req.sim)
+
+    def _drop_unstarted(self, req: EmuRequest) -> None:
+        req.finish_v = max(self.v, req.enq_v)
+        req.finished = True
+        self._dirty.add(req.rid)
+        self._record_finish(req)
+
+    def _apply_aborts(self) -> None:
+        if not self._aborts:
+            return
+        aborts, self._aborts = self._aborts, []
+        for req in aborts:
+            if req.finished:
+                continue
+            rank = self.ranks[req.rank]
+            if req.sim in rank.waiting:
+                rank.waiting.remove(req.sim)
+                rank.reqs.pop(req.rid, None)
+                self._drop_unstarted(req)
+                continue
+            r = rank.run
+            rows = np.flatnonzero(r.rid[: r.n] == req.rid)
+            if rows.size:
+                # Finish at its next sampled token: the schedulers own the KV bookkeeping, and a
+                # request that stops producing tokens is released the ordinary way.
+                row = int(rows[0])
+                r.out[row] = min(int(r.out[row]), int(r.gen[row]) + 1)
+            # else: still pending (tokenising); dropped when it reaches the head of the heap.
+
+    def _reject_stuck(self) -> bool:
+        """Nothing can be scheduled although requests wait and nothing runs: fail the head of
+        each such queue (submit() checks sizes, so this only guards against a parameter change)."""
+        any_rejected = False
+        for rank in self.ranks:
+            if rank.waiting and rank.run.n == 0:
+                sim = rank.waiting.popleft()
+                rank.reqs.pop(sim.rid, None)
+                req = self._slots[sim.rid]
+                if req is not None:
+                    req.error = "the request does not fit the emulated KV cache"
+                    req.aborted = True
+                    self._drop_unstarted(req)
+                any_rejected = True
+        return any_rejected
+
+    # ---- delivery ------------------------------------------------------------------------------------
+    def _flush(self) -> None:
+        if not self._dirty:
+            return
+        dirty, self._dirty = self._dirty, set()
+        slots = self._slots
+        for rid in dirty:
+            req = slots[rid]
+            if req is None:
+                continue
+            req.emitted = int(self._emitted[rid])
+            try:
+                delivered = req.sink(req)
+            except Exception as exc:  # a broken client must not stop the engine
+                req.error = f"delivery failed: {exc}"
+                delivered = True
+                if not req.finished:
+                    self.abort(req)
+            if not delivered:
+                self._dirty.add(rid)
+            elif req.finished:
+                slots[rid] = None
+                self._free.append(rid)
+                self.open -= 1
+
+    def _update_gauges(self, now_v: float) -> None:
+        mark_v, mark_n = self._tput_mark
+        if now_v - mark_v >= 1.0:
+            self._gen_tput = (self._gen_total - mark_n) / (now_v - mark_v)
+            self._tput_mark = (now_v, self._gen_total)
+        for i, rank in enumerate(self.ranks):
+            # Waiting = the engine core's queue (requests still in the API server are not counted,
+            # as in vLLM's scheduler stats).
+            self.metrics.set_state(i, rank.run.n_alive, len(rank.waiting), rank.kv.used_blocks * rank.kv.block_size,
+                                   self._gen_tput)
+
+
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+def emulated_capacity_note(sched: EngineSched, params: StepParams) -> str:
+    return (f"max_num_seqs {sched.max_num_seqs}, max_batched_tokens {sched.max_batched_tokens}, KV "
+            f"{int(sched.kv_tokens * params.kv_scale)} tokens per rank, block {sched.block_size}, "
+            f"{'mixed' if sched.mixed else 'separate'} prefill")
+
+
+__all__ = ["EmuRequest", "EngineLoop", "EngineUnavailable", "RequestRejected", "emulated_capacity_note"]

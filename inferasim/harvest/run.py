@@ -1,0 +1,286 @@
+"""The anchor harvester: measure an endpoint, fit the step-time parameters, write an Anchor.
+
+The fit is the predictor's own (`inferasim.fit.fit_params` on closed-loop FitPoints, with the
+LayoutCost and EngineSched that `predictor.FittedAnchor.predict_layout` builds for the same
+kernel set and layout, and the GPU-family defaults as priors), so the written anchor predicts
+other layouts exactly as a shipped anchor would.
+
+Cost accounting: `gpu_seconds` = wall seconds x GPUs x speedup. Against a real engine speedup is
+1; against the emulator it counts the engine time the measurement stands for, and the notes
+record both the wall and the emulated time.
+
+A harvest refuses to write an anchor whose fit does not reproduce its own points (rms log
+error above `max_rms_log_error`, default 0.25): a bad anchor would silently mislead every
+prediction carried from it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+from inferasim.anchors import Anchor, BenchPoint, FitReport, KernelSet, LayoutModel, Provenance
+from inferasim.catalog.engines import normalize_engine
+from inferasim.catalog.gpus import get_gpu
+from inferasim.catalog.models import get_model
+from inferasim.fit import FitPoint, FitResult, fit_params
+from inferasim.harvest.client import (
+    HarvestError,
+    PointResult,
+    base_url,
+    run_point,
+    scrape_counters,
+    scrape_latency,
+    served_models,
+    server_means,
+    warm_up,
+)
+from inferasim.harvest.plan import PlanPoint, default_plan
+from inferasim.layout import Layout
+from inferasim.sim.benchmark import engine_sched
+from inferasim.steptime import default_params, layout_cost
+
+DEFAULT_MAX_RMS_LOG_ERROR = 0.25
+DEFAULT_BUDGET_S = 900.0
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_POOR_FIT = 3
+
+
+@dataclass
+class HarvestConfig:
+    endpoint: str
+    model: str
+    gpu: str
+    engine: str = "vllm"
+    tp: int = 1
+    ep: int = 1
+    pp: int = 1
+    dp: int = 1
+    precision: str = "auto"
+    kv_dtype: str | None = None  # None: the benchmark rule (fp8 KV for fp8/fp4 weights)
+    engine_version: str = ""
+    engine_image: str = ""
+    served_model_name: str | None = None  # the name requests carry; default: --model
+    plan: list[PlanPoint] = field(default_factory=default_plan)
+    budget_s: float = DEFAULT_BUDGET_S  # wall seconds for the whole harvest
+    speedup: float = 1.0  # the endpoint runs this many times faster than the engine (the emulator)
+    max_rms_log_error: float = DEFAULT_MAX_RMS_LOG_ERROR
+    request_timeout_s: float = 600.0
+    warmup: bool = True
+    seed: int = 0
+    client: str = "auto"  # measured requests: auto (raw for http://, httpx for https://) | raw | httpx
+    # What the anchor's TTFT and TPOT are: "client" = measured by this client, as `vllm bench
+    # serve` does (the convention of public benchmark data); "server" = the engine's own
+    # histograms at /metrics (TTFT from arrival at its API server), free of the client's and the
+    # network's latency. Both are measured whenever /metrics has the histograms; the notes keep both.
+    timing: str = "client"
+
+    def layout(self) -> Layout:
+        return Layout(tp=self.tp, pp=self.pp, dp=self.dp, moe_ep=self.ep)
+
+
+@dataclass
+class HarvestReport:
+    config: HarvestConfig
+    points: list[PointResult]
+    skipped: list[str]
+    counters: dict[str, float] | None  # server-side deltas (prompt_tokens, generation_tokens)
+    client_tokens: dict[str, int]
+    wall_s: float
+    fit: FitResult | None = None
+    anchor: Anchor | None = None
+    exit_code: int = EXIT_OK
+    message: str = ""
+
+    @property
+    def emulated_s(self) -> float:
+        return self.wall_s * self.config.speedup
+
+
+def _log(progress: Callable[[str], None] | None, text: str) -> None:
+    if progress is not None:
+        progress(text)
+
+
+async def harvest_async(cfg: HarvestConfig, progress: Callable[[str], None] | None = None) -> HarvestReport:
+    """Measure, fit, and build the anchor (not written: see `write_anchor`). ValueError for bad
+    input; the report's exit_code says whether the measurement and the fit are usable."""
+    engine = normalize_engine(cfg.engine)
+    model = get_model(cfg.model)
+    gpu = get_gpu(cfg.gpu)
+    layout = cfg.layout()
+    if not cfg.speedup > 0:
+        raise ValueError(f"--speedup must be positive, got {cfg.speedup!r}")
+    if not cfg.budget_s > 0:
+        raise ValueError(f"--budget-s must be positive, got {cfg.budget_s!r}")
+    if not cfg.plan:
+        raise ValueError("the harvest plan has no points")
+    if cfg.client not in ("auto", "raw", "httpx"):
+        raise ValueError(f"--client must be auto, raw or httpx, got {cfg.client!r}")
+    if cfg.timing not in ("client", "server"):
+        raise ValueError(f"--timing must be client or server, got {cfg.timing!r}")
+    endpoint = base_url(cfg.endpoint)
+    precision = cfg.precision or "auto"
+    from inferasim.predictor import benchmark_kv_dtype
+
+    kv_dtype = cfg.kv_dtype or benchmark_kv_dtype(precision)
+    # Same cost and scheduler limits as FittedAnchor.predict_layout for this kernel set and layout.
+    cost = layout_cost(model, gpu, layout, precision, kv_dtype)
+    sched = engine_sched(engine, model, gpu, layout, precision, cfg.engine_version, kv_dtype)
+    rng = np.random.default_rng(cfg.seed)
+    t_start = time.perf_counter()
+    deadline = t_start + cfg.budget_s
+    points: list[PointResult] = []
+    skipped: list[str] = []
+    biggest = max(p.concurrency for p in cfg.plan)
+    limits = httpx.Limits(max_connections=biggest + 8, max_keepalive_connections=biggest + 8)
+    timeout = httpx.Timeout(cfg.request_timeout_s, connect=30.0)
+    async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
+        names = await served_models(client, endpoint)
+        name = cfg.served_model_name or cfg.model
+        if name not in names:
+            if cfg.served_model_name is None and len(names) == 1:
+                _log(progress, f"note: {endpoint} serves {names[0]!r}, not {name!r}; using it")
+                name = names[0]
+            else:
+                raise HarvestError(f"{endpoint} does not serve {name!r}; it serves {names} "
+                                   "(pass --served-model-name)")
+        if cfg.warmup:
+            await warm_up(client, endpoint, name, rng, cfg.client, cfg.request_timeout_s)
+        before = await scrape_counters(client, endpoint, engine)
+        for point in cfg.plan:
+            left = deadline - time.perf_counter()
+            if left <= 0:
+                skipped.append(f"{point.label()}: skipped, the time budget of {cfg.budget_s:g} s is spent")
+                continue
+            lat_before = await scrape_latency(client, endpoint, engine)
+            res = await run_point(client, endpoint, name, point, cfg.speedup, deadline, rng, cfg.client,
+                                  cfg.request_timeout_s)
+            if res.ok:
+                res.server = server_means(lat_before, await scrape_latency(client, endpoint, engine),
+                                          len(res.requests), point.osl)
+                if cfg.timing == "server" and res.server is None:
+                    res.failures.append("--timing server: /metrics has no TTFT and e2e histograms counting "
+                                        "exactly this point's requests (other traffic, or metrics disabled)")
+            if res.ok:
+                points.append(res)
+                s = res.summary()
+                _log(progress, f"{point.label()}: {s['requests']} requests, TTFT {s['ttft_ms']:.1f} ms, "
+                               f"TPOT {s['tpot_ms']:.2f} ms, {s['throughput_tok_s']:.0f} tok/s "
+                               f"({res.wall_s:.2f} s wall)")
+            else:
+                skipped.append(f"{point.label()}: dropped ({'; '.join(res.failures[:3])})")
+                _log(progress, skipped[-1])
+        after = await scrape_counters(client, endpoint, engine)
+    wall = time.perf_counter() - t_start
+    counters = None
+    if before is not None and after is not None:
+        counters = {k: after[k] - before[k] for k in before}
+    client_tokens = {"prompt_tokens": sum(r.prompt_tokens for p in points for r in p.requests),
+                     "generation_tokens": sum(r.output_tokens for p in points for r in p.requests)}
+    report = HarvestReport(config=cfg, points=points, skipped=skipped, counters=counters,
+                           client_tokens=client_tokens, wall_s=wall)
+    if not points:
+        report.exit_code = EXIT_FAILED
+        report.message = "no point was measured: " + "; ".join(skipped or ["empty plan"])
+        return report
+    fit_points = [FitPoint(isl=p.point.isl, osl=p.point.osl, concurrency=p.point.concurrency, scenario="closed",
+                           ttft=_ttft(p, cfg.timing), tpot=_tpot(p, cfg.timing)) for p in points]
+    fit = fit_params(cost, sched, fit_points, default_params(gpu, engine))
+    report.fit = fit
+    report.anchor = _anchor(cfg, engine, precision, kv_dtype, layout, points, fit, report)
+    if not fit.rms_log_error <= cfg.max_rms_log_error:
+        per = ", ".join(f"{k} median error {100 * v:.0f}%" for k, v in sorted(fit.per_metric_mape.items()))
+        report.exit_code = EXIT_POOR_FIT
+        report.message = (f"fit too poor: rms log error {fit.rms_log_error:.3f} is above the threshold "
+                          f"{cfg.max_rms_log_error:g} ({per}); the anchor was not written. Check the endpoint "
+                          "(other traffic? preemption?) or raise --max-rms-log-error")
+    return report
+
+
+def _ttft(p: PointResult, timing: str) -> float:
+    return p.server[0] if timing == "server" and p.server is not None else p.ttft_s()
+
+
+def _tpot(p: PointResult, timing: str) -> float | None:
+    v = p.server[1] if timing == "server" and p.server is not None else p.tpot_s()
+    return v if math.isfinite(v) and v > 0 else None
+
+
+def _anchor(cfg: HarvestConfig, engine: str, precision: str, kv_dtype: str, layout: Layout,
+            points: list[PointResult], fit: FitResult, report: HarvestReport) -> Anchor:
+    gpus = layout.gpus
+    wall = report.wall_s
+    notes = [f"wall {wall:.1f} s, speedup {cfg.speedup:g}, engine time {wall * cfg.speedup:.1f} s",
+             f"plan: {', '.join(p.point.label() for p in points)}",
+             "timing: " + ("client (this client, as vllm bench serve measures)" if cfg.timing == "client"
+                           else "server (the engine's histograms at /metrics)")]
+    both = [p for p in points if p.server is not None]
+    if both:
+        notes.append("TTFT/TPOT ms client vs engine: " + ", ".join(
+            f"{p.point.label()} {p.ttft_s() * 1e3:.1f}/{p.server[0] * 1e3:.1f} "  # type: ignore[index]
+            f"{p.tpot_s() * 1e3:.2f}/{p.server[1] * 1e3:.2f}" for p in both))  # type: ignore[index]
+    if report.skipped:
+        notes.append("not measured: " + "; ".join(report.skipped))
+    if report.counters is not None:
+        notes.append("server counters: prompt tokens +{:.0f} (client {}), generation tokens +{:.0f} (client {})".format(
+            report.counters["prompt_tokens"], report.client_tokens["prompt_tokens"],
+            report.counters["generation_tokens"], report.client_tokens["generation_tokens"]))
+    else:
+        notes.append("server counters: /metrics not available")
+    bench = [BenchPoint(isl=p.point.isl, osl=p.point.osl, concurrency=p.point.concurrency, scenario="closed",
+                        ttft_ms=_ttft(p, cfg.timing) * 1e3,
+                        tpot_ms=(_tpot(p, cfg.timing) or 0.0) * 1e3 or None,
+                        throughput_tok_s=p.throughput() if math.isfinite(p.throughput()) else None,
+                        row_id=f"harvest:{p.point.label()}:n{len(p.requests)}") for p in points]
+    return Anchor(
+        kernel_set=KernelSet(engine=engine, engine_version=cfg.engine_version, model=cfg.model, gpu=cfg.gpu,
+                             precision="" if precision == "auto" else precision, kv_dtype=kv_dtype),
+        layout=LayoutModel.from_layout(layout),
+        points=bench,
+        params=fit.params.as_dict(),
+        fit=FitReport(n_points=fit.n_points, rms_log_error=fit.rms_log_error, max_abs_log_error=fit.max_abs_log_error,
+                      per_metric=fit.per_metric_mape, converged=fit.converged, message=fit.message),
+        provenance=Provenance(
+            method="harvest", source=base_url(cfg.endpoint),
+            measured_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), engine_image=cfg.engine_image,
+            measured_by="inferasim harvest", rows=[b.row_id for b in bench],
+            gpu_seconds=wall * gpus * cfg.speedup, notes="; ".join(notes)),
+    )
+
+
+def harvest(cfg: HarvestConfig, progress: Callable[[str], None] | None = None) -> HarvestReport:
+    """Synchronous `harvest_async` (its own event loop)."""
+    return asyncio.run(harvest_async(cfg, progress))
+
+
+def write_anchor(anchor: Anchor, out: str | Path) -> Path | None:
+    """Write to a file, into a folder (under the anchor's own file name), or to stdout for '-'."""
+    text = anchor.model_dump_json(indent=2) + "\n"
+    if str(out) == "-":
+        import sys
+
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return None
+    path = Path(out)
+    if path.is_dir():
+        path = path / anchor.filename()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+    return path
+
+
+__all__ = ["DEFAULT_BUDGET_S", "DEFAULT_MAX_RMS_LOG_ERROR", "EXIT_FAILED", "EXIT_OK", "EXIT_POOR_FIT",
+           "HarvestConfig", "HarvestError", "HarvestReport", "harvest", "harvest_async", "write_anchor"]

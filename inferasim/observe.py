@@ -1,0 +1,420 @@
+"""The live workload, observed through the Prometheus HTTP API (DESIGN.md section 6).
+
+Instant queries (`/api/v1/query`) of the serving engine's own metrics, by engine:
+vLLM `vllm:*`, SGLang `sglang:*`, ATOM `atom:*` (PromQL of shared/notes/engine-facts.md section 4),
+restricted to the target's series by a label selector. The result is an :class:`ObservedWorkload`
+(request rate, prompt/output length means and quantiles, prefix-cache hit rate, running and
+waiting requests, observed TTFT and ITL) and, from it, the :class:`~inferasim.spec.StaticWorkload`
+that ``tune`` reads.
+
+A quantity is never made up: a series the engine should export but Prometheus does not have, an
+unreachable Prometheus, or a query error raises :class:`ObservationError` carrying the query that
+failed. Quantities an engine does not export at all (ATOM has no latency histograms; SGLang
+exports length histograms only with ``--collect-tokens-histogram``) are ``None`` and listed in
+``unavailable``, again never zero.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from inferasim.spec import PrometheusWorkload, StaticWorkload
+
+__all__ = [
+    "ENGINE_PREFIX",
+    "LatencyQuantiles",
+    "ObservationError",
+    "ObservedWorkload",
+    "PrometheusClient",
+    "TokenQuantiles",
+    "detect_engine",
+    "drift",
+    "observe",
+    "queries_for",
+    "selector_matchers",
+]
+
+Engine = Literal["vllm", "sglang", "atom"]
+ENGINE_PREFIX: dict[str, str] = {"vllm": "vllm", "sglang": "sglang", "atom": "atom"}
+QUANTILES: tuple[float, ...] = (0.5, 0.9, 0.99)
+
+_LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+# PromQL durations: one or more <number><unit>, e.g. 5m, 6h, 1h30m.
+_DURATION = re.compile(r"^([0-9]+(ms|s|m|h|d|w|y))+$")
+
+
+class ObservationError(RuntimeError):
+    """The workload could not be observed. ``query`` is the PromQL (or URL) that failed and
+    ``reason`` a short CamelCase word for a Kubernetes condition (Unreachable, MissingSeries,
+    QueryError, NoTraffic, BadSelector)."""
+
+    def __init__(self, message: str, query: str = "", reason: str = "QueryError") -> None:
+        self.query = query
+        self.reason = reason
+        super().__init__(message + (f" (query: {query})" if query else ""))
+
+
+# --------------------------------------------------------------------------------------------
+# result models (camelCase on the wire: they land in the ServingTuning status)
+# --------------------------------------------------------------------------------------------
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+
+class TokenQuantiles(_Wire):
+    p50: float | None = Field(None, description="Median, tokens.")
+    p90: float | None = Field(None, description="90th percentile, tokens.")
+    p99: float | None = Field(None, description="99th percentile, tokens.")
+
+
+class LatencyQuantiles(_Wire):
+    p50_ms: float | None = Field(None, description="Median, milliseconds.")
+    p90_ms: float | None = Field(None, description="90th percentile, milliseconds.")
+    p99_ms: float | None = Field(None, description="99th percentile, milliseconds.")
+
+
+class ObservedWorkload(_Wire):
+    """What the live deployment served over ``window`` (rates are per second over the window)."""
+
+    engine: str = Field(description="Engine whose metric names were read: vllm, sglang or atom.")
+    window: str = Field(description="Range of the rate() windows, e.g. 5m.")
+    selector: dict[str, str] = Field(default_factory=dict, description="Label matchers of the target's series.")
+    observed_at: float = Field(description="Evaluation time of the queries, Unix seconds.")
+    request_rate: float = Field(description="Finished requests per second (equals arrivals in steady state).")
+    prompt_tokens_mean: float = Field(description="Mean prompt length, tokens (cached tokens included).")
+    output_tokens_mean: float = Field(description="Mean output length, tokens.")
+    prompt_tokens: TokenQuantiles | None = Field(None, description="Prompt length quantiles, from the histogram.")
+    output_tokens: TokenQuantiles | None = Field(None, description="Output length quantiles, from the histogram.")
+    prefix_hit_rate: float | None = Field(
+        description="Share of prompt tokens served by the prefix cache, 0..1; null when the cache was never "
+                    "consulted in the window (prefix caching off).")
+    running: float = Field(description="Requests running now, all replicas.")
+    waiting: float = Field(description="Requests waiting now, all replicas.")
+    kv_cache_usage: float | None = Field(None, description="Mean KV-cache usage, 0..1.")
+    ttft: LatencyQuantiles | None = Field(None, description="Observed time to first token.")
+    itl: LatencyQuantiles | None = Field(None, description="Observed inter-token latency.")
+    unavailable: list[str] = Field(default_factory=list,
+                                   description="Quantities this engine does not export here, with the query tried.")
+
+    def to_static(self, num_requests: int = 2000) -> StaticWorkload:
+        """The open-loop workload `tune` searches for: Poisson arrivals at the observed rate with
+        the observed mean lengths and prefix reuse."""
+        return StaticWorkload(
+            kind="poisson", request_rate=self.request_rate, input_tokens=max(int(round(self.prompt_tokens_mean)), 1),
+            output_tokens=max(int(round(self.output_tokens_mean)), 1),
+            prefix_hit_rate=None if self.prefix_hit_rate is None else min(max(self.prefix_hit_rate, 0.0), 1.0),
+            num_requests=num_requests)
+
+    def describe(self) -> str:
+        hit = "n/a" if self.prefix_hit_rate is None else f"{self.prefix_hit_rate:.0%}"
+        return (f"{self.engine} over {self.window}: {self.request_rate:.3g} req/s, "
+                f"prompt {self.prompt_tokens_mean:.0f}, "
+                f"output {self.output_tokens_mean:.0f} tokens, prefix hit {hit}, "
+                f"{self.running:.0f} running, {self.waiting:.0f} waiting")
+
+
+def drift(old: ObservedWorkload | Mapping[str, Any], new: ObservedWorkload) -> float:
+    """How far the workload moved: the largest relative change of request rate, mean prompt and
+    mean output length, plus the absolute change of the prefix hit rate (already a fraction).
+    ``old`` may be the camelCase dict stored in a status."""
+    if not isinstance(old, ObservedWorkload):
+        old = ObservedWorkload.model_validate(dict(old))
+
+    def rel(a: float, b: float) -> float:
+        return abs(b - a) / max(abs(a), 1e-9)
+
+    hit = abs((new.prefix_hit_rate or 0.0) - (old.prefix_hit_rate or 0.0))  # both None: no change
+    return max(rel(old.request_rate, new.request_rate), rel(old.prompt_tokens_mean, new.prompt_tokens_mean),
+               rel(old.output_tokens_mean, new.output_tokens_mean), hit)
+
+
+# --------------------------------------------------------------------------------------------
+# PromQL per engine
+# --------------------------------------------------------------------------------------------
+
+
+def selector_matchers(selector: Mapping[str, str]) -> str:
+    """`{a="x",b="y"}` with PromQL string escaping; label names are checked (they cannot be quoted)."""
+    parts = []
+    for name, value in sorted(selector.items()):
+        if not isinstance(name, str) or not _LABEL_NAME.match(name):
+            raise ObservationError(f"workload.prometheus.selector: {name!r} is not a Prometheus label name "
+                                   "(letters, digits and _ only, not starting with a digit)", reason="BadSelector")
+        if not isinstance(value, str):
+            raise ObservationError(f"workload.prometheus.selector.{name}: the value must be a string, got {value!r}",
+                                   reason="BadSelector")
+        escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+        parts.append(f'{name}="{escaped}"')
+    return "{" + ",".join(parts) + "}"
+
+
+@dataclass(frozen=True)
+class Quantity:
+    """One observed quantity: PromQL alternatives (the current metric name first, older names
+    after), whether the engine always exports it, and how to scale the value."""
+
+    name: str
+    queries: tuple[str, ...]
+    required: bool = True
+    scale: float = 1.0
+    # A NaN (0/0) that means "not applicable" rather than "not observed": the prefix-cache ratio
+    # when the engine never consulted its cache (prefix caching off).
+    nan_ok: bool = False
+
+
+def _rate(metric: str, sel: str, w: str) -> str:
+    return f"sum(rate({metric}{sel}[{w}]))"
+
+
+def _ratio(num: str, den: str, sel: str, w: str) -> str:
+    return f"{_rate(num, sel, w)} / {_rate(den, sel, w)}"
+
+
+def _quantile(q: float, hist: str, sel: str, w: str) -> str:
+    return f"histogram_quantile({q:g}, sum by (le) (rate({hist}_bucket{sel}[{w}])))"
+
+
+def _hist(name: str, hists: tuple[str, ...], sel: str, w: str, required: bool, scale: float = 1.0) -> list[Quantity]:
+    return [Quantity(f"{name}_p{round(q * 100)}", tuple(_quantile(q, h, sel, w) for h in hists), required, scale)
+            for q in QUANTILES]
+
+
+def queries_for(engine: str, selector: Mapping[str, str], window: str) -> list[Quantity]:
+    """The quantities of one engine, with their PromQL (engine-facts.md section 4)."""
+    if engine not in ENGINE_PREFIX:
+        raise ObservationError(f"engine {engine!r} has no known metrics; accepted: {', '.join(ENGINE_PREFIX)}",
+                               reason="BadSelector")
+    if not _DURATION.match(window):
+        raise ObservationError(f"workload.prometheus.window: {window!r} is not a Prometheus duration (e.g. 5m, 6h)",
+                               reason="BadSelector")
+    s, w = selector_matchers(selector), window
+    out: list[Quantity]
+    if engine == "vllm":
+        out = [
+            Quantity("request_rate", (_rate("vllm:request_success_total", s, w),)),
+            Quantity("prompt_tokens_mean", (_ratio("vllm:request_prompt_tokens_sum", "vllm:request_prompt_tokens_count",
+                                                   s, w),)),
+            Quantity("output_tokens_mean", (_ratio("vllm:request_generation_tokens_sum",
+                                                   "vllm:request_generation_tokens_count", s, w),)),
+            # vLLM before 0.9 names the prefix-cache counters gpu_prefix_cache_*.
+            Quantity("prefix_hit_rate", (_ratio("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total",
+                                                s, w),
+                                         _ratio("vllm:gpu_prefix_cache_hits_total",
+                                                "vllm:gpu_prefix_cache_queries_total", s, w)), nan_ok=True),
+            Quantity("running", (f"sum(vllm:num_requests_running{s})",)),
+            Quantity("waiting", (f"sum(vllm:num_requests_waiting{s})",)),
+            Quantity("kv_cache_usage", (f"avg(vllm:kv_cache_usage_perc{s})", f"avg(vllm:gpu_cache_usage_perc{s})"),
+                     required=False),
+            *_hist("prompt_tokens", ("vllm:request_prompt_tokens",), s, w, True),
+            *_hist("output_tokens", ("vllm:request_generation_tokens",), s, w, True),
+            *_hist("ttft", ("vllm:time_to_first_token_seconds",), s, w, True, 1e3),
+            # vLLM older than 0.11 names the ITL histogram time_per_output_token_seconds.
+            *_hist("itl", ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"), s, w, True, 1e3),
+        ]
+    elif engine == "sglang":
+        out = [
+            Quantity("request_rate", (_rate("sglang:num_requests_total", s, w),)),
+            Quantity("prompt_tokens_mean", (_ratio("sglang:prompt_tokens_total", "sglang:num_requests_total", s, w),)),
+            Quantity("output_tokens_mean", (_ratio("sglang:generation_tokens_total", "sglang:num_requests_total",
+                                                   s, w),)),
+            Quantity("prefix_hit_rate", (_ratio("sglang:cached_tokens_total", "sglang:prompt_tokens_total", s, w),
+                                         f"avg(sglang:cache_hit_rate{s})"), nan_ok=True),
+            Quantity("running", (f"sum(sglang:num_running_reqs{s})",)),
+            Quantity("waiting", (f"sum(sglang:num_queue_reqs{s})",)),
+            Quantity("kv_cache_usage", (f"avg(sglang:token_usage{s})",), required=False),
+            # Only with --collect-tokens-histogram: optional.
+            *_hist("prompt_tokens", ("sglang:prompt_tokens_histogram",), s, w, False),
+            *_hist("output_tokens", ("sglang:generation_tokens_histogram",), s, w, False),
+            *_hist("ttft", ("sglang:time_to_first_token_seconds",), s, w, True, 1e3),
+            *_hist("itl", ("sglang:inter_token_latency_seconds",), s, w, True, 1e3),
+        ]
+    else:  # atom: no length or latency histograms (n/a in the notes), so they are not queried
+        out = [
+            Quantity("request_rate", (_rate("atom:requests_finished_total", s, w),)),
+            Quantity("prompt_tokens_mean", (_ratio("atom:prompt_tokens_total", "atom:requests_finished_total", s, w),)),
+            Quantity("output_tokens_mean", (_ratio("atom:generation_tokens_total", "atom:requests_finished_total",
+                                                   s, w),)),
+            Quantity("prefix_hit_rate", (_ratio("atom:prefix_cache_cached_tokens_total",
+                                                "atom:prefix_cache_full_tokens_total", s, w),
+                                         f"avg(atom:prefix_cache_hit_ratio{s})"), nan_ok=True),
+            Quantity("running", (f"sum(atom:requests_running{s})",)),
+            Quantity("waiting", (f"sum(atom:requests_waiting{s})",)),
+            Quantity("kv_cache_usage", (f"avg(atom:kv_cache_usage_ratio{s})",), required=False),
+        ]
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# the HTTP client
+# --------------------------------------------------------------------------------------------
+
+
+class PrometheusClient:
+    """Instant queries against one Prometheus (sync httpx; the operator calls it off its loop)."""
+
+    def __init__(self, url: str, *, timeout: float = 10.0, headers: Mapping[str, str] | None = None,
+                 transport: httpx.BaseTransport | None = None) -> None:
+        if not isinstance(url, str) or not re.match(r"^https?://[^/\s]+", url):
+            raise ObservationError(f"workload.prometheus.url: {url!r} is not an http(s) URL", reason="BadSelector")
+        self.url = url.rstrip("/")
+        self._client = httpx.Client(base_url=self.url, timeout=timeout, headers=dict(headers or {}),
+                                    transport=transport)
+
+    def close(self) -> None:
+        self._client.close()
+
+    def __enter__(self) -> PrometheusClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def query(self, promql: str, at: float | None = None) -> list[dict[str, Any]]:
+        """The result vector of an instant query: [{"metric": {...}, "value": [ts, "1.5"]}, ...]."""
+        params = {"query": promql}
+        if at is not None:
+            params["time"] = f"{at:.3f}"
+        try:
+            resp = self._client.get("/api/v1/query", params=params)
+        except httpx.HTTPError as exc:
+            raise ObservationError(f"Prometheus at {self.url} is unreachable: {type(exc).__name__}: {exc}",
+                                   promql, reason="Unreachable") from None
+        try:
+            body = resp.json()
+        except ValueError:
+            raise ObservationError(f"Prometheus at {self.url} answered HTTP {resp.status_code} without JSON "
+                                   f"({resp.text[:120]!r})", promql,
+                                   reason="Unreachable" if resp.status_code >= 500 else "QueryError") from None
+        if not isinstance(body, dict) or body.get("status") != "success":
+            err = body.get("error", "") if isinstance(body, dict) else ""
+            kind = body.get("errorType", "") if isinstance(body, dict) else ""
+            raise ObservationError(f"Prometheus at {self.url} refused the query (HTTP {resp.status_code} {kind}: "
+                                   f"{err})", promql, reason="QueryError")
+        data = body.get("data") or {}
+        rtype = data.get("resultType")
+        if rtype == "scalar":
+            return [{"metric": {}, "value": data.get("result")}]
+        if rtype != "vector":
+            raise ObservationError(f"expected an instant vector, Prometheus returned {rtype!r}", promql)
+        result = data.get("result")
+        if not isinstance(result, list):
+            raise ObservationError("Prometheus returned a malformed result", promql)
+        return result
+
+    def scalar(self, promql: str, at: float | None = None) -> float | None:
+        """The single value of a query; None when the result is empty (no such series)."""
+        result = self.query(promql, at)
+        if not result:
+            return None
+        if len(result) > 1:
+            raise ObservationError(f"expected one series, got {len(result)}: aggregate the query", promql)
+        try:
+            return float(result[0]["value"][1])  # Prometheus encodes NaN/+Inf as "NaN"/"+Inf"
+        except (KeyError, IndexError, TypeError, ValueError):
+            raise ObservationError(f"malformed sample {result[0]!r}", promql) from None
+
+
+def detect_engine(client: PrometheusClient, selector: Mapping[str, str], at: float | None = None,
+                  engines: tuple[str, ...] = ("vllm", "sglang", "atom")) -> str:
+    """Which engine's metrics the selected series carry (the first found, in ``engines`` order)."""
+    s = selector_matchers(selector)
+    inner = s[1:-1]
+    tried = []
+    for engine in engines:
+        q = f'count({{__name__=~"{ENGINE_PREFIX[engine]}:.+"{"," + inner if inner else ""}}})'
+        tried.append(q)
+        value = client.scalar(q, at)
+        if value is not None and value > 0:
+            return engine
+    raise ObservationError(f"no vllm:*, sglang:* or atom:* series match the selector {s}; is the engine scraped "
+                           "and the selector right?", tried[0], reason="MissingSeries")
+
+
+# --------------------------------------------------------------------------------------------
+# observe
+# --------------------------------------------------------------------------------------------
+
+
+def _first_value(client: PrometheusClient, q: Quantity, at: float) -> tuple[float | None, str]:
+    """The value of the first alternative that has a series, and the query that answered (or the
+    first query when none did)."""
+    for promql in q.queries:
+        value = client.scalar(promql, at)
+        if value is not None:
+            return value, promql
+    return None, q.queries[0]
+
+
+def observe(source: PrometheusWorkload | Mapping[str, Any], engine: str = "auto", *,
+            at: float | None = None, timeout: float = 10.0, transport: httpx.BaseTransport | None = None,
+            clock: Callable[[], float] = time.time) -> ObservedWorkload:
+    """Observe the workload of the series selected by ``source`` (url, selector, window).
+
+    ``engine`` names the metric family (vllm, sglang, atom) or "auto" to detect it. All queries are
+    evaluated at one instant (``at``, default now) so the quantities are consistent.
+    Raises ObservationError (with the failing query) for anything missing or unreachable.
+    """
+    if not isinstance(source, PrometheusWorkload):
+        source = PrometheusWorkload.model_validate(dict(source))
+    at = clock() if at is None else at
+    with PrometheusClient(source.url, timeout=timeout, transport=transport) as client:
+        if engine == "auto":
+            engine = detect_engine(client, source.selector, at)
+        quantities = queries_for(engine, source.selector, source.window)
+        values: dict[str, float | None] = {}
+        unavailable: list[str] = []
+        rate_q = quantities[0]
+        for q in quantities:
+            value, promql = _first_value(client, q, at)
+            if value is None:
+                if q.required:
+                    alt = f"; also tried {len(q.queries) - 1} older metric name(s)" if len(q.queries) > 1 else ""
+                    raise ObservationError(f"{q.name}: no series for the selector {selector_matchers(source.selector)}"
+                                           f" over {source.window}{alt}", promql, reason="MissingSeries")
+                unavailable.append(f"{q.name}: {promql}")
+                continue
+            if q is rate_q and value == 0:
+                # A real zero, but nothing to tune for: no request finished in the window.
+                raise ObservationError(f"no request finished in the last {source.window}", promql, reason="NoTraffic")
+            if math.isnan(value):
+                if q.required and not q.nan_ok:
+                    raise ObservationError(f"{q.name} is NaN (no observations in the window)", promql,
+                                           reason="MissingSeries")
+                unavailable.append(f"{q.name}: {promql} (NaN)")
+                continue
+            if math.isinf(value):
+                # A quantile inside the +Inf bucket: above the top bucket bound, not a number to store.
+                unavailable.append(f"{q.name}: above the histogram's top bucket ({promql})")
+                continue
+            values[q.name] = value * q.scale
+        if engine == "atom":
+            unavailable += ["ttft: ATOM exports no latency histograms", "itl: ATOM exports no latency histograms",
+                            "prompt_tokens quantiles: ATOM exports no length histograms",
+                            "output_tokens quantiles: ATOM exports no length histograms"]
+
+    def quant(prefix: str, cls: type[TokenQuantiles] | type[LatencyQuantiles]) -> Any:
+        keys = [f"{prefix}_p{round(q * 100)}" for q in QUANTILES]
+        if not any(k in values for k in keys):
+            return None
+        fields = ("p50", "p90", "p99") if cls is TokenQuantiles else ("p50_ms", "p90_ms", "p99_ms")
+        return cls(**{f: values.get(k) for f, k in zip(fields, keys, strict=True)})
+
+    return ObservedWorkload(
+        engine=engine, window=source.window, selector=dict(source.selector), observed_at=at,
+        request_rate=values["request_rate"], prompt_tokens_mean=values["prompt_tokens_mean"],
+        output_tokens_mean=values["output_tokens_mean"],
+        prompt_tokens=quant("prompt_tokens", TokenQuantiles), output_tokens=quant("output_tokens", TokenQuantiles),
+        prefix_hit_rate=values.get("prefix_hit_rate"), running=values["running"], waiting=values["waiting"],
+        kv_cache_usage=values.get("kv_cache_usage"), ttft=quant("ttft", LatencyQuantiles),
+        itl=quant("itl", LatencyQuantiles), unavailable=unavailable)

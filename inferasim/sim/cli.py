@@ -1,0 +1,308 @@
+"""`inferasim simulate`: run a deployment against a trace or a workload, request by request.
+
+    inferasim simulate --model M --gpu G --engine E --tp N [--ep N --pp N --dp N] [--replicas R
+        --router rr|least|prefix | --disagg P:D] [--precision P] [--anchor FILE | --anchors DIR]
+        (--trace FILE [--format F --time-scale X --sample N] | --workload SPEC.yaml)
+        [--output table|json|yaml] [--plot FILE.png]
+
+`add_cli(subparsers)` registers the subcommand; `inferasim.cli` wires it in. Bad input raises
+ValueError with a message that names the option or field (the main command prints it, exit 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from inferasim.output import OUTPUT_FORMATS, emit
+from inferasim.spec import StaticWorkload, TraceWorkload
+
+ANCHOR_DIR = Path(__file__).resolve().parent.parent.parent / "anchors"
+
+
+def _positive(name: str):  # noqa: ANN202
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"--{name} must be a positive integer, got {text!r}") from None
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"--{name} must be a positive integer, got {value}")
+        return value
+
+    return parse
+
+
+def _positive_float(name: str):  # noqa: ANN202
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"--{name} must be a number, got {text!r}") from None
+        if not value > 0 or not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"--{name} must be > 0, got {text}")
+        return value
+
+    return parse
+
+
+def add_cli(subparsers: Any) -> None:
+    """Register `simulate` on an argparse subparsers object."""
+    p = subparsers.add_parser(
+        "simulate", help="replay a trace or a workload against a deployment, request by request",
+        description="Discrete-event simulation of a deployment (engine scheduler, KV cache with prefix "
+                    "caching, replicas behind a router or prefill/decode pools) against a Mooncake or Azure "
+                    "trace or a workload spec: TTFT, inter-token latency, throughput, goodput, prefix hits.")
+    p.add_argument("--model", required=True, help="Hugging Face id or config.json path")
+    p.add_argument("--gpu", required=True, help="GPU name, e.g. H100, h200_sxm, MI355X")
+    p.add_argument("--engine", required=True, help="vllm, sglang or atom")
+    p.add_argument("--engine-version", default="")
+    p.add_argument("--precision", default="auto", help="auto (the checkpoint's), bf16, fp8, fp4 ...")
+    p.add_argument("--kv-cache-dtype", default=None, help="auto, bf16, fp8 (default: fp8 for fp8/fp4 precision)")
+    p.add_argument("--tp", type=_positive("tp"), default=1, help="tensor-parallel width")
+    p.add_argument("--pp", type=_positive("pp"), default=1, help="pipeline stages")
+    p.add_argument("--dp", type=_positive("dp"), default=1, help="attention data-parallel ranks")
+    p.add_argument("--ep", type=_positive("ep"), default=1, help="expert-parallel width of MoE layers")
+    p.add_argument("--replicas", type=_positive("replicas"), default=1, help="replicas behind the router")
+    p.add_argument("--router", choices=("rr", "least", "prefix"), default="rr",
+                   help="round robin, least outstanding tokens, or prefix-cache aware")
+    p.add_argument("--disagg", default=None, metavar="P:D",
+                   help="prefill and decode pools of P and D replicas instead of --replicas colocated ones")
+    p.add_argument("--max-num-seqs", type=_positive("max-num-seqs"), default=None)
+    p.add_argument("--max-batched-tokens", type=_positive("max-batched-tokens"), default=None)
+    p.add_argument("--mixed", action=argparse.BooleanOptionalAction, default=None,
+                   help="prefill chunks in decode steps (default: the engine's; SGLang: --enable-mixed-chunk)")
+    p.add_argument("--no-prefix-caching", action="store_true", help="turn the engine's prefix cache off")
+    p.add_argument("--schedule-policy", choices=("fcfs", "lpm"), default="fcfs", help="SGLang's schedule policy")
+    p.add_argument("--host-kv-gb", type=float, default=0.0, help="host memory for offloaded KV per replica (GB)")
+    p.add_argument("--anchor", default=None, help="anchor file to take the step-time parameters from")
+    p.add_argument("--anchors", action="append", default=None, help="anchor folder(s) (default: anchors/)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--trace", default=None, help="Mooncake JSONL or Azure CSV trace")
+    src.add_argument("--workload", default=None, help="workload YAML (the fields of a spec's static workload)")
+    p.add_argument("--format", choices=("auto", "mooncake", "azure"), default="auto", help="trace format")
+    p.add_argument("--time-scale", type=_positive_float("time-scale"), default=1.0,
+                   help="multiply the trace's arrival times (0.5 = twice the rate)")
+    p.add_argument("--sample", type=_positive("sample"), default=None, help="only the first N requests of the trace")
+    p.add_argument("--slo-ttft-ms", type=_positive_float("slo-ttft-ms"), default=None, help="goodput: TTFT limit")
+    p.add_argument("--slo-itl-ms", type=_positive_float("slo-itl-ms"), default=None,
+                   help="goodput: limit on a request's mean inter-token latency")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-series", action="store_true", help="leave the time series out of the JSON")
+    p.add_argument("--requests-out", default=None, metavar="FILE.jsonl",
+                   help="also write one JSON line per request (TTFT, TPOT, E2E, largest gap, prefix hit)")
+    p.add_argument("--plot", default=None, help="draw latency percentiles and KV usage over time (needs matplotlib)")
+    p.add_argument("--output", "-o", choices=OUTPUT_FORMATS, default="table",
+                   help="table for people, json or yaml for programs")
+    p.set_defaults(func=cmd_simulate)
+
+
+# -- inputs ------------------------------------------------------------------------------------------
+
+def load_workload(path: str | Path) -> StaticWorkload | TraceWorkload:
+    """A workload YAML: the fields of `inferasim.spec.StaticWorkload` (kind, requestRate, ...), or
+    a mapping with one key `static` or `trace` (as in a spec's `workload`)."""
+    p = Path(path)
+    try:
+        data = yaml.safe_load(p.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"--workload: file {p} does not exist") from None
+    except yaml.YAMLError as exc:
+        raise ValueError(f"--workload: {p} is not valid YAML: {exc}") from None
+    if isinstance(data, dict) and "workload" in data and isinstance(data["workload"], dict):
+        data = data["workload"]
+    if not isinstance(data, dict):
+        raise ValueError(f"--workload: {p} must hold a mapping of workload fields")
+    model: type[StaticWorkload] | type[TraceWorkload] = StaticWorkload
+    if set(data) == {"static"} or set(data) == {"trace"}:
+        key = next(iter(data))
+        model = StaticWorkload if key == "static" else TraceWorkload
+        data = data[key]
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        parts = []
+        for err in exc.errors():
+            loc = ".".join(str(x) for x in err["loc"]) or "workload"
+            parts.append(f"{loc}: {err['msg'].removeprefix('Value error, ')}")
+        raise ValueError(f"--workload {p}: " + "; ".join(parts)) from None
+
+
+def resolve_fitted(args: argparse.Namespace, layout: Any) -> tuple[Any, bool, str]:
+    """Step-time parameters: --anchor FILE, else the store's best anchor of (engine, model, GPU,
+    precision), else measurement-free defaults (with a note)."""
+    from inferasim.anchors import AnchorStore, load_anchor
+    from inferasim.catalog.engines import normalize_engine
+    from inferasim.catalog.gpus import get_gpu
+    from inferasim.catalog.models import get_model, normalize_precision
+    from inferasim.predictor import benchmark_kv_dtype, fitted_from_anchor, unanchored
+    from inferasim.search.tune import _anchor_for
+
+    engine = normalize_engine(args.engine)
+    model, gpu = get_model(args.model), get_gpu(args.gpu)
+    precision = args.precision if args.precision != "auto" else model.checkpoint_format
+    precision = normalize_precision("fp4" if precision == "nvfp4" else precision)
+    kv = args.kv_cache_dtype or benchmark_kv_dtype(precision)
+    if args.anchor:
+        fitted = fitted_from_anchor(load_anchor(args.anchor))
+        for what, want, got in (("engine", engine, fitted.engine), ("model", model.name, fitted.model.name),
+                                ("gpu", gpu.name, fitted.gpu.name)):
+            if want != got:
+                raise ValueError(f"--anchor {args.anchor} is for {what} {got}, not --{what} {want}")
+        return fitted, True, fitted.anchor_id
+    dirs = [Path(d) for d in args.anchors] if args.anchors else [ANCHOR_DIR]
+    anchor = _anchor_for(AnchorStore(*dirs), engine, model, gpu, precision)
+    if anchor is not None:
+        return fitted_from_anchor(anchor), True, anchor.id
+    fitted = unanchored(engine, model, gpu, precision, layout, args.engine_version, kv_dtype=kv)
+    return fitted, False, "unanchored"
+
+
+class _Progress:
+    """A one-line progress bar on stderr (TTY only)."""
+
+    def __init__(self, span: float) -> None:
+        self.span = span
+        self.shown = False
+
+    def __call__(self, t: float) -> None:
+        if self.span > 0:
+            frac = min(t / self.span, 1.0)
+            bar = "#" * int(30 * frac)
+            msg = f"\rsimulating [{bar:<30}] {100 * frac:5.1f}%  {t:,.0f} / {self.span:,.0f} s simulated"
+        else:
+            msg = f"\rsimulating  {t:,.0f} s simulated"
+        sys.stderr.write(msg)
+        sys.stderr.flush()
+        self.shown = True
+
+    def close(self) -> None:
+        if self.shown:
+            sys.stderr.write("\r" + " " * 78 + "\r")
+            sys.stderr.flush()
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from inferasim.layout import Layout
+    from inferasim.sim.api import simulate_workload
+    from inferasim.sim.workload import driver_for, load_trace
+
+    layout = Layout(tp=args.tp, pp=args.pp, dp=args.dp, moe_ep=args.ep)
+    if args.plot:
+        check_plotting()
+    if args.host_kv_gb < 0 or not math.isfinite(args.host_kv_gb):
+        raise ValueError(f"--host-kv-gb must be >= 0, got {args.host_kv_gb}")
+    if args.disagg and args.replicas != 1:
+        raise ValueError("--disagg P:D sets the replicas of both pools; leave --replicas out")
+    fitted, anchored, anchor_id = resolve_fitted(args, layout)
+    if not anchored:
+        print(f"note: no anchor for {fitted.engine} / {fitted.model.name} / {fitted.gpu.name} / {fitted.precision}; "
+              "simulating with measurement-free defaults (good for ranking within one engine only)",
+              file=sys.stderr)
+    if args.trace:
+        from inferasim.sim.workload import Driver
+
+        driver = Driver(load_trace(args.trace, args.format, args.time_scale, args.sample))
+        source = f"trace {args.trace}"
+    else:
+        w = load_workload(args.workload)
+        driver = driver_for(w, args.seed)
+        source = f"workload {args.workload}"
+    if not driver.requests and not driver.closed:
+        raise ValueError(f"{source} has no requests")
+    progress = _Progress(driver.span) if sys.stderr.isatty() else None
+    try:
+        report = simulate_workload(
+            fitted, layout, driver, replicas=args.replicas, max_num_seqs=args.max_num_seqs,
+            max_batched_tokens=args.max_batched_tokens, mixed=args.mixed, seed=args.seed, router=args.router,
+            prefix_caching=not args.no_prefix_caching, host_kv_bytes=args.host_kv_gb * 1e9, disagg=args.disagg,
+            schedule_policy=args.schedule_policy, slo_ttft_ms=args.slo_ttft_ms, slo_itl_ms=args.slo_itl_ms,
+            progress=progress)
+    finally:
+        if progress is not None:
+            progress.close()
+    data = report.as_dict(series=not args.no_series)
+    data["anchored"] = anchored
+    data["source"] = source
+    cfg = report.config
+    topo = (f"prefill {cfg['disagg']['prefill']} + decode {cfg['disagg']['decode']} replicas" if cfg["disagg"]
+            else f"{cfg['replicas']} replica(s), router {cfg['router']}")
+    head = (f"{cfg['engine']} {cfg['model']} on {cfg['gpu']} {cfg['layout_label']} ({cfg['precision']}), {topo}; "
+            f"{source}; anchor {anchor_id}")
+    if args.plot:
+        plot_report(report, args.plot)
+    if args.requests_out:
+        import json
+
+        with open(args.requests_out, "w") as fh:
+            for rec in report.request_records():
+                fh.write(json.dumps(rec) + "\n")
+        data["requests_file"] = args.requests_out
+    emit(data, args.output, head + "\n\n" + report.table())
+    if args.plot and args.output == "table":
+        print(f"plot written to {args.plot}")
+    return 0
+
+
+# -- plot ------------------------------------------------------------------------------------------
+
+def check_plotting() -> None:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise ValueError("--plot needs matplotlib, which is not installed (pip install matplotlib)") from None
+
+
+def plot_report(report: Any, path: str) -> None:
+    """TTFT and ITL percentiles by arrival window, KV usage and prefix hit rate over time."""
+    check_plotting()
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    done = report.completed
+    s = report.series
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(10, 7), sharex=True)
+    if done:
+        arr = np.array([r.arrival for r in done])
+        ttft = np.array([r.ttft for r in done]) * 1e3
+        tpot = np.array([r.tpot for r in done]) * 1e3
+        span = max(float(arr.max()), 1e-9)
+        edges = np.linspace(0.0, span, 41)
+        mids, cols = [], {k: [] for k in ("ttft50", "ttft90", "ttft99", "tpot50", "tpot99")}
+        for lo, hi in zip(edges[:-1], edges[1:], strict=True):
+            sel = (arr >= lo) & (arr < hi) if hi < span else (arr >= lo)
+            if not sel.any():
+                continue
+            mids.append((lo + hi) / 2)
+            for q in (50, 90, 99):
+                cols[f"ttft{q}"].append(np.percentile(ttft[sel], q))
+            for q in (50, 99):
+                cols[f"tpot{q}"].append(np.percentile(tpot[sel], q))
+        for q, style in ((50, "-"), (90, "--"), (99, ":")):
+            ax1.plot(mids, cols[f"ttft{q}"], style, color="C0", label=f"TTFT p{q}")
+        for q, style in ((50, "-"), (99, ":")):
+            ax1.plot(mids, cols[f"tpot{q}"], style, color="C1", label=f"TPOT p{q}")
+        ax1.set_yscale("log")
+    ax1.set_ylabel("ms (by arrival time)")
+    ax1.legend(loc="upper left", fontsize=8)
+    ax1.set_title(f"{report.config.get('engine')} {report.config.get('model')} on {report.config.get('gpu')} "
+                  f"{report.config.get('layout_label')}")
+    if s["t_s"]:
+        ax2.plot(s["t_s"], s["kv_usage"], label="KV in use")
+        ax2.plot(s["t_s"], s["kv_cached"], label="KV in use + cached")
+        ax2.plot(s["t_s"], s["prefix_hit_rate"], label="prefix hit rate (cumulative)")
+    ax2.set_ylim(0, 1.05)
+    ax2.set_xlabel("simulated time (s)")
+    ax2.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

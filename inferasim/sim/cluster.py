@@ -1,0 +1,203 @@
+"""Replicas behind a router, and disaggregated prefill/decode pools (DESIGN.md section 4).
+
+Routers (`--router`):
+- `rr`: round robin.
+- `least`: the replica with the fewest outstanding tokens (prompt + output of the requests routed
+  to it and not finished; ties to the lowest index).
+- `prefix`: the replica whose prefix cache holds the longest prefix of the request (ties and
+  misses to `least`), unless the pool is imbalanced — outstanding requests spread by more than 32
+  and the busiest above 1.5 x the idlest — then `least` (after SGLang's cache-aware router and
+  its balance thresholds).
+
+Disaggregation: a request is first prefilled in the prefill pool (the prompt, one sampled token),
+then its KV moves to a decode worker: the decode worker allocates the prompt's KV when it admits
+the request (as vLLM's NIXL connector and SGLang's decode pre-allocation do), the transfer takes
+`inferasim.transfer.kv_transfer_time` (scale-up link when both pools fit one NVLink/xGMI domain,
+else the scale-out NIC), and the first token reaches the client when the transfer is done; the
+decode worker then produces the rest. The prefill worker frees the KV at once (it is not held
+until the transfer ends). Client-side latency (`StepParams.t_ttft`) is added by the decode pool.
+
+Time: each replica has its own clock. Before a request is routed at time t, every busy replica
+steps until its next step would start at or after t, so the router sees every replica as of t (a
+step in flight at t counts as done, at most one step early). When finishes cause new requests
+(closed loops, sessions, the decode phase of a disaggregated request), the busy replicas advance
+in a conservative lockstep: the one with the earliest clock goes, up to the earliest time another
+could finish a request (`Replica.event_lb`), and stops when it finishes one itself; so a request
+caused at time e reaches a replica at most one step after e. Open-loop traffic under round robin needs
+neither: its replicas run one after the other.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable
+
+from inferasim.sim.engines import SimRequest
+from inferasim.sim.replica import Replica
+from inferasim.sim.workload import Driver
+
+ROUTERS = ("rr", "least", "prefix")
+BALANCE_ABS = 32
+BALANCE_REL = 1.5
+
+
+class Router:
+    def __init__(self, kind: str) -> None:
+        if kind not in ROUTERS:
+            raise ValueError(f"router {kind!r} is not one of {', '.join(ROUTERS)}")
+        self.kind = kind
+        self._rr = 0
+
+    def pick(self, req: SimRequest, pool: list[Replica]) -> Replica:
+        if len(pool) == 1:
+            return pool[0]
+        if self.kind == "rr":
+            rep = pool[self._rr % len(pool)]
+            self._rr += 1
+            return rep
+        least = min(pool, key=lambda r: (r.load(), r.index))
+        if self.kind == "least" or req.ids is None or req.prebuilt:
+            return least
+        counts = [r.outstanding for r in pool]
+        hi, lo = max(counts), min(counts)
+        if hi - lo > BALANCE_ABS and hi > BALANCE_REL * lo:
+            return least
+        best, best_tok = least, 0
+        for r in pool:
+            tok = r.prefix_match(req)
+            if tok > best_tok or (tok == best_tok and tok > 0 and r.load() < best.load()):
+                best, best_tok = r, tok
+        return best
+
+
+class Cluster:
+    """A colocated pool of replicas, or a prefill pool and a decode pool."""
+
+    def __init__(self, pool: list[Replica], router: str = "rr", decode_pool: list[Replica] | None = None,
+                 transfer: Callable[[int], float] | None = None, client_delay: float = 0.0) -> None:
+        self.pool = pool
+        self.decode_pool = decode_pool or []
+        self.router = Router(router)
+        self.decode_router = Router("least" if router == "prefix" else router)
+        self.transfer = transfer or (lambda tokens: 0.0)
+        self.client_delay = client_delay
+        self._heap: list[tuple[float, int, int, SimRequest]] = []
+        self._seq = 0
+        self.driver: Driver | None = None
+
+    @property
+    def replicas(self) -> list[Replica]:
+        return self.pool + self.decode_pool
+
+    @property
+    def disaggregated(self) -> bool:
+        return bool(self.decode_pool)
+
+    # -- arrivals --------------------------------------------------------------------------------
+    def _push(self, req: SimRequest, t: float, stage: int) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (t, self._seq, stage, req))
+
+    def _client_submit(self, req: SimRequest, t: float) -> None:
+        self._push(req, t, 0)
+
+    def _route(self, req: SimRequest, t: float, stage: int) -> None:
+        if stage == 0 and self.disaggregated:
+            child = SimRequest(req.rid, t, req.prompt, 1, req.ids, req.unit, req.id_tokens, req.session)
+            child.parent = req
+            if not self.router.pick(child, self.pool).submit(child, t):
+                self._drop(req, child.dropped)
+            return
+        pool = self.decode_pool if stage == 1 else self.pool
+        rep = (self.decode_router if stage == 1 else self.router).pick(req, pool)
+        if not rep.submit(req, t):
+            self._drop(req.parent or req, req.dropped)
+
+    def _drop(self, client: SimRequest, why: str | None) -> None:
+        client.dropped = why or "dropped"
+        if self.driver is not None:
+            self.driver.on_finish(client, self._client_submit)
+
+    def _on_finish(self, req: SimRequest) -> None:
+        parent = req.parent
+        if parent is None:
+            assert self.driver is not None
+            self.driver.on_finish(req, self._client_submit)
+            return
+        if req.prebuilt:  # decode phase done: the client request is complete
+            parent.first_token = req.first_token
+            parent.finish = req.finish
+            parent.generated = req.generated
+            parent.preemptions += req.preemptions
+            parent.max_gap = req.max_gap
+            parent.segs = req.segs
+            parent.replica = req.replica
+            assert self.driver is not None
+            self.driver.on_finish(parent, self._client_submit)
+            return
+        # Prefill phase done: hand the KV to the decode pool.
+        parent.prefix_hit = req.prefix_hit
+        parent.host_hit = req.host_hit
+        parent.preemptions += req.preemptions
+        t_done = req.finish if req.finish is not None else req.arrival  # prefill pool: no client delay
+        if parent.output <= 1:
+            parent.first_token = parent.finish = t_done + self.client_delay
+            parent.generated = 1
+            assert self.driver is not None
+            self.driver.on_finish(parent, self._client_submit)
+            return
+        child = SimRequest(parent.rid, t_done, parent.prompt, parent.output, session=parent.session)
+        child.prebuilt = True
+        child.load_s = self.transfer(parent.prompt)
+        child.parent = parent
+        self._push(child, t_done, 1)
+
+    # -- the loop --------------------------------------------------------------------------------
+    def run(self, driver: Driver) -> None:
+        self.driver = driver
+        reps = self.replicas
+        if len(reps) == 1 or (not driver.closed and not self.disaggregated and self.router.kind == "rr"):
+            # Routing does not depend on the replicas' state: hand every request over as it comes
+            # and run each replica on its own.
+            def submit(req: SimRequest, t: float) -> None:
+                rep = self.router.pick(req, self.pool)
+                if not rep.submit(req, t):
+                    driver.on_finish(req, submit)
+
+            def on_finish(req: SimRequest) -> None:
+                driver.on_finish(req, submit)
+
+            driver.start(submit)
+            for rep in reps:
+                rep.run_until(math.inf, on_finish)
+            return
+        driver.start(self._client_submit)
+        heap = self._heap
+        on_finish = self._on_finish
+        lockstep = driver.closed or self.disaggregated
+        while True:
+            t = heap[0][0] if heap else math.inf
+            busy = [rep for rep in reps if rep.outstanding]
+            if not lockstep:
+                for rep in busy:
+                    rep.run_until(t, on_finish)
+            elif busy:
+                acts = [(rep.next_activity(), rep.index, rep) for rep in busy]
+                a, _, first = min(acts, key=lambda x: (x[0], x[1]))
+                if a < t:
+                    # Run it up to the earliest time another replica could cause a request,
+                    # and stop when it causes one itself.
+                    horizon = min([t] + [r.event_lb() for r in busy if r is not first])
+                    if a > first.now:
+                        first.now = a  # idle until then, and no one acts earlier
+                    first.run_until(horizon, on_finish, at_least_one=True, stop_on_finish=True)
+                    continue
+            if not heap:
+                if any(rep.outstanding for rep in reps):
+                    continue
+                break
+            if heap[0][0] < t:
+                continue  # a finish caused an earlier arrival: route it first
+            t, _, stage, req = heapq.heappop(heap)
+            self._route(req, t, stage)

@@ -1,0 +1,337 @@
+"""Workloads of the trace simulator: open-loop Poisson, closed loop, multi-turn sessions and trace
+replay (Mooncake JSONL, Azure CSV). DESIGN.md section 4.
+
+A workload is a *driver*: `start(submit)` hands the requests known up front to the simulator
+(`submit(req, t)`), `on_finish(req, submit)` the ones that a finish causes (the next request of a
+closed-loop client, the next turn of a session). `requests` lists every client request issued.
+
+Prefix identity (see `inferasim.sim.prefix`): a Mooncake request's `hash_ids` name 512-token
+blocks and equal ids mean a shareable prefix; they become chained keys so that a key names its
+whole prefix. A multi-turn session numbers the 512-token units of its conversation (prompt = the
+previous prompt + the answer + new user tokens), so a turn's prompt matches the previous turn's
+prompt and answer. Poisson and closed-loop requests have random prompts, except for a head common
+to all of them when the workload states an observed `prefixHitRate` (a system prompt of that share
+of the prompt); Azure requests have no identity.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+
+from inferasim.sim.engines import SimRequest
+from inferasim.spec import StaticWorkload, TraceWorkload
+
+MOONCAKE_BLOCK = 512  # tokens per hash id (Mooncake FAST'25 traces)
+SESSION_UNIT = 512  # tokens per prefix unit of a synthetic session
+
+Submit = Callable[[SimRequest, float], None]
+
+
+class WorkloadError(ValueError):
+    """A workload or trace that cannot be used; the message names the field or line."""
+
+
+class Driver:
+    """Base: a fixed list of requests arriving at given times (open loop)."""
+
+    closed = False  # finishes cause new requests
+
+    def __init__(self, requests: list[SimRequest]) -> None:
+        self.requests = requests
+
+    def start(self, submit: Submit) -> None:
+        for req in self.requests:
+            submit(req, req.arrival)
+
+    def on_finish(self, req: SimRequest, submit: Submit) -> None:  # noqa: B027 - open loop: nothing follows
+        """Open loop: a finish causes nothing."""
+
+    @property
+    def span(self) -> float:
+        """Arrival span known up front (0 when arrivals depend on completions)."""
+        if not self.requests:
+            return 0.0
+        return max(r.arrival for r in self.requests) - min(r.arrival for r in self.requests)
+
+
+def chain_keys(ids: list[int] | tuple[int, ...], salt: int = 0) -> tuple[int, ...]:
+    """Chained keys: key j stands for ids[0..j] (equal keys = equal prefix)."""
+    out = []
+    k = salt
+    for h in ids:
+        k = hash((k, int(h)))
+        out.append(k)
+    return tuple(out)
+
+
+# -- traces ----------------------------------------------------------------------------------------
+
+def _fmt(path: Path, fmt: str) -> str:
+    if fmt != "auto":
+        return fmt
+    name = path.name.lower()
+    if name.endswith((".jsonl", ".json", ".jsonl.gz")):
+        return "mooncake"
+    if name.endswith(".csv"):
+        return "azure"
+    raise WorkloadError(f"trace {path}: cannot tell the format from the name; give format mooncake or azure")
+
+
+def load_mooncake(path: str | Path, time_scale: float = 1.0, sample: int | None = None) -> list[SimRequest]:
+    """Mooncake JSONL: {timestamp (ms), input_length, output_length, hash_ids}."""
+    p = Path(path)
+    reqs: list[SimRequest] = []
+    cache: dict[tuple[int, ...], tuple[int, ...]] = {}
+    try:
+        text = p.read_text()
+    except FileNotFoundError:
+        raise WorkloadError(f"trace file {p} does not exist") from None
+    lines = [(i, line) for i, line in enumerate(text.splitlines(), 1) if line.strip()]
+    if sample is not None:
+        lines = lines[:sample]
+    try:  # one parser call for the whole file; line by line only to say where it is broken
+        records = json.loads("[" + ",".join(line for _, line in lines) + "]")
+    except ValueError:
+        records = None
+    for k, (lineno, line) in enumerate(lines):
+        try:
+            d = records[k] if records is not None else json.loads(line)
+            ts = float(d["timestamp"]) / 1e3
+            isl = int(d["input_length"])
+            osl = int(d["output_length"])
+            hids = d.get("hash_ids") or []
+        except (ValueError, KeyError, TypeError) as exc:
+            raise WorkloadError(f"{p}:{lineno}: not a Mooncake record ({exc})") from None
+        ids = None
+        id_tokens = 0
+        if hids:
+            key = tuple(hids)
+            ids = cache.get(key)
+            if ids is None:
+                ids = chain_keys(hids)
+                cache[key] = ids
+            id_tokens = min(max(isl, 1), MOONCAKE_BLOCK * len(hids))
+        reqs.append(SimRequest(len(reqs), ts * time_scale, max(isl, 1), max(osl, 1), ids, MOONCAKE_BLOCK,
+                               id_tokens))
+    return _sorted(reqs)
+
+
+def _azure_time(text: str) -> float:
+    text = text.strip()
+    head, _, frac = text.partition(".")
+    t = datetime.strptime(head, "%Y-%m-%d %H:%M:%S").timestamp()
+    return t + (float("0." + frac) if frac else 0.0)
+
+
+def load_azure(path: str | Path, time_scale: float = 1.0, sample: int | None = None) -> list[SimRequest]:
+    """Azure LLM inference trace CSV: TIMESTAMP, ContextTokens, GeneratedTokens (no prefix ids)."""
+    p = Path(path)
+    try:
+        fh = p.open(newline="")
+    except FileNotFoundError:
+        raise WorkloadError(f"trace file {p} does not exist") from None
+    rows: list[tuple[float, int, int]] = []
+    with fh:
+        reader = csv.DictReader(fh)
+        need = {"TIMESTAMP", "ContextTokens", "GeneratedTokens"}
+        if reader.fieldnames is None or not need <= set(reader.fieldnames):
+            raise WorkloadError(f"{p}: an Azure trace needs the columns {', '.join(sorted(need))}")
+        for lineno, rec in enumerate(reader, 2):
+            if sample is not None and len(rows) >= sample:
+                break
+            try:
+                rows.append((_azure_time(rec["TIMESTAMP"]), int(rec["ContextTokens"]), int(rec["GeneratedTokens"])))
+            except ValueError as exc:
+                raise WorkloadError(f"{p}:{lineno}: bad Azure record ({exc})") from None
+    if not rows:
+        return []
+    t0 = min(r[0] for r in rows)
+    reqs = [SimRequest(i, (t - t0) * time_scale, max(isl, 1), max(osl, 1)) for i, (t, isl, osl) in enumerate(rows)]
+    return _sorted(reqs)
+
+
+def _sorted(reqs: list[SimRequest]) -> list[SimRequest]:
+    if any(b.arrival < a.arrival for a, b in zip(reqs, reqs[1:], strict=False)):
+        reqs.sort(key=lambda r: r.arrival)
+        for i, r in enumerate(reqs):
+            r.rid = i
+    if reqs:
+        t0 = reqs[0].arrival
+        if t0:
+            for r in reqs:
+                r.arrival -= t0
+    return reqs
+
+
+def load_trace(path: str | Path, fmt: str = "auto", time_scale: float = 1.0,
+               sample: int | None = None) -> list[SimRequest]:
+    """Requests of a trace file, arrivals from 0, `time_scale` x the recorded times (0.5 = twice
+    the rate), only the first `sample` records when given."""
+    if not time_scale > 0:
+        raise WorkloadError(f"time_scale must be > 0, got {time_scale}")
+    if sample is not None and sample < 1:
+        raise WorkloadError(f"sample must be >= 1, got {sample}")
+    p = Path(path)
+    kind = _fmt(p, fmt)
+    if kind == "mooncake":
+        return load_mooncake(p, time_scale, sample)
+    if kind == "azure":
+        return load_azure(p, time_scale, sample)
+    raise WorkloadError(f"unknown trace format {fmt!r}; accepted: mooncake, azure, auto")
+
+
+def trace_driver(tw: TraceWorkload) -> Driver:
+    return Driver(load_trace(tw.path, tw.format, tw.time_scale, tw.sample))
+
+
+# -- synthetic ---------------------------------------------------------------------------------------
+
+SHARED_UNIT = 64  # tokens per prefix unit of a synthetic shared prompt head
+
+
+def shared_prefix(isl: int, hit_rate: float | None, salt: int) -> tuple[tuple[int, ...] | None, int]:
+    """Prefix identity for a request of `isl` random tokens whose first `hit_rate` share is a
+    prompt head common to all requests (a system prompt): (ids, id_tokens), or (None, 0) when
+    nothing is shared. The rest of the prompt is the request's own (no identity: never cached)."""
+    if not hit_rate:
+        return None, 0
+    shared = int(hit_rate * isl) // SHARED_UNIT * SHARED_UNIT
+    if shared <= 0:
+        return None, 0
+    return chain_keys(range(shared // SHARED_UNIT), salt=salt), shared
+
+
+def poisson_requests(rate: float, n: int, isl: int, osl: int, seed: int = 0,
+                     prefix_hit_rate: float | None = None) -> list[SimRequest]:
+    rng = np.random.default_rng(seed)
+    gaps = rng.exponential(1.0 / rate, size=n)
+    t = np.cumsum(gaps) - gaps[0]
+    ids, tok = shared_prefix(isl, prefix_hit_rate, seed + 1)
+    return [SimRequest(i, float(t[i]), isl, osl, ids, SHARED_UNIT, tok) for i in range(n)]
+
+
+class ClosedLoop(Driver):
+    """`concurrency` clients; each sends its next request when the previous one is delivered
+    (plus an exponential think time of mean `think_time`), until `n` were sent."""
+
+    closed = True
+
+    def __init__(self, concurrency: int, n: int, isl: int, osl: int, think_time: float = 0.0, seed: int = 0,
+                 prefix_hit_rate: float | None = None) -> None:
+        super().__init__([])
+        self.concurrency, self.n, self.isl, self.osl = int(concurrency), int(n), int(isl), int(osl)
+        self.think = float(think_time)
+        self.rng = np.random.default_rng(seed)
+        self.client_of: list[int] = []
+        self.ids, self.id_tokens = shared_prefix(self.isl, prefix_hit_rate, seed + 1)
+
+    def _issue(self, client: int, t: float, submit: Submit) -> None:
+        req = SimRequest(len(self.requests), t, self.isl, self.osl, self.ids, SHARED_UNIT, self.id_tokens)
+        self.requests.append(req)
+        self.client_of.append(client)
+        submit(req, t)
+
+    def start(self, submit: Submit) -> None:
+        for client in range(min(self.concurrency, self.n)):
+            self._issue(client, 0.0, submit)
+
+    def on_finish(self, req: SimRequest, submit: Submit) -> None:
+        if len(self.requests) < self.n:
+            pause = float(self.rng.exponential(self.think)) if self.think > 0 else 0.0
+            t = (req.finish if req.finish is not None else req.arrival) + pause
+            self._issue(self.client_of[req.rid], t, submit)
+
+    @property
+    def span(self) -> float:
+        return 0.0
+
+
+class MultiTurn(Driver):
+    """Sessions arriving as a Poisson process of `rate` per s, each of `turns` turns: the first
+    prompt has `isl` tokens, turn k + 1's prompt is turn k's prompt + its answer + `user` new
+    tokens, sent an exponential think time (mean `think_time`) after turn k's answer is
+    delivered. At most `n` requests in all (the last session may be cut short)."""
+
+    closed = True
+
+    def __init__(self, rate: float, turns: int, n: int, isl: int, osl: int, user: int, think_time: float = 0.0,
+                 seed: int = 0) -> None:
+        super().__init__([])
+        self.turns, self.n, self.isl, self.osl, self.user = int(turns), int(n), int(isl), int(osl), int(user)
+        self.think = float(think_time)
+        self.rng = np.random.default_rng(seed)
+        sessions = max(1, math.ceil(self.n / self.turns))
+        gaps = self.rng.exponential(1.0 / rate, size=sessions)
+        self.starts = (np.cumsum(gaps) - gaps[0]).tolist()
+        self.turn_of: list[int] = []
+        self.budget = self.n
+        self._salt = (seed * 1_000_003 + 7) & 0xFFFFFFFF
+
+    def _request(self, session: int, turn: int, prompt: int, t: float) -> SimRequest:
+        total = prompt + self.osl  # the stream this turn leaves in the cache: prompt + answer
+        units = -(-total // SESSION_UNIT)
+        salt = hash((self._salt, session))
+        ids = tuple(hash((salt, j)) for j in range(units))
+        req = SimRequest(len(self.requests), t, prompt, self.osl, ids, SESSION_UNIT, total, session=session)
+        self.requests.append(req)
+        self.turn_of.append(turn)
+        return req
+
+    def start(self, submit: Submit) -> None:
+        sessions = len(self.starts)
+        for s in range(sessions):
+            if self.budget <= 0:
+                break
+            self.budget -= 1
+            req = self._request(s, 0, self.isl, self.starts[s])
+            submit(req, req.arrival)
+
+    def on_finish(self, req: SimRequest, submit: Submit) -> None:
+        turn = self.turn_of[req.rid]
+        if turn + 1 >= self.turns or self.budget <= 0:
+            return
+        self.budget -= 1
+        pause = float(self.rng.exponential(self.think)) if self.think > 0 else 0.0
+        t = (req.finish if req.finish is not None else req.arrival) + pause
+        nxt = self._request(req.session, turn + 1, req.prompt + req.output + self.user, t)
+        submit(nxt, t)
+
+    @property
+    def span(self) -> float:
+        return 0.0
+
+
+def static_driver(w: StaticWorkload, seed: int = 0) -> Driver:
+    """The driver of a `StaticWorkload` (the tuning spec's workload shape)."""
+    if w.kind == "poisson":
+        assert w.request_rate is not None
+        return Driver(poisson_requests(w.request_rate, w.num_requests, w.input_tokens, w.output_tokens, seed,
+                                       w.prefix_hit_rate))
+    if w.kind == "closed":
+        assert w.concurrency is not None
+        return ClosedLoop(w.concurrency, w.num_requests, w.input_tokens, w.output_tokens, w.think_time_s, seed,
+                          w.prefix_hit_rate)
+    if w.kind == "multi-turn":
+        assert w.sessions_per_second is not None
+        return MultiTurn(w.sessions_per_second, w.turns, w.num_requests, w.input_tokens, w.output_tokens,
+                         w.user_tokens_per_turn, w.think_time_s, seed)
+    raise WorkloadError(f"workload kind {w.kind!r} is not one of poisson, closed, multi-turn")
+
+
+def driver_for(workload: StaticWorkload | TraceWorkload | Driver | list[SimRequest], seed: int = 0) -> Driver:
+    if isinstance(workload, Driver):
+        return workload
+    if isinstance(workload, list):
+        return Driver(workload)
+    if isinstance(workload, TraceWorkload):
+        return trace_driver(workload)
+    if isinstance(workload, StaticWorkload):
+        return static_driver(workload, seed)
+    raise WorkloadError(f"cannot simulate a workload of type {type(workload).__name__}")

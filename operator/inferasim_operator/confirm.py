@@ -1,0 +1,199 @@
+"""Confirmation: run short-listed configurations as canaries and compare measured with predicted.
+
+mode `canary`: one single-replica Deployment per short-listed candidate (owned by the tuning).
+Its pods carry the target Deployment's selector labels, so the Services in front of the target
+send them a share of the live traffic (the classic canary; the operator never changes the target).
+After `confirmation.window` the canary's own series (the spec's Prometheus selector with the
+target's name replaced by the canary's) are observed, and measured ITL/TTFT p90 are compared with
+the prediction. The canaries are then removed.
+
+mode `argo-rollouts`: an `AnalysisTemplate` (argoproj.io/v1alpha1) whose Prometheus metrics carry
+the predicted thresholds; Argo Rollouts runs it during the user's own rollout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from typing import Any
+
+import kopf
+
+from inferasim.observe import ObservationError, observe
+from inferasim.spec import PrometheusWorkload, TuningSpec
+from inferasim_operator import metrics
+from inferasim_operator.kube import ApiException, Kube
+from inferasim_operator.models import LABEL_KIND, LABEL_MANAGED, LABEL_TUNING, MANAGER, Canary, dump
+
+# A canary confirms the prediction when its measured ITL p90 is within this fraction of it.
+TOLERANCE = 0.25
+
+
+def canary_selector(selector: dict[str, str], target: str, canary: str) -> dict[str, str]:
+    """The spec's selector, pointed at the canary: label values naming the target name the canary."""
+    out = {k: (canary if v == target else v) for k, v in selector.items()}
+    if out == selector:
+        out["deployment"] = canary
+    return out
+
+
+def canary_deployment(dep: dict[str, Any], target_labels: dict[str, str], tuning: str) -> dict[str, Any]:
+    d = copy.deepcopy(dep)
+    d["spec"]["replicas"] = 1
+    name = d["metadata"]["name"]
+    extra = {LABEL_MANAGED: MANAGER, LABEL_TUNING: tuning, LABEL_KIND: "canary"}
+    d["metadata"]["labels"].update(extra)
+    pod_labels = d["spec"]["template"]["metadata"]["labels"]
+    for k, v in target_labels.items():
+        pod_labels.setdefault(k, v)
+    pod_labels.update(extra)
+    pod_labels["app.kubernetes.io/name"] = name  # the canary's own selector stays unique
+    return d
+
+
+async def start_confirmation(body: dict[str, Any], spec: TuningSpec, payload: dict[str, Any], book: Any,
+                             kube: Kube) -> None:
+    from inferasim_operator.reconcile import now_iso, post_event
+
+    mode = spec.confirmation.mode
+    shortlist = payload.get("shortlist", [])
+    if mode == "argo-rollouts":
+        template = analysis_template(body, spec, payload)
+        try:
+            await asyncio.to_thread(kube.apply_custom, "argoproj.io", "v1alpha1", "analysistemplates", template)
+        except ApiException as exc:
+            why = "Argo Rollouts is not installed" if exc.status == 404 else f"HTTP {exc.status} {exc.reason}"
+            book.condition("Confirmed", "False", "AnalysisTemplateFailed", f"cannot create AnalysisTemplate: {why}")
+            post_event(body, "Warning", "AnalysisTemplateFailed", why)
+            return
+        name = template["metadata"]["name"]
+        book.set(confirmation={"mode": mode, "analysisTemplate": name, "started": now_iso()})
+        book.condition("Confirmed", "Unknown", "AnalysisTemplateReady",
+                       f"AnalysisTemplate {name} holds the predicted thresholds; reference it from a Rollout")
+        post_event(body, "Normal", "AnalysisTemplateReady", f"AnalysisTemplate {name} created")
+        return
+    target = await asyncio.to_thread(kube.get_deployment, book.namespace, spec.target.name) if spec.target else None
+    target_labels = ((target or {}).get("spec") or {}).get("selector", {}).get("matchLabels", {}) or {}
+    canaries = []
+    for dep, entry in list(zip(payload.get("shortlist_deployments", []), shortlist, strict=False))[
+            : spec.confirmation.candidates]:
+        if "error" in dep:
+            continue
+        d = canary_deployment(dep, target_labels, book.name)
+        kopf.adopt(d, owner=body)
+        await asyncio.to_thread(kube.apply_deployment, d)
+        p = entry.get("predicted") or {}
+        canaries.append(dump(Canary(name=d["metadata"]["name"], engine=entry["engine"],
+                                    layout_label=entry["layout_label"], gpus=entry["gpus_per_replica"],
+                                    predicted_ttft_p90_ms=p.get("ttft_p90_ms"),
+                                    predicted_itl_p90_ms=p.get("itl_p90_ms"))))
+        post_event(body, "Normal", "CanaryCreated",
+                   f"Deployment {d['metadata']['name']}: {entry['engine']} {entry['layout_label']}")
+    if not canaries:
+        book.condition("Confirmed", "False", "NoCanary", "no short-listed candidate can be rendered as a canary")
+        return
+    book.set(phase="Confirming", confirmation={"mode": mode, "canaries": canaries, "started": now_iso()},
+             message=f"{len(canaries)} canary Deployment(s) for {spec.confirmation.window}")
+    book.condition("Confirmed", "Unknown", "CanaryRunning",
+                   f"{len(canaries)} canaries, window {spec.confirmation.window}")
+
+
+async def confirm_progress(body: dict[str, Any], spec: TuningSpec, book: Any, kube: Kube, settings: Any) -> bool:
+    """Canary states; after the window, measure and decide. True when confirmation is over."""
+    from inferasim_operator.reconcile import _iso_age_s, parse_duration, post_event
+
+    conf = dict(book.get("confirmation") or {})
+    canaries = [dict(c) for c in conf.get("canaries") or []]
+    window = parse_duration(spec.confirmation.window, "confirmation.window") or 0.0
+    age = _iso_age_s(conf.get("started")) or 0.0
+    for c in canaries:
+        dep = await asyncio.to_thread(kube.get_deployment, book.namespace, c["name"])
+        if dep is None:
+            c["state"], c["message"] = "Failed", "the canary Deployment is gone"
+        elif ((dep.get("status") or {}).get("availableReplicas") or 0) > 0 and c.get("state") == "Pending":
+            c["state"] = "Running"
+    if age < window:
+        book.set(confirmation={**conf, "canaries": canaries})
+        book.condition("Confirmed", "Unknown", "CanaryRunning",
+                       f"{len(canaries)} canaries, {age / 60:.1f} of {window / 60:.1f} minutes")
+        return False
+    prom = spec.workload.prometheus
+    errors = []
+    for c in canaries:
+        if c["state"] == "Failed":
+            continue
+        if prom is None:
+            c["state"], c["message"] = "Failed", "static workload: no Prometheus to measure the canary with"
+            continue
+        sel = canary_selector(prom.selector, spec.target.name if spec.target else "", c["name"])
+        src = PrometheusWorkload(url=prom.url, selector=sel, window=spec.confirmation.window)
+        try:
+            m = await asyncio.to_thread(observe, src, "auto", timeout=settings.observe_timeout_s)
+        except ObservationError as exc:
+            c["state"], c["message"] = "Failed", str(exc)[:500]
+            continue
+        c["measuredTtftP90Ms"] = m.ttft.p90_ms if m.ttft else None
+        c["measuredItlP90Ms"] = m.itl.p90_ms if m.itl else None
+        c["measuredRequestRate"] = m.request_rate
+        pred = c.get("predictedItlP90Ms")
+        if pred and c["measuredItlP90Ms"]:
+            err = c["measuredItlP90Ms"] / pred - 1.0
+            c["predictionError"] = round(err, 4)
+            errors.append(err)
+            metrics.CANARY_ERROR.observe(err)
+        c["state"] = "Measured"
+        c = {k: v for k, v in c.items() if v is not None}
+    canaries = [{k: v for k, v in c.items() if v is not None} for c in canaries]
+    book.set(confirmation={**conf, "canaries": canaries})
+    for c in canaries:  # the GPUs go back once measured
+        try:
+            await asyncio.to_thread(kube.apps.delete_namespaced_deployment, c["name"], book.namespace)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+    if not errors:
+        reasons = "; ".join(f"{c['name']}: {c.get('message', 'not measured')}" for c in canaries)
+        book.condition("Confirmed", "False", "CanaryNotMeasured", reasons)
+        book.set(phase="Recommended", message="canaries could not be measured")
+        post_event(body, "Warning", "CanaryNotMeasured", reasons)
+        return True
+    worst = max(errors, key=abs)
+    text = ", ".join(f"{c['name']} {c['predictionError']:+.0%}" for c in canaries if "predictionError" in c)
+    if abs(worst) <= TOLERANCE:
+        book.condition("Confirmed", "True", "CanaryMeasured", f"measured ITL p90 within {TOLERANCE:.0%}: {text}")
+        post_event(body, "Normal", "Confirmed", text)
+    else:
+        book.condition("Confirmed", "False", "PredictionOff", f"measured ITL p90 off by more than {TOLERANCE:.0%}: "
+                                                              f"{text}")
+        post_event(body, "Warning", "PredictionOff", text)
+    book.set(phase="Confirmed", message=f"canaries measured: {text}")
+    return True
+
+
+def analysis_template(body: dict[str, Any], spec: TuningSpec, payload: dict[str, Any]) -> dict[str, Any]:
+    """An Argo Rollouts AnalysisTemplate checking the recommendation's predicted latencies."""
+    from inferasim.observe import queries_for
+
+    rec = payload.get("recommendation") or {}
+    p = rec.get("predicted") or {}
+    prom = spec.workload.prometheus
+    engine = rec.get("engine", "vllm")
+    window = spec.confirmation.window
+    metrics_: list[dict[str, Any]] = []
+    if prom is not None:
+        queries = {q.name: q.queries[0] for q in queries_for(engine, prom.selector, window)}
+        for key, pred, name in (("ttft_p90", p.get("ttft_p90_ms"), "ttft-p90"), ("itl_p90", p.get("itl_p90_ms"),
+                                                                                  "itl-p90")):
+            if pred is None or key not in queries:
+                continue
+            limit_s = pred / 1000.0 * (1 + TOLERANCE)
+            metrics_.append({"name": name, "interval": "1m", "failureLimit": 1,
+                             "successCondition": f"result[0] <= {limit_s:.6g}",
+                             "provider": {"prometheus": {"address": prom.url, "query": queries[key]}}})
+    meta = body["metadata"]
+    t = {"apiVersion": "argoproj.io/v1alpha1", "kind": "AnalysisTemplate",
+         "metadata": {"name": f"{meta['name']}-analysis", "namespace": meta["namespace"],
+                      "labels": {LABEL_MANAGED: MANAGER, LABEL_TUNING: meta["name"]}},
+         "spec": {"metrics": metrics_}}
+    kopf.adopt(t, owner=body)
+    return t

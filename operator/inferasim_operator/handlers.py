@@ -1,0 +1,85 @@
+"""The kopf handlers: a thin adapter from kopf's events to reconcile.py.
+
+Run with `python -m inferasim_operator` (or `kopf run -m inferasim_operator.handlers`). Settings
+come from INFERASIM_* environment variables (reconcile.Settings); the timer's period is read at
+import, since kopf registers it then.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import kopf
+
+from inferasim_operator import metrics, reconcile
+from inferasim_operator.kube import Kube, load_config
+from inferasim_operator.models import GROUP, TUNING_PLURAL, VERSION
+
+SETTINGS = reconcile.Settings.from_env()
+_kube: Kube | None = None
+
+
+def kube() -> Kube:
+    global _kube
+    if _kube is None:
+        load_config()
+        _kube = Kube()
+    return _kube
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, logger: logging.Logger, **_: Any) -> None:
+    # kopf's bookkeeping in our own annotations (status is ours and schema-checked; kopf's
+    # handler results would be pruned there anyway).
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="inferasim.io")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix="inferasim.io", key="last-handled-configuration")
+    settings.posting.level = logging.INFO
+    # One replica (the chart's Deployment) and no peering CRD to install.
+    settings.peering.standalone = True
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    port = int(os.environ.get("INFERASIM_METRICS_PORT", "8080") or 0)
+    if port:
+        metrics.serve(port, os.environ.get("INFERASIM_METRICS_ADDR", "0.0.0.0"))
+    kube()
+    logger.info("inferasim operator: anchors %s + cluster ServingAnchors; timer %.1f s; search limit %.0f s",
+                SETTINGS.anchor_dirs, SETTINGS.timer_seconds, SETTINGS.search_timeout_s)
+
+
+@kopf.on.probe(id="tunings")
+def probe_tunings(**_: Any) -> int:
+    # Shown by the liveness endpoint: how many tunings this process has handled.
+    return len(reconcile._locks)
+
+
+@kopf.on.create(GROUP, VERSION, TUNING_PLURAL)
+async def on_create(body: kopf.Body, **_: Any) -> None:
+    await reconcile.reconcile(dict(body), kube(), SETTINGS, trigger="create", reason="created")
+
+
+@kopf.on.update(GROUP, VERSION, TUNING_PLURAL, field="spec")
+async def on_update(body: kopf.Body, **_: Any) -> None:
+    await reconcile.reconcile(dict(body), kube(), SETTINGS, trigger="update", reason="spec changed")
+
+
+@kopf.on.resume(GROUP, VERSION, TUNING_PLURAL)
+async def on_resume(body: kopf.Body, **_: Any) -> None:
+    # Work that was finished stays finished (reconcile skips it); an interrupted pass runs again,
+    # and a Job started before the restart is found by its deterministic name, not started twice.
+    await reconcile.reconcile(dict(body), kube(), SETTINGS, trigger="resume", reason="operator restarted")
+
+
+@kopf.on.delete(GROUP, VERSION, TUNING_PLURAL, optional=True)
+def on_delete(body: kopf.Body, **_: Any) -> None:
+    # optional: no finalizer. Owned Jobs, ConfigMaps and canaries go with the garbage collector.
+    reconcile.forget(body["metadata"].get("uid", ""))
+
+
+@kopf.timer(GROUP, VERSION, TUNING_PLURAL, interval=SETTINGS.timer_seconds, initial_delay=SETTINGS.timer_seconds)
+async def retune_timer(body: kopf.Body, logger: logging.Logger, **_: Any) -> None:
+    result = await reconcile.tick(dict(body), kube(), SETTINGS)
+    if result not in ("idle", "steady", "harvesting", "confirming", "backoff"):
+        logger.info("timer: %s", result)

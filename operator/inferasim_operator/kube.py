@@ -1,0 +1,149 @@
+"""The few Kubernetes API calls the operator makes beside kopf's own (kubernetes client, sync:
+callers run them with asyncio.to_thread). Objects go in and come out as plain dicts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+from inferasim_operator.models import ANCHOR_PLURAL, GROUP, TUNING_PLURAL, VERSION
+
+__all__ = ["ApiException", "Kube", "load_config"]
+
+
+def without_empty_strings(obj: Any, *, patch: bool) -> Any:
+    """Custom-resource bodies without "" values: absent reads the same through the pydantic models
+    (every string field defaults to ""), and the locally built v1.20 API server (Go 1.19 with the
+    swapped json-iterator, scripts/k8s) decodes "" in custom resources as null and then refuses it.
+    In a merge patch "" becomes null, which removes the field (reads as "")."""
+    if isinstance(obj, dict):
+        out = {}
+        for k, v in obj.items():
+            if v == "":
+                if patch:
+                    out[k] = None
+                continue
+            out[k] = without_empty_strings(v, patch=patch)
+        return out
+    if isinstance(obj, list):
+        return [without_empty_strings(v, patch=False) for v in obj if v != ""]
+    return obj
+
+
+def load_config() -> None:
+    """In-cluster when running in a pod, else KUBECONFIG / ~/.kube/config."""
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+
+
+class Kube:
+    def __init__(self, api: client.ApiClient | None = None) -> None:
+        self.api = api or client.ApiClient()
+        self.custom = client.CustomObjectsApi(self.api)
+        self.core = client.CoreV1Api(self.api)
+        self.batch = client.BatchV1Api(self.api)
+        self.apps = client.AppsV1Api(self.api)
+
+    def _dict(self, obj: Any) -> dict[str, Any]:
+        return obj if isinstance(obj, dict) else self.api.sanitize_for_serialization(obj)
+
+    # -- ServingTuning -------------------------------------------------------------------------
+
+    def get_tuning(self, namespace: str, name: str) -> dict[str, Any]:
+        return self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, TUNING_PLURAL, name)
+
+    def patch_tuning_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
+        # A merge patch on the status subresource (lists are replaced whole, as conditions need).
+        return self.custom.patch_namespaced_custom_object_status(
+            GROUP, VERSION, namespace, TUNING_PLURAL, name, {"status": without_empty_strings(status, patch=True)})
+
+    # -- ServingAnchor -------------------------------------------------------------------------
+
+    def list_anchors(self) -> list[dict[str, Any]]:
+        return self.custom.list_cluster_custom_object(GROUP, VERSION, ANCHOR_PLURAL).get("items", [])
+
+    def create_anchor(self, body: dict[str, Any]) -> bool:
+        """True when created, False when an anchor of that name exists already."""
+        try:
+            self.custom.create_cluster_custom_object(GROUP, VERSION, ANCHOR_PLURAL,
+                                                     without_empty_strings(body, patch=False))
+            return True
+        except ApiException as exc:
+            if exc.status == 409:
+                return False
+            raise
+
+    def patch_anchor_status(self, name: str, status: dict[str, Any]) -> None:
+        self.custom.patch_cluster_custom_object_status(GROUP, VERSION, ANCHOR_PLURAL, name,
+                                                       {"status": without_empty_strings(status, patch=True)})
+
+    # -- Jobs and pods -------------------------------------------------------------------------
+
+    def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return self._dict(self.batch.read_namespaced_job(name, namespace))
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def list_jobs(self, label_selector: str) -> list[dict[str, Any]]:
+        """Jobs with these labels in every namespace (one anchor is harvested once per cluster)."""
+        return [self._dict(j) for j in self.batch.list_job_for_all_namespaces(label_selector=label_selector).items]
+
+    def create_job(self, body: dict[str, Any]) -> bool:
+        try:
+            self.batch.create_namespaced_job(body["metadata"]["namespace"], body)
+            return True
+        except ApiException as exc:
+            if exc.status == 409:
+                return False
+            raise
+
+    def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        return [self._dict(p) for p in self.core.list_namespaced_pod(namespace, label_selector=label_selector).items]
+
+    # -- ConfigMaps and Deployments ------------------------------------------------------------
+
+    def apply_config_map(self, body: dict[str, Any]) -> None:
+        ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        try:
+            self.core.create_namespaced_config_map(ns, body)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            self.core.patch_namespaced_config_map(name, ns, {"metadata": {"labels": body["metadata"].get("labels", {}),
+                                                                          "annotations":
+                                                                              body["metadata"].get("annotations", {})},
+                                                             "data": body["data"]})
+
+    def get_deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return self._dict(self.apps.read_namespaced_deployment(name, namespace))
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def apply_deployment(self, body: dict[str, Any]) -> None:
+        ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        try:
+            self.apps.create_namespaced_deployment(ns, body)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            self.apps.patch_namespaced_deployment(name, ns, {"metadata": {"labels": body["metadata"]["labels"]},
+                                                             "spec": body["spec"]})
+
+    def apply_custom(self, group: str, version: str, plural: str, body: dict[str, Any]) -> None:
+        ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        try:
+            self.custom.create_namespaced_custom_object(group, version, ns, plural, body)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            self.custom.patch_namespaced_custom_object(group, version, ns, plural, name, {"spec": body["spec"]})

@@ -1,0 +1,59 @@
+"""The operator's own metrics (prometheus-client), served on INFERASIM_METRICS_PORT at /metrics."""
+
+from __future__ import annotations
+
+import threading
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from inferasim_operator.models import PHASES
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+TUNINGS = Gauge("inferasim_tunings", "ServingTunings handled by this operator, by phase.", ["phase"],
+                registry=REGISTRY)
+SEARCH_SECONDS = Histogram("inferasim_search_seconds", "Wall time of one search (tune) in the child process.",
+                           buckets=(0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600), registry=REGISTRY)
+SEARCH_FAILURES = Counter("inferasim_search_failures_total", "Searches that failed, by reason.", ["reason"],
+                          registry=REGISTRY)
+OBSERVE_FAILURES = Counter("inferasim_observe_failures_total", "Failed workload observations, by reason.",
+                           ["reason"], registry=REGISTRY)
+HARVEST_JOBS = Counter("inferasim_harvest_jobs_total", "Harvest Jobs created.", ["engine"], registry=REGISTRY)
+HARVEST_GPU_SECONDS = Counter("inferasim_harvest_gpu_seconds_total",
+                              "GPU-seconds spent by finished harvest Jobs (run time x GPUs).", ["engine", "result"],
+                              registry=REGISTRY)
+CANARY_ERROR = Histogram("inferasim_canary_prediction_error",
+                         "Measured / predicted throughput per GPU - 1 of confirmed canaries.",
+                         buckets=(-0.5, -0.25, -0.1, -0.05, 0, 0.05, 0.1, 0.25, 0.5, 1.0), registry=REGISTRY)
+RECONCILES = Counter("inferasim_reconciles_total", "Reconcile runs, by trigger and result.", ["trigger", "result"],
+                     registry=REGISTRY)
+
+_phases: dict[str, str] = {}
+_lock = threading.Lock()
+
+
+def set_phase(uid: str, phase: str) -> None:
+    with _lock:
+        _phases[uid] = phase
+        _publish()
+
+
+def forget(uid: str) -> None:
+    with _lock:
+        _phases.pop(uid, None)
+        _publish()
+
+
+def _publish() -> None:
+    counts = dict.fromkeys(PHASES, 0)
+    for p in _phases.values():
+        counts[p] = counts.get(p, 0) + 1
+    for phase, n in counts.items():
+        TUNINGS.labels(phase=phase).set(n)
+
+
+def serve(port: int, addr: str = "0.0.0.0") -> None:
+    """Expose /metrics (a daemon thread of prometheus_client)."""
+    with _lock:
+        _publish()
+    start_http_server(port, addr=addr, registry=REGISTRY)

@@ -1,0 +1,202 @@
+"""The operator's API: group, kinds and the pydantic models of the ServingTuning status.
+
+The ServingTuning `spec` is :class:`inferasim.spec.TuningSpec` (what `inferasim tune` reads), the
+ServingAnchor `spec` is :class:`inferasim.anchors.Anchor` (an anchor file). The status models live
+here; the CRDs in `crds/` are generated from all of them (`python -m inferasim_operator.crds`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from inferasim.observe import ObservedWorkload
+
+GROUP = "inferasim.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+TUNING_KIND, TUNING_PLURAL = "ServingTuning", "servingtunings"
+ANCHOR_KIND, ANCHOR_PLURAL = "ServingAnchor", "servinganchors"
+
+PHASES = ("Pending", "Observing", "Harvesting", "Searching", "Recommended", "Confirming", "Confirmed", "Invalid",
+          "Failed")
+Phase = Literal["Pending", "Observing", "Harvesting", "Searching", "Recommended", "Confirming", "Confirmed",
+                "Invalid", "Failed"]
+CONDITION_TYPES = ("WorkloadObserved", "AnchorsReady", "Recommended", "Confirmed")
+SHORTLIST_SIZE = 5
+HISTORY_SIZE = 10
+
+# Labels and annotations the operator writes on what it creates.
+LABEL_TUNING = "inferasim.io/tuning"
+LABEL_ANCHOR = "inferasim.io/anchor"
+LABEL_KIND = "inferasim.io/kind"
+LABEL_MANAGED = "app.kubernetes.io/managed-by"
+MANAGER = "inferasim-operator"
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+
+class Condition(_Wire):
+    type: Literal["WorkloadObserved", "AnchorsReady", "Recommended", "Confirmed"]
+    status: Literal["True", "False", "Unknown"]
+    reason: str = Field(description="CamelCase reason, e.g. MetricsAvailable, MissingSeries, SearchComplete.")
+    message: str = Field("", description="Human-readable detail (the failing query, counts, durations).")
+    last_transition_time: str = Field("", description="RFC 3339 time the status last changed.")
+    observed_generation: int | None = Field(None, ge=0, description="Generation this condition was computed for.")
+
+
+class LayoutStatus(_Wire):
+    tp: int = Field(1, ge=1)
+    pp: int = Field(1, ge=1)
+    dp: int = Field(1, ge=1)
+    moe_tp: int = Field(0, ge=0)
+    moe_ep: int = Field(1, ge=1)
+
+
+class AnchorRef(_Wire):
+    key: str = Field(description="engine/precision the anchor serves.")
+    id: str = Field(description="Anchor id: kernel-set key and layout label.")
+
+
+class MissingAnchor(_Wire):
+    engine: str
+    model: str
+    gpu: str
+    precision: str
+    layout: LayoutStatus = Field(description="Layout a harvest would measure (the smallest that fits).")
+    gpu_hours: float = Field(ge=0, description="Estimated GPU-hours of the harvest.")
+    reason: str = Field("", description="Why it is not harvested (budget, not allowed, no image), if it is not.")
+
+
+class Harvest(_Wire):
+    job: str = Field(description="Name of the harvest Job (deterministic: hash of kernel set and layout).")
+    engine: str
+    precision: str
+    layout: LayoutStatus
+    gpu_hours: float = Field(ge=0, description="Budgeted GPU-hours.")
+    state: Literal["Pending", "Running", "Succeeded", "Failed"] = "Pending"
+    started: str = ""
+
+
+class AnchorsStatus(_Wire):
+    used: list[AnchorRef] = Field(default_factory=list)
+    missing: list[MissingAnchor] = Field(default_factory=list)
+    harvesting: list[Harvest] = Field(default_factory=list)
+    gpu_hours_budgeted: float = Field(0.0, ge=0, description="GPU-hours committed to harvest Jobs so far.")
+
+
+class Predicted(_Wire):
+    throughput_per_gpu: float | None = Field(None, description="Output tokens/s per GPU at the SLO.")
+    max_request_rate_per_replica: float | None = None
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    ttft_p90_ms: float | None = None
+    itl_p90_ms: float | None = None
+    cost_per_million_tokens: float | None = None
+    interval: float | None = Field(None, description="Prediction interval, +- on a log scale.")
+    stage: int | None = Field(None, description="1: analytical estimate, 2: discrete-event simulation.")
+
+
+class Candidate(_Wire):
+    engine: str
+    precision: str
+    layout: LayoutStatus
+    layout_label: str
+    replicas: int = Field(ge=1)
+    gpus: int = Field(ge=1)
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    chunked_prefill: bool | None = None
+    predicted: Predicted = Field(default_factory=Predicted)
+    meets_slo: bool = False
+    extrapolated: bool = False
+    anchor: str | None = None
+    confirm_gpu_hours: float | None = Field(None, ge=0, description="GPU-hours a canary of it would cost.")
+
+
+class EnvVar(_Wire):
+    name: str
+    value: str = ""
+
+
+class Recommendation(Candidate):
+    image: str = ""
+    args: list[str] = Field(default_factory=list)
+    env: list[EnvVar] = Field(default_factory=list)
+    resources: dict[str, dict[str, str]] = Field(default_factory=dict, description="requests / limits.")
+    manifest: str = Field("", description="The rendered manifests (YAML), ready to apply or commit.")
+    manifest_config_map: str = Field("", description="ConfigMap (same namespace) holding the manifest.")
+
+
+class HistoryEntry(_Wire):
+    time: str
+    generation: int | None = None
+    reason: str = Field(description="Why this tuning ran (created, spec changed, drift, schedule, anchors).")
+    engine: str | None = None
+    layout_label: str | None = None
+    gpus: int | None = None
+    throughput_per_gpu: float | None = None
+    request_rate: float | None = None
+
+
+class Canary(_Wire):
+    name: str = Field(description="Canary Deployment (owned by the ServingTuning).")
+    engine: str
+    layout_label: str
+    gpus: int = Field(1, ge=1)
+    predicted_ttft_p90_ms: float | None = None
+    predicted_itl_p90_ms: float | None = None
+    measured_ttft_p90_ms: float | None = None
+    measured_itl_p90_ms: float | None = None
+    measured_request_rate: float | None = None
+    prediction_error: float | None = Field(None, description="Measured / predicted ITL p90 - 1.")
+    state: Literal["Pending", "Running", "Measured", "Failed"] = "Pending"
+    message: str = ""
+
+
+class ConfirmationStatus(_Wire):
+    mode: Literal["none", "canary", "argo-rollouts"] = "none"
+    canaries: list[Canary] = Field(default_factory=list)
+    analysis_template: str = Field("", description="Argo Rollouts AnalysisTemplate carrying the thresholds.")
+    started: str = ""
+
+
+class SearchStats(_Wire):
+    candidates: int = Field(0, ge=0)
+    seconds: float = Field(0.0, ge=0)
+    workload: str = Field("", description="The workload searched for, in words.")
+
+
+class TuningStatus(_Wire):
+    """The ServingTuning status, as the operator writes it (merge-patched on /status)."""
+
+    observed_generation: int | None = Field(None, ge=0)
+    phase: Phase = "Pending"
+    message: str = ""
+    conditions: list[Condition] = Field(default_factory=list)
+    observed_workload: ObservedWorkload | None = None
+    anchors: AnchorsStatus = Field(default_factory=AnchorsStatus)
+    recommendation: Recommendation | None = None
+    shortlist: list[Candidate] = Field(default_factory=list, max_length=SHORTLIST_SIZE)
+    history: list[HistoryEntry] = Field(default_factory=list, max_length=HISTORY_SIZE)
+    search: SearchStats | None = None
+    confirmation: ConfirmationStatus | None = None
+    last_tune_time: str = ""
+    retries: int = Field(0, ge=0, description="Consecutive failed observations (backoff).")
+
+
+class AnchorStatus(_Wire):
+    """ServingAnchor status: where it came from in the cluster."""
+
+    harvested_by: str = Field("", description="namespace/name of the ServingTuning whose Job measured it.")
+    job: str = ""
+    imported_at: str = ""
+
+
+def dump(model: BaseModel) -> dict[str, Any]:
+    """The wire form (camelCase, no nulls: a merge-patch null would delete, and absent reads the same)."""
+    return model.model_dump(by_alias=True, exclude_none=True, mode="json")

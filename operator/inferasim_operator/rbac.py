@@ -1,0 +1,42 @@
+"""The operator's least-privilege ClusterRole rules: one source for the Helm chart (generated into
+charts/inferasim-operator/files/clusterrole-rules.yaml by `make crds`) and the e2e tests.
+
+No Secrets: the operator never reads them (pods it renders reference an optional HF token Secret
+by name, which needs no permission).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from inferasim_operator.models import ANCHOR_PLURAL, GROUP, TUNING_PLURAL
+
+RULES: list[dict[str, Any]] = [
+    # The custom resources: watch tunings, write their status; read and write anchors.
+    {"apiGroups": [GROUP], "resources": [TUNING_PLURAL], "verbs": ["get", "list", "watch", "patch"]},
+    {"apiGroups": [GROUP], "resources": [f"{TUNING_PLURAL}/status"], "verbs": ["get", "patch"]},
+    {"apiGroups": [GROUP], "resources": [ANCHOR_PLURAL], "verbs": ["get", "list", "watch", "create", "patch"]},
+    {"apiGroups": [GROUP], "resources": [f"{ANCHOR_PLURAL}/status"], "verbs": ["get", "patch"]},
+    # kopf: discovering the CRDs and the namespaces it serves.
+    {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
+     "verbs": ["get", "list", "watch"]},
+    {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "list", "watch"]},
+    # Events for every step.
+    {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
+    # Harvest Jobs, and their pods' termination messages (the harvested anchor).
+    {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "list", "watch", "create"]},
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+    # The recommendation's ConfigMap (GitOps).
+    {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch", "create", "patch"]},
+    # The target (read) and the canary Deployments (owned, removed after measuring).
+    {"apiGroups": ["apps"], "resources": ["deployments"],
+     "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
+    # Argo Rollouts confirmation.
+    {"apiGroups": ["argoproj.io"], "resources": ["analysistemplates"], "verbs": ["get", "create", "patch"]},
+]
+
+
+def cluster_role(name: str = "inferasim-operator") -> dict[str, Any]:
+    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+            "metadata": {"name": name, "labels": {"app.kubernetes.io/name": "inferasim-operator"}},
+            "rules": RULES}

@@ -1,0 +1,892 @@
+"""What the operator does for one ServingTuning: observe, resolve anchors, harvest, search, publish.
+
+The kopf handlers (handlers.py) are thin: they call :func:`reconcile` (create, update, resume) and
+:func:`tick` (the re-tune timer). Every step writes the status (merge patch on /status) and posts a
+Kubernetes Event, so `kubectl describe` tells the story. Blocking API calls run in threads; the
+search runs in a child process (search.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+import logging
+import math
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import kopf
+import yaml
+
+from inferasim.anchors import Anchor
+from inferasim.observe import ObservationError, ObservedWorkload, drift, observe
+from inferasim.spec import SpecError, TuningSpec, WorkloadSource, parse_spec
+from inferasim_operator import metrics
+from inferasim_operator.harvest import (
+    HarvestTarget,
+    MessageError,
+    anchor_object,
+    build_job,
+    decode_anchor,
+    job_limits,
+    terminated_message,
+)
+from inferasim_operator.kube import ApiException, Kube
+from inferasim_operator.models import (
+    HISTORY_SIZE,
+    LABEL_ANCHOR,
+    LABEL_KIND,
+    LABEL_MANAGED,
+    LABEL_TUNING,
+    MANAGER,
+    SHORTLIST_SIZE,
+    Candidate,
+    Condition,
+    Harvest,
+    HistoryEntry,
+    LayoutStatus,
+    MissingAnchor,
+    Predicted,
+    Recommendation,
+    dump,
+)
+from inferasim_operator.search import SearchFailed, SearchTimeout, run_search
+
+log = logging.getLogger("inferasim_operator")
+
+DONE_PHASES = ("Recommended", "Harvesting", "Confirming", "Confirmed", "Invalid")
+_DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)(ms|s|m|h|d|w))+$")
+_UNIT_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+# --------------------------------------------------------------------------------------------
+# settings
+# --------------------------------------------------------------------------------------------
+
+
+def _default_anchor_dirs() -> list[str]:
+    here = Path(__file__).resolve()
+    for candidate in (here.parents[2] / "anchors", Path("/app/anchors")):
+        if candidate.is_dir():
+            return [str(candidate)]
+    return []
+
+
+@dataclass
+class Settings:
+    """Operator settings, from INFERASIM_* environment variables (the chart sets them)."""
+
+    anchor_dirs: list[str] = field(default_factory=_default_anchor_dirs)
+    anchor_cache: str = "/tmp/inferasim-anchors"
+    timer_seconds: float = 30.0
+    drift_check_seconds: float = 300.0
+    search_timeout_s: float = 300.0
+    stage2_top: int = 50
+    harvester_image: str = "inferasim-operator:0.1.0"
+    harvest_extra_args: list[str] = field(default_factory=list)
+    observe_timeout_s: float = 10.0
+    backoff_base_s: float = 10.0
+    backoff_max_s: float = 600.0
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> Settings:
+        env = dict(os.environ if env is None else env)
+        s = cls()
+
+        def num(key: str, default: float, minimum: float) -> float:
+            raw = env.get(key)
+            if raw is None or raw == "":
+                return default
+            try:
+                value = float(raw)
+            except ValueError:
+                raise ValueError(f"{key}={raw!r} is not a number") from None
+            if not value >= minimum:
+                raise ValueError(f"{key}={raw!r} must be >= {minimum}")
+            return value
+
+        if env.get("INFERASIM_ANCHOR_DIRS") is not None:
+            s.anchor_dirs = [d for d in env["INFERASIM_ANCHOR_DIRS"].split(os.pathsep) if d]
+        s.anchor_cache = env.get("INFERASIM_ANCHOR_CACHE") or s.anchor_cache
+        s.timer_seconds = num("INFERASIM_TIMER_SECONDS", s.timer_seconds, 0.5)
+        s.drift_check_seconds = num("INFERASIM_DRIFT_CHECK_SECONDS", s.drift_check_seconds, 0.5)
+        s.search_timeout_s = num("INFERASIM_SEARCH_TIMEOUT_S", s.search_timeout_s, 1)
+        s.stage2_top = int(num("INFERASIM_STAGE2_TOP", s.stage2_top, 0))
+        s.harvester_image = env.get("INFERASIM_HARVESTER_IMAGE") or s.harvester_image
+        s.harvest_extra_args = (env.get("INFERASIM_HARVEST_ARGS") or "").split()
+        s.observe_timeout_s = num("INFERASIM_OBSERVE_TIMEOUT_S", s.observe_timeout_s, 0.1)
+        s.backoff_base_s = num("INFERASIM_BACKOFF_BASE_S", s.backoff_base_s, 0.1)
+        s.backoff_max_s = num("INFERASIM_BACKOFF_MAX_S", s.backoff_max_s, s.backoff_base_s)
+        return s
+
+
+def backoff(settings: Settings, retries: int) -> float:
+    """Exponential backoff of retries after a failed observation or search."""
+    return min(settings.backoff_base_s * 2 ** max(retries - 1, 0), settings.backoff_max_s)
+
+
+def parse_duration(text: str | None, field_name: str) -> float | None:
+    """`24h`, `30m`, `1h30m` -> seconds; SpecError naming the field otherwise."""
+    if text is None:
+        return None
+    if not isinstance(text, str) or not _DURATION.match(text.strip()):
+        raise SpecError(f"{field_name}: {text!r} is not a duration such as 30m, 24h or 1h30m")
+    return sum(float(n) * _UNIT_S[u] for n, u in re.findall(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)", text))
+
+
+def now_iso() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _iso_age_s(text: str | None) -> float | None:
+    if not text:
+        return None
+    try:
+        t = dt.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC)
+    except ValueError:
+        return None
+    return (dt.datetime.now(dt.UTC) - t).total_seconds()
+
+
+# --------------------------------------------------------------------------------------------
+# status bookkeeping
+# --------------------------------------------------------------------------------------------
+
+
+def set_condition(conditions: list[dict[str, Any]], type_: str, status: str, reason: str, message: str,
+                  generation: int | None) -> list[dict[str, Any]]:
+    """The conditions with ``type_`` replaced; lastTransitionTime moves only when status changes."""
+    old = next((c for c in conditions if c.get("type") == type_), None)
+    when = old.get("lastTransitionTime") if old and old.get("status") == status else now_iso()
+    new = dump(Condition(type=type_, status=status, reason=reason, message=message[:1024],
+                         last_transition_time=when or now_iso(), observed_generation=generation))
+    out = [c for c in conditions if c.get("type") != type_] + [new]
+    order = {"WorkloadObserved": 0, "AnchorsReady": 1, "Recommended": 2, "Confirmed": 3}
+    return sorted(out, key=lambda c: order.get(c.get("type", ""), 9))
+
+
+class StatusBook:
+    """The status as last written (camelCase dict) and the patches that change it."""
+
+    def __init__(self, body: dict[str, Any], kube: Kube) -> None:
+        self.body = body
+        self.kube = kube
+        meta = body["metadata"]
+        self.namespace, self.name = meta["namespace"], meta["name"]
+        self.uid = meta.get("uid", f"{self.namespace}/{self.name}")
+        self.generation = meta.get("generation")
+        self.status: dict[str, Any] = json.loads(json.dumps(dict(body.get("status") or {})))
+        self._pending: dict[str, Any] = {}
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.status.get(key, default)
+
+    def set(self, **fields: Any) -> None:
+        for k, v in fields.items():
+            self.status[k] = v
+            self._pending[k] = v
+
+    def condition(self, type_: str, status: str, reason: str, message: str) -> None:
+        self.set(conditions=set_condition(self.status.get("conditions") or [], type_, status, reason, message,
+                                          self.generation))
+
+    def cond(self, type_: str) -> dict[str, Any] | None:
+        return next((c for c in self.status.get("conditions") or [] if c.get("type") == type_), None)
+
+    async def flush(self) -> None:
+        if not self._pending:
+            return
+        patch, self._pending = self._pending, {}
+        try:
+            await asyncio.to_thread(self.kube.patch_tuning_status, self.namespace, self.name, patch)
+        except ApiException as exc:
+            if exc.status == 404:
+                raise kopf.PermanentError("the ServingTuning was deleted") from None
+            raise
+        if "phase" in patch:
+            metrics.set_phase(self.uid, patch["phase"])
+
+
+def post_event(body: dict[str, Any], type_: str, reason: str, message: str) -> None:
+    """A Kubernetes Event on the ServingTuning (through kopf's poster); logged when kopf is not running."""
+    try:
+        kopf.event(body, type=type_, reason=reason, message=message[:1024])
+    except LookupError:  # outside a running operator (handler functions driven directly)
+        pass
+    (log.warning if type_ == "Warning" else log.info)("%s/%s %s: %s", body["metadata"].get("namespace"),
+                                                      body["metadata"].get("name"), reason, message)
+
+
+# --------------------------------------------------------------------------------------------
+# spec
+# --------------------------------------------------------------------------------------------
+
+
+def parse_tuning_spec(spec: dict[str, Any]) -> TuningSpec:
+    """The spec as the operator accepts it: TuningSpec plus the operator's own rules."""
+    parsed = parse_spec(json.loads(json.dumps(dict(spec))))
+    if parsed.target is None:
+        raise SpecError("target: required (the Deployment whose workload is tuned)")
+    if parsed.workload.trace is not None:
+        raise SpecError("workload.trace: the operator observes `prometheus` workloads or takes a `static` one; "
+                        "run trace files with `inferasim simulate`")
+    parse_duration(parsed.retune.every, "retune.every")
+    parse_duration(parsed.confirmation.window, "confirmation.window")
+    return parsed
+
+
+def render_name(spec: TuningSpec, tuning_name: str) -> str:
+    """Name of the recommended Deployment: the target's, so that GitOps replaces it in place."""
+    name = spec.target.name if spec.target else tuning_name
+    return name if len(name) <= 63 and _DNS1035.match(name) else tuning_name[:63]
+
+
+# --------------------------------------------------------------------------------------------
+# anchors: ServingAnchors -> files the search reads
+# --------------------------------------------------------------------------------------------
+
+_anchor_sync_lock = asyncio.Lock()
+
+
+def _sync_anchor_files(kube: Kube, cache: Path) -> int:
+    cache.mkdir(parents=True, exist_ok=True)
+    wanted: dict[str, str] = {}
+    for obj in kube.list_anchors():
+        try:
+            anchor = Anchor.model_validate(obj.get("spec") or {})
+        except ValueError as exc:
+            log.warning("ServingAnchor %s is not a valid anchor, skipped: %s", obj["metadata"]["name"], exc)
+            continue
+        wanted[anchor.filename()] = anchor.model_dump_json(indent=2) + "\n"
+    for name, text in wanted.items():
+        path = cache / name
+        if not path.exists() or path.read_text() != text:
+            tmp = cache / f".{name}.tmp"
+            tmp.write_text(text)
+            os.replace(tmp, path)
+    for path in cache.glob("*.json"):
+        if path.name not in wanted:
+            path.unlink(missing_ok=True)
+    return len(wanted)
+
+
+async def sync_anchors(kube: Kube, settings: Settings) -> int:
+    async with _anchor_sync_lock:
+        return await asyncio.to_thread(_sync_anchor_files, kube, Path(settings.anchor_cache))
+
+
+def anchor_dirs(settings: Settings) -> list[str]:
+    return [*settings.anchor_dirs, settings.anchor_cache]
+
+
+# --------------------------------------------------------------------------------------------
+# harvest Jobs
+# --------------------------------------------------------------------------------------------
+
+
+def job_state(job: dict[str, Any]) -> str:
+    st = job.get("status") or {}
+    for c in st.get("conditions") or []:
+        if c.get("status") == "True" and c.get("type") == "Complete":
+            return "Succeeded"
+        if c.get("status") == "True" and c.get("type") == "Failed":
+            return "Failed"
+    if (st.get("succeeded") or 0) > 0:
+        return "Succeeded"
+    if (st.get("active") or 0) > 0:
+        return "Running"
+    return "Pending"
+
+
+def _job_failure(job: dict[str, Any]) -> str:
+    for c in (job.get("status") or {}).get("conditions") or []:
+        if c.get("type") == "Failed" and c.get("status") == "True":
+            return f"{c.get('reason', 'Failed')}: {c.get('message', '')}".strip(": ")
+    return "failed"
+
+
+async def import_harvest(kube: Kube, job: dict[str, Any], harvested_by: str) -> tuple[Anchor, bool]:
+    """The anchor a succeeded harvest Job wrote in its pod's termination message, as a ServingAnchor.
+    Returns (anchor, whether the ServingAnchor was created now)."""
+    ns, name = job["metadata"]["namespace"], job["metadata"]["name"]
+    pods = await asyncio.to_thread(kube.list_pods, ns, f"job-name={name}")
+    problems = []
+    for pod in sorted(pods, key=lambda p: p["metadata"].get("creationTimestamp") or "", reverse=True):
+        if (pod.get("status") or {}).get("phase") != "Succeeded":
+            continue
+        message = terminated_message(pod)
+        try:
+            anchor = decode_anchor(message or "")
+        except MessageError as exc:
+            problems.append(f"pod {pod['metadata']['name']}: {exc}")
+            continue
+        body = anchor_object(anchor, harvested_by=harvested_by, job=f"{ns}/{name}")
+        created = await asyncio.to_thread(kube.create_anchor, body)
+        if not created:
+            return anchor, False
+        try:
+            await asyncio.to_thread(kube.patch_anchor_status, body["metadata"]["name"],
+                                    {"harvestedBy": harvested_by, "job": f"{ns}/{name}", "importedAt": now_iso()})
+        except ApiException as exc:  # status is informative only
+            log.warning("cannot write the status of ServingAnchor %s: %s", body["metadata"]["name"], exc)
+        _count_gpu_seconds(job, "succeeded")
+        return anchor, True
+    raise MessageError("; ".join(problems) or f"no succeeded pod of Job {ns}/{name} holds an anchor")
+
+
+def _count_gpu_seconds(job: dict[str, Any], result: str) -> None:
+    st = job.get("status") or {}
+    start, end = st.get("startTime"), st.get("completionTime")
+    gpus = int((job["metadata"].get("annotations") or {}).get("inferasim.io/gpus", "1") or 1)
+    if not start:
+        return
+    s = _iso_age_s(start if isinstance(start, str) else start.strftime("%Y-%m-%dT%H:%M:%SZ"))
+    e = _iso_age_s(end if isinstance(end, str) else end.strftime("%Y-%m-%dT%H:%M:%SZ")) if end else 0.0
+    if s is not None and e is not None and s >= e:
+        engine = (job["metadata"].get("labels") or {}).get("inferasim.io/engine", "")
+        metrics.HARVEST_GPU_SECONDS.labels(engine=engine, result=result).inc((s - e) * gpus)
+
+
+async def plan_harvests(body: dict[str, Any], spec: TuningSpec, missing: list[dict[str, Any]], book: StatusBook,
+                        kube: Kube, settings: Settings) -> tuple[list[Harvest], list[MissingAnchor], int]:
+    """Start (or find) one Job per missing anchor within the GPU-hour budget.
+
+    Returns (harvests in flight, missing anchors with reasons, anchors imported just now)."""
+    anchors = book.get("anchors") or {}
+    used = float(anchors.get("gpuHoursBudgeted") or 0.0)
+    known = {h["job"]: h for h in anchors.get("harvesting") or []}
+    harvesting: list[Harvest] = []
+    missing_out: list[MissingAnchor] = []
+    imported = 0
+    owner = f"{book.namespace}/{book.name}"
+    for m in sorted(missing, key=lambda m: (m["harvest_gpu_hours"], m["engine"], m["precision"])):
+        target = HarvestTarget.from_missing(m)
+        lay = LayoutStatus.model_validate(target.layout.as_dict())
+        entry = MissingAnchor(engine=target.engine, model=target.model, gpu=target.gpu, precision=target.precision,
+                              layout=lay, gpu_hours=round(target.gpu_hours, 4))
+        # One Job per anchor in the whole cluster, whoever started it, across operator restarts.
+        jobs = await asyncio.to_thread(kube.list_jobs, f"{LABEL_ANCHOR}={target.key}")
+        if jobs:
+            job = sorted(jobs, key=lambda j: j["metadata"]["name"])[0]
+            state = job_state(job)
+            where = f"{job['metadata']['namespace']}/{job['metadata']['name']}"
+            if state == "Succeeded":
+                try:
+                    _, created = await import_harvest(kube, job, owner)
+                    imported += int(created)
+                    entry.reason = (f"harvested by Job {where}" if created else
+                                    f"harvested by Job {where}, but its anchor does not match what the search needs")
+                except MessageError as exc:
+                    entry.reason = f"harvest Job {where} succeeded but {exc}"
+            elif state == "Failed":
+                entry.reason = f"harvest Job {where} failed ({_job_failure(job)}); delete it to try again"
+            else:
+                entry.reason = f"being harvested by Job {where}"
+                prev = known.get(job["metadata"]["name"], {})
+                harvesting.append(Harvest(job=job["metadata"]["name"], engine=target.engine,
+                                          precision=target.precision, layout=lay,
+                                          gpu_hours=float(prev.get("gpuHours", target.gpu_hours)), state=state,
+                                          started=prev.get("started") or now_iso()))
+            missing_out.append(entry)
+            continue
+        if not spec.harvest.allowed:
+            entry.reason = "harvest.allowed is false: predictions for it are unanchored"
+            missing_out.append(entry)
+            continue
+        remaining = spec.harvest.max_gpu_hours - used
+        limits = job_limits(target, spec.harvest, remaining)
+        if limits is None:
+            entry.reason = (f"a harvest needs {target.gpu_hours:.2f} GPU-hours; {max(remaining, 0):.2f} of "
+                            f"harvest.maxGpuHours ({spec.harvest.max_gpu_hours:g}) left")
+            missing_out.append(entry)
+            continue
+        try:
+            job = build_job(target, spec.harvest, limits, namespace=book.namespace, tuning=book.name,
+                            harvester_image=settings.harvester_image, extra_harvest_args=settings.harvest_extra_args)
+        except ValueError as exc:
+            entry.reason = f"cannot harvest: {exc}"
+            missing_out.append(entry)
+            continue
+        kopf.adopt(job, owner=body)
+        created = await asyncio.to_thread(kube.create_job, job)
+        if created:
+            used += limits.budget_gpu_hours
+            metrics.HARVEST_JOBS.labels(engine=target.engine).inc()
+            post_event(body, "Normal", "HarvestStarted",
+                       f"Job {job['metadata']['name']} measures {target.kernel_set.describe()} at "
+                       f"{target.layout.label()} ({target.layout.gpus} GPUs, at most {limits.budget_gpu_hours:.2f} "
+                       f"GPU-hours, deadline {limits.active_deadline_s} s)")
+        entry.reason = f"being harvested by Job {book.namespace}/{job['metadata']['name']}"
+        missing_out.append(entry)
+        harvesting.append(Harvest(job=job["metadata"]["name"], engine=target.engine, precision=target.precision,
+                                  layout=lay, gpu_hours=round(limits.budget_gpu_hours, 4), state="Pending",
+                                  started=now_iso()))
+    book.set(anchors={**anchors, "gpuHoursBudgeted": round(used, 4)})
+    return harvesting, missing_out, imported
+
+
+# --------------------------------------------------------------------------------------------
+# status pieces from a search payload
+# --------------------------------------------------------------------------------------------
+
+
+def _predicted(p: dict[str, Any]) -> Predicted:
+    return Predicted(throughput_per_gpu=_finite(p.get("throughput_per_gpu_at_slo")),
+                     max_request_rate_per_replica=_finite(p.get("max_request_rate_per_replica_at_slo")),
+                     ttft_ms=_finite(p.get("ttft_ms")), tpot_ms=_finite(p.get("tpot_ms")),
+                     ttft_p90_ms=_finite(p.get("ttft_p90_ms")), itl_p90_ms=_finite(p.get("itl_p90_ms")),
+                     cost_per_million_tokens=_finite(p.get("cost_per_million_tokens")),
+                     interval=_finite(p.get("interval_log")), stage=p.get("stage"))
+
+
+def _finite(v: Any) -> float | None:
+    return float(v) if isinstance(v, int | float) and math.isfinite(v) else None
+
+
+def candidate_of(entry: dict[str, Any], confirm_hours: float | None = None) -> Candidate:
+    lay = entry["layout"]
+    return Candidate(
+        engine=entry["engine"], precision=entry["precision"],
+        layout=LayoutStatus(tp=lay.get("tp", 1), pp=lay.get("pp", 1), dp=lay.get("dp", 1),
+                            moe_tp=lay.get("moe_tp", 0), moe_ep=lay.get("moe_ep", 1)),
+        layout_label=entry["layout_label"], replicas=entry["replicas"], gpus=entry["gpus"],
+        max_num_seqs=entry.get("max_num_seqs"), max_num_batched_tokens=entry.get("max_num_batched_tokens"),
+        chunked_prefill=entry.get("chunked_prefill"), predicted=_predicted(entry.get("predicted") or {}),
+        meets_slo=bool(entry.get("meets_slo")), extrapolated=bool(entry.get("extrapolated")),
+        anchor=entry.get("anchor"), confirm_gpu_hours=confirm_hours)
+
+
+def recommendation_of(payload: dict[str, Any], config_map: str) -> Recommendation | None:
+    rec = payload.get("recommendation")
+    if not rec:
+        return None
+    c = candidate_of(rec)
+    view = payload.get("container") or {}
+    return Recommendation(**c.model_dump(), image=view.get("image", ""), args=view.get("args", []),
+                          env=view.get("env", []), resources=view.get("resources", {}),
+                          manifest=payload.get("manifest", ""), manifest_config_map=config_map)
+
+
+def shortlist_of(payload: dict[str, Any], window_s: float) -> list[Candidate]:
+    out = []
+    for e in payload.get("shortlist", [])[:SHORTLIST_SIZE]:
+        out.append(candidate_of(e, confirm_hours=round(e["gpus_per_replica"] * window_s / 3600.0, 4)))
+    return out
+
+
+def config_map_for(body: dict[str, Any], rec: Recommendation, payload: dict[str, Any]) -> dict[str, Any]:
+    meta = body["metadata"]
+    summary = {k: v for k, v in dump(rec).items() if k != "manifest"}
+    cm = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": config_map_name(meta["name"]), "namespace": meta["namespace"],
+                     "labels": {LABEL_MANAGED: MANAGER, LABEL_TUNING: meta["name"], LABEL_KIND: "recommendation"},
+                     "annotations": {"inferasim.io/generation": str(meta.get("generation", ""))}},
+        "data": {
+            "manifest.yaml": payload.get("manifest", ""),
+            "recommendation.yaml": yaml.safe_dump(summary, sort_keys=False),
+            "shortlist.yaml": yaml.safe_dump([dump(candidate_of(e)) for e in payload.get("shortlist", [])],
+                                             sort_keys=False),
+        },
+    }
+    kopf.adopt(cm, owner=body)
+    return cm
+
+
+def config_map_name(tuning: str) -> str:
+    return f"{tuning}-recommendation"[:253]
+
+
+# --------------------------------------------------------------------------------------------
+# reconcile
+# --------------------------------------------------------------------------------------------
+
+_locks: dict[str, asyncio.Lock] = {}
+_last_observe: dict[str, float] = {}
+_next_attempt: dict[str, float] = {}
+
+
+def _lock(uid: str) -> asyncio.Lock:
+    return _locks.setdefault(uid, asyncio.Lock())
+
+
+def forget(uid: str) -> None:
+    for d in (_locks, _last_observe, _next_attempt):
+        d.pop(uid, None)
+    metrics.forget(uid)
+
+
+class Invalid(kopf.PermanentError):
+    """A spec the operator cannot use: reported as a condition, never retried until it changes."""
+
+
+async def _observe(spec: TuningSpec, book: StatusBook, body: dict[str, Any], settings: Settings,
+                   has_recommendation: bool) -> tuple[dict[str, Any], ObservedWorkload | None]:
+    """The workload for the search (a static workload dict) and what was observed (prometheus)."""
+    if spec.workload.static is not None:
+        book.condition("WorkloadObserved", "True", "StaticWorkload",
+                       f"static {spec.workload.static.kind} workload from the spec")
+        return spec.workload.static.model_dump(by_alias=True, mode="json", exclude_none=True), None
+    assert spec.workload.prometheus is not None
+    prom = spec.workload.prometheus
+    if not has_recommendation:
+        book.set(phase="Observing")
+    await book.flush()
+    try:
+        observed = await asyncio.to_thread(observe, prom, "auto", timeout=settings.observe_timeout_s)
+    except ObservationError as exc:
+        retries = int(book.get("retries") or 0) + 1
+        delay = backoff(settings, retries)
+        metrics.OBSERVE_FAILURES.labels(reason=exc.reason).inc()
+        book.condition("WorkloadObserved", "False", exc.reason, f"{exc}; retry {retries} in {delay:.0f} s")
+        book.set(retries=retries, message=f"workload not observed: {exc}")
+        await book.flush()
+        post_event(body, "Warning", "WorkloadNotObserved", f"{exc} (retry in {delay:.0f} s)")
+        raise kopf.TemporaryError(f"workload not observed: {exc}", delay=delay) from None
+    _last_observe[book.uid] = time.monotonic()
+    book.condition("WorkloadObserved", "True", "MetricsAvailable", observed.describe())
+    book.set(observedWorkload=dump(observed), retries=0)
+    post_event(body, "Normal", "WorkloadObserved", observed.describe())
+    static = observed.to_static()
+    return static.model_dump(by_alias=True, mode="json", exclude_none=True), observed
+
+
+async def reconcile(body: dict[str, Any], kube: Kube, settings: Settings, *, trigger: str, reason: str,
+                    force: bool = False) -> str:
+    """One full pass for a ServingTuning. Returns what happened (for logs and tests).
+
+    Raises kopf.TemporaryError (retry with backoff: workload not observed, search timed out) and
+    Invalid (a kopf.PermanentError: bad spec, reported as a condition)."""
+    body = json.loads(json.dumps(dict(body)))  # a plain copy: kopf bodies are live views
+    meta = body["metadata"]
+    uid = meta.get("uid", f"{meta['namespace']}/{meta['name']}")
+    async with _lock(uid):
+        # A handler retried after a restart may find the work done by an earlier run.
+        fresh = await asyncio.to_thread(kube.get_tuning, meta["namespace"], meta["name"])
+        body["status"] = fresh.get("status") or {}
+        body["metadata"]["generation"] = fresh["metadata"].get("generation")
+        book = StatusBook(body, kube)
+        gen = book.generation
+        if not force and book.get("observedGeneration") == gen and book.get("phase") in DONE_PHASES:
+            metrics.set_phase(uid, book.get("phase"))
+            metrics.RECONCILES.labels(trigger=trigger, result="skipped").inc()
+            return "skipped"
+        try:
+            result = await _reconcile(body, book, kube, settings, reason)
+        except kopf.TemporaryError:
+            metrics.RECONCILES.labels(trigger=trigger, result="retry").inc()
+            raise
+        except kopf.PermanentError:
+            metrics.RECONCILES.labels(trigger=trigger, result="invalid").inc()
+            raise
+        metrics.RECONCILES.labels(trigger=trigger, result=result).inc()
+        return result
+
+
+async def _reconcile(body: dict[str, Any], book: StatusBook, kube: Kube, settings: Settings, reason: str,
+                     depth: int = 0) -> str:
+    gen = book.generation
+    # 1. the spec
+    try:
+        spec = parse_tuning_spec(body.get("spec") or {})
+    except SpecError as exc:
+        book.set(phase="Invalid", observedGeneration=gen, message=f"invalid spec: {exc}")
+        book.condition("Recommended", "False", "InvalidSpec", str(exc))
+        await book.flush()
+        post_event(body, "Warning", "InvalidSpec", str(exc))
+        raise Invalid(f"invalid spec: {exc}") from None
+    post_event(body, "Normal", "Tuning", f"tuning started: {reason}")
+    has_rec = bool(book.get("recommendation"))
+
+    # 2. the workload
+    workload, observed = await _observe(spec, book, body, settings, has_rec)
+
+    # 3. anchors: the cluster's ServingAnchors next to the shipped ones
+    n_cluster = await sync_anchors(kube, settings)
+
+    # 4. the search, in a child process with a time limit
+    if not has_rec:
+        book.set(phase="Searching")
+    book.set(message=f"searching ({reason})")
+    await book.flush()
+    tune_spec = spec.model_copy(update={"workload": WorkloadSource.model_validate({"static": workload})})
+    spec_dict = tune_spec.model_dump(by_alias=True, mode="json", exclude_none=True)
+    name = render_name(spec, book.name)
+    selector = None
+    if spec.target is not None and spec.target.kind == "Deployment" and name == spec.target.name:
+        target = await asyncio.to_thread(kube.get_deployment, book.namespace, name)
+        selector = ((target or {}).get("spec") or {}).get("selector")
+    t0 = time.perf_counter()
+    try:
+        payload = await run_search(spec_dict, anchor_dirs(settings), name, book.namespace,
+                                   stage2_top=settings.stage2_top, timeout_s=settings.search_timeout_s,
+                                   target_selector=selector)
+    except SearchTimeout as exc:
+        metrics.SEARCH_FAILURES.labels(reason="timeout").inc()
+        retries = int(book.get("retries") or 0) + 1
+        delay = backoff(settings, retries)
+        book.condition("Recommended", "False", "SearchTimeout", f"{exc}; retry in {delay:.0f} s")
+        book.set(retries=retries, message=str(exc))
+        await book.flush()
+        post_event(body, "Warning", "SearchTimeout", str(exc))
+        raise kopf.TemporaryError(str(exc), delay=delay) from None
+    except SearchFailed as exc:
+        metrics.SEARCH_FAILURES.labels(reason="invalid" if exc.invalid else "error").inc()
+        if exc.invalid:
+            book.set(phase="Invalid", observedGeneration=gen, message=f"search refused the spec: {exc}")
+            book.condition("Recommended", "False", "InvalidSpec", str(exc))
+            await book.flush()
+            post_event(body, "Warning", "InvalidSpec", str(exc))
+            raise Invalid(str(exc)) from None
+        retries = int(book.get("retries") or 0) + 1
+        delay = backoff(settings, retries)
+        book.condition("Recommended", "False", "SearchFailed", str(exc)[:1000])
+        book.set(retries=retries, message=str(exc)[:1000])
+        await book.flush()
+        post_event(body, "Warning", "SearchFailed", str(exc)[:500])
+        raise kopf.TemporaryError(str(exc)[:500], delay=delay) from None
+    seconds = time.perf_counter() - t0
+    metrics.SEARCH_SECONDS.observe(seconds)
+    post_event(body, "Normal", "SearchComplete",
+               f"{payload['candidates']} candidates in {seconds:.1f} s ({payload['workload']})")
+
+    # 5. missing anchors: harvest within the budget
+    harvesting, missing, imported = await plan_harvests(body, spec, payload["missing_anchors"], book, kube, settings)
+    anchors = dict(book.get("anchors") or {})
+    anchors["used"] = [{"key": k, "id": v} for k, v in sorted(payload["anchors_used"].items())]
+    anchors["missing"] = [dump(m) for m in missing]
+    anchors["harvesting"] = [dump(h) for h in harvesting]
+    book.set(anchors=anchors)
+    if imported and depth == 0:
+        # An anchor arrived between the search and now (a Job finished while the operator was away):
+        # search again with it rather than publish an unanchored result.
+        await book.flush()
+        return await _reconcile(body, book, kube, settings, f"{reason}; {imported} harvested anchor(s) imported",
+                                depth + 1)
+    if harvesting:
+        book.condition("AnchorsReady", "False", "Harvesting",
+                       f"{len(harvesting)} anchor(s) being harvested: " + ", ".join(h.job for h in harvesting))
+    elif missing:
+        book.condition("AnchorsReady", "False", "AnchorsMissing",
+                       "; ".join(f"{m.engine}/{m.precision} on {m.gpu}: {m.reason}" for m in missing))
+    else:
+        book.condition("AnchorsReady", "True", "Available",
+                       f"{len(payload['anchors_used'])} anchor(s) ({n_cluster} in the cluster, "
+                       f"{len(settings.anchor_dirs)} shipped folder(s))")
+
+    # 6. the recommendation, and its ConfigMap for GitOps
+    window_s = parse_duration(spec.confirmation.window, "confirmation.window") or 0.0
+    cm_name = config_map_name(book.name)
+    rec = recommendation_of(payload, cm_name)
+    shortlist = shortlist_of(payload, window_s)
+    entry = HistoryEntry(time=now_iso(), generation=gen, reason=reason[:200],
+                         request_rate=observed.request_rate if observed else None)
+    if rec is None:
+        book.condition("Recommended", "False", "NoFeasibleConfig",
+                       f"none of {payload['candidates']} candidates fits {spec.hardware.max_gpus} GPUs")
+        book.set(phase="Harvesting" if harvesting else "Failed", recommendation=None, shortlist=[])
+    else:
+        if payload.get("render_error"):
+            rec.manifest = ""
+            book.condition("Recommended", "True", "NotRenderable", f"{rec.engine} {rec.layout_label}: "
+                                                                   f"{payload['render_error']}")
+        else:
+            await asyncio.to_thread(kube.apply_config_map, config_map_for(body, rec, payload))
+            why = "Provisional" if harvesting else "SearchComplete"
+            book.condition("Recommended", "True", why,
+                           f"{rec.engine} {rec.precision} {rec.layout_label} x{rec.replicas} ({rec.gpus} GPUs): "
+                           f"{_fmt(rec.predicted.throughput_per_gpu)} tok/s/GPU predicted; "
+                           f"{payload['candidates']} candidates in {seconds:.1f} s"
+                           + ("; anchors being harvested" if harvesting else ""))
+        entry.engine, entry.layout_label, entry.gpus = rec.engine, rec.layout_label, rec.gpus
+        entry.throughput_per_gpu = rec.predicted.throughput_per_gpu
+        book.set(recommendation=dump(rec), shortlist=[dump(c) for c in shortlist])
+        post_event(body, "Normal", "Recommended", f"{rec.engine} {rec.layout_label} x{rec.replicas}, "
+                                                  f"{_fmt(rec.predicted.throughput_per_gpu)} tok/s/GPU; "
+                                                  f"manifest in ConfigMap {cm_name}")
+    history = [dump(entry), *(book.get("history") or [])][:HISTORY_SIZE]
+    book.set(history=history, lastTuneTime=now_iso(), observedGeneration=gen, retries=0,
+             search={"candidates": payload["candidates"], "seconds": round(seconds, 3),
+                     "workload": payload["workload"]})
+
+    # 7. phase (and confirmation, once the anchors are in)
+    if harvesting:
+        book.set(phase="Harvesting", message=f"waiting for {len(harvesting)} harvest Job(s)")
+    elif rec is not None:
+        book.set(phase="Recommended", message=f"recommended {rec.engine} {rec.layout_label}")
+        if spec.confirmation.mode != "none" and spec.confirmation.candidates > 0 and not payload.get("render_error"):
+            from inferasim_operator.confirm import start_confirmation
+
+            await start_confirmation(body, spec, payload, book, kube)
+    await book.flush()
+    return book.get("phase") or "Recommended"
+
+
+def _fmt(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:,.0f}"
+
+
+# --------------------------------------------------------------------------------------------
+# the timer
+# --------------------------------------------------------------------------------------------
+
+
+async def refresh_harvests(body: dict[str, Any], book: StatusBook, kube: Kube) -> tuple[int, int, int]:
+    """Update the harvest Jobs' states; import finished ones. Returns (in flight, imported, failed)."""
+    anchors = dict(book.get("anchors") or {})
+    out, imported, failed, active = [], 0, 0, 0
+    owner = f"{book.namespace}/{book.name}"
+    for h in anchors.get("harvesting") or []:
+        job = await asyncio.to_thread(kube.get_job, book.namespace, h["job"])
+        if job is None:
+            failed += 1
+            post_event(body, "Warning", "HarvestFailed", f"Job {h['job']} disappeared")
+            continue
+        state = job_state(job)
+        if state == "Succeeded":
+            try:
+                anchor, _ = await import_harvest(kube, job, owner)
+                imported += 1
+                post_event(body, "Normal", "AnchorHarvested", f"Job {h['job']} wrote ServingAnchor "
+                                                              f"{anchor_object(anchor)['metadata']['name']}")
+            except MessageError as exc:
+                failed += 1
+                post_event(body, "Warning", "HarvestFailed", f"Job {h['job']} succeeded but {exc}")
+            continue
+        if state == "Failed":
+            failed += 1
+            _count_gpu_seconds(job, "failed")
+            post_event(body, "Warning", "HarvestFailed", f"Job {h['job']}: {_job_failure(job)}")
+            continue
+        active += 1
+        if h.get("state") != state:
+            post_event(body, "Normal", "HarvestRunning" if state == "Running" else "HarvestPending",
+                       f"Job {h['job']} is {state.lower()}")
+        out.append({**h, "state": state})
+    if out != anchors.get("harvesting"):
+        anchors["harvesting"] = out
+        book.set(anchors=anchors)
+    return active, imported, failed
+
+
+async def tick(body: dict[str, Any], kube: Kube, settings: Settings) -> str:
+    """The re-tune timer: harvest progress, confirmation, schedule, drift. Returns what it did."""
+    body = json.loads(json.dumps(dict(body)))
+    meta = body["metadata"]
+    uid = meta.get("uid", f"{meta['namespace']}/{meta['name']}")
+    status = body.get("status") or {}
+    phase = status.get("phase")
+    if phase in (None, "Invalid", "Pending", "Observing", "Searching"):
+        return "idle"  # the create/update handler owns these (and retries them with backoff)
+    if time.monotonic() < _next_attempt.get(uid, 0.0):
+        return "backoff"
+    try:
+        return await _tick(body, uid, phase, kube, settings)
+    except kopf.TemporaryError as exc:
+        retries = int(((await asyncio.to_thread(kube.get_tuning, meta["namespace"], meta["name"])).get("status")
+                       or {}).get("retries") or 1)
+        _next_attempt[uid] = time.monotonic() + (exc.delay or backoff(settings, retries))
+        return "retry"
+    except kopf.PermanentError:
+        return "invalid"
+
+
+async def _tick(body: dict[str, Any], uid: str, phase: str, kube: Kube, settings: Settings) -> str:
+    if phase == "Harvesting":
+        async with _lock(uid):
+            book = StatusBook(body, kube)
+            active, imported, failed = await refresh_harvests(body, book, kube)
+            await book.flush()
+        if active:
+            return "harvesting"
+        return await reconcile(body, kube, settings, trigger="timer", force=True,
+                               reason=f"harvest finished ({imported} anchor(s), {failed} failed)")
+    try:
+        spec = parse_tuning_spec(body.get("spec") or {})
+    except SpecError:
+        return "idle"
+    status = body.get("status") or {}
+    if phase == "Confirming":
+        from inferasim_operator.confirm import confirm_progress
+
+        async with _lock(uid):
+            book = StatusBook(body, kube)
+            done = await confirm_progress(body, spec, book, kube, settings)
+            await book.flush()
+        if not done:
+            return "confirming"
+    every = parse_duration(spec.retune.every, "retune.every")
+    age = _iso_age_s(status.get("lastTuneTime"))
+    if every and age is not None and age >= every:
+        return await reconcile(body, kube, settings, trigger="schedule", force=True,
+                               reason=f"scheduled re-tune (every {spec.retune.every})")
+    missing = (status.get("anchors") or {}).get("missing") or []
+    if missing and await _missing_now_available(missing, kube):
+        return await reconcile(body, kube, settings, trigger="anchors", force=True, reason="new anchors available")
+    if spec.workload.prometheus is not None:
+        last = _last_observe.get(uid)
+        if last is None or time.monotonic() - last >= settings.drift_check_seconds:
+            return await _check_drift(body, uid, spec, kube, settings)
+    return "steady"
+
+
+async def _missing_now_available(missing: list[dict[str, Any]], kube: Kube) -> bool:
+    from inferasim.catalog.gpus import get_gpu
+    from inferasim.catalog.models import normalize_precision, resolve_model_name
+
+    anchors = await asyncio.to_thread(kube.list_anchors)
+    have = set()
+    for obj in anchors:
+        ks = (obj.get("spec") or {}).get("kernel_set") or {}
+        try:
+            have.add((ks.get("engine"), resolve_model_name(ks.get("model", "")), get_gpu(ks.get("gpu", "")).name,
+                      normalize_precision(ks.get("precision") or "auto")))
+        except ValueError:
+            continue
+    for m in missing:
+        try:
+            key = (m["engine"], resolve_model_name(m["model"]), get_gpu(m["gpu"]).name, m["precision"])
+        except (KeyError, ValueError):
+            continue
+        if key in have:
+            return True
+    return False
+
+
+async def _check_drift(body: dict[str, Any], uid: str, spec: TuningSpec, kube: Kube, settings: Settings) -> str:
+    assert spec.workload.prometheus is not None
+    _last_observe[uid] = time.monotonic()
+    baseline = (body.get("status") or {}).get("observedWorkload")
+    try:
+        now = await asyncio.to_thread(observe, spec.workload.prometheus, "auto", timeout=settings.observe_timeout_s)
+    except ObservationError as exc:
+        async with _lock(uid):
+            book = StatusBook(body, kube)
+            metrics.OBSERVE_FAILURES.labels(reason=exc.reason).inc()
+            book.condition("WorkloadObserved", "False", exc.reason, str(exc))
+            await book.flush()
+        post_event(body, "Warning", "WorkloadNotObserved", str(exc))
+        return "observe-failed"
+    if not baseline:
+        return await reconcile(body, kube, settings, trigger="drift", force=True, reason="no baseline workload")
+    moved = drift(baseline, now)
+    if moved >= spec.retune.drift_threshold:
+        post_event(body, "Normal", "WorkloadDrifted",
+                   f"the workload moved {moved:.0%} (threshold {spec.retune.drift_threshold:.0%}): {now.describe()}")
+        return await reconcile(body, kube, settings, trigger="drift", force=True,
+                               reason=f"workload drifted {moved:.0%}")
+    cond = next((c for c in (body.get("status") or {}).get("conditions") or [] if c.get("type") == "WorkloadObserved"),
+                None)
+    if cond and cond.get("status") != "True":
+        async with _lock(uid):
+            book = StatusBook(body, kube)
+            book.condition("WorkloadObserved", "True", "MetricsAvailable", now.describe())
+            await book.flush()
+    return f"steady (drift {moved:.0%})"

@@ -1,0 +1,139 @@
+"""The CPU-heavy search, off the operator's event loop, in a child process with a time limit.
+
+`tune` is numpy plus a pure-Python discrete-event simulator: in a thread it would hold the GIL and
+stall kopf's watches, and a thread cannot be stopped at a deadline. A spawned process can be killed.
+The child returns plain dicts (status pieces and rendered manifests), never library objects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing as mp
+import os
+import signal
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+__all__ = ["SearchFailed", "SearchTimeout", "run_search", "search_payload"]
+
+
+class SearchTimeout(TimeoutError):
+    pass
+
+
+class SearchFailed(RuntimeError):
+    """The search raised; ``invalid`` is True for bad input (a ValueError: unknown model, GPU ...)."""
+
+    def __init__(self, message: str, invalid: bool) -> None:
+        self.invalid = invalid
+        super().__init__(message)
+
+
+def _container_view(deployment: dict[str, Any]) -> dict[str, Any]:
+    c = deployment["spec"]["template"]["spec"]["containers"][0]
+    return {"image": c.get("image", ""), "args": [*c.get("command", []), *c.get("args", [])],
+            "env": [{"name": e["name"], "value": e.get("value", "")} for e in c.get("env", []) if "value" in e],
+            "resources": c.get("resources", {})}
+
+
+def adopt_selector(deployment: dict[str, Any], selector: dict[str, Any] | None) -> dict[str, Any]:
+    """The rendered Deployment with the live target's selector: a Deployment's selector is
+    immutable, so the recommendation must keep it to apply over the target (GitOps); the pod
+    template carries the selector's labels besides its own."""
+    if not selector:
+        return deployment
+    deployment["spec"]["selector"] = selector
+    labels = deployment["spec"]["template"]["metadata"].setdefault("labels", {})
+    labels.update(selector.get("matchLabels") or {})
+    return deployment
+
+
+def search_payload(spec: dict[str, Any], anchor_dirs: list[str], name: str, namespace: str,
+                   stage2_top: int, target_selector: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Run `tune` and render what the status and the canaries need (runs in the child)."""
+    from inferasim.render import render_deployment, render_manifests, to_yaml
+    from inferasim.search.deploy import config_of
+    from inferasim.search.tune import tune
+    from inferasim.spec import TuningSpec
+
+    t0 = time.perf_counter()
+    parsed = TuningSpec.model_validate(spec)
+    result = tune(parsed, anchor_dirs=[Path(d) for d in anchor_dirs], stage2_top=stage2_top)
+    full = result.as_dict()
+    out: dict[str, Any] = {
+        "recommendation": full["recommendation"], "shortlist": full["shortlist"],
+        "missing_anchors": full["missing_anchors"], "anchors_used": full["anchors_used"],
+        "candidates": full["space"]["candidates"], "workload": full["workload"], "timings": full["timings_s"],
+        "manifest": "", "container": None, "render_error": "", "shortlist_deployments": [],
+    }
+    rec = result.recommendation
+    if rec is not None:
+        try:
+            manifests = render_manifests(config_of(result, rec), name, namespace)
+            adopt_selector(manifests[0], target_selector)
+            out["manifest"] = to_yaml(manifests)
+            out["container"] = _container_view(manifests[0])
+        except ValueError as exc:  # e.g. a replica larger than one node: not renderable as a Deployment
+            out["render_error"] = str(exc)
+    for i, e in enumerate(result.shortlist()):
+        try:
+            cfg = config_of(result, e)
+            out["shortlist_deployments"].append(render_deployment(cfg, f"{name}-canary-{i}"[:63], namespace))
+        except ValueError as exc:
+            out["shortlist_deployments"].append({"error": str(exc)})
+    out["seconds"] = time.perf_counter() - t0
+    return out
+
+
+def _kill_group(proc: Any) -> None:
+    """End the search process and whatever it started (it leads its own process group)."""
+    if proc.pid is None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    if proc.is_alive():
+        proc.kill()
+
+
+def _child(conn: Any, args: tuple[Any, ...]) -> None:
+    # Its own process group: tune may start worker processes, and a timeout must end them all.
+    os.setsid()
+    try:
+        conn.send(("ok", search_payload(*args)))
+    except ValueError as exc:
+        conn.send(("invalid", str(exc)))
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent, which decides
+        conn.send(("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=5)}"))
+    finally:
+        conn.close()
+
+
+async def run_search(spec: dict[str, Any], anchor_dirs: list[str], name: str, namespace: str, *,
+                     stage2_top: int, timeout_s: float, target_selector: dict[str, Any] | None = None
+                     ) -> dict[str, Any]:
+    """`search_payload` in a spawned process; SearchTimeout after ``timeout_s`` (the child is killed)."""
+    ctx = mp.get_context("spawn")  # fork would copy kopf's threads and locks
+    parent, child = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_child, args=(child, (spec, anchor_dirs, name, namespace, stage2_top, target_selector)),
+                       name="inferasim-search", daemon=False)  # not daemonic: tune may start workers
+    proc.start()
+    child.close()
+    try:
+        ready = await asyncio.to_thread(parent.poll, timeout_s)
+        if not ready:
+            raise SearchTimeout(f"the search did not finish within {timeout_s:.0f} s")
+        try:
+            kind, data = await asyncio.to_thread(parent.recv)
+        except EOFError:
+            raise SearchFailed(f"the search process died (exit code {proc.exitcode})", invalid=False) from None
+    finally:
+        _kill_group(proc)
+        await asyncio.to_thread(proc.join, 10)
+        parent.close()
+    if kind == "ok":
+        return data
+    raise SearchFailed(data, invalid=(kind == "invalid"))

@@ -1,0 +1,383 @@
+"""Real parts for the integration and end-to-end tests: a Kubernetes control plane (scripts/k8s),
+a Prometheus (Debian's), the operator as a process, load for emulators, and a kubelet's pod-status
+writes. Every wait is bounded in time; everything listens on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPTS = REPO / "scripts" / "k8s"
+T = TypeVar("T")
+
+
+def wait_until(fn: Callable[[], T | None], timeout: float, what: str, interval: float = 0.25) -> T:
+    """Poll ``fn`` until it returns something truthy; AssertionError naming ``what`` after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    last_exc: BaseException | None = None
+    tries = 0
+    while time.monotonic() < deadline and tries < 100_000:
+        tries += 1
+        try:
+            value = fn()
+            if value:
+                return value
+        except Exception as exc:  # noqa: BLE001 - retried until the deadline, reported then
+            last_exc = exc
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}" +
+                         (f" (last error: {last_exc!r})" if last_exc else ""))
+
+
+def skip_or_fail(reason: str) -> None:
+    """Skip, saying why; CI sets INFERASIM_REQUIRE_E2E=1 so that a missing part fails instead."""
+    import pytest
+
+    if os.environ.get("INFERASIM_REQUIRE_E2E") == "1":
+        pytest.fail(f"INFERASIM_REQUIRE_E2E=1 but {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def now_iso() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# --------------------------------------------------------------------------------------------
+# Kubernetes control plane
+# --------------------------------------------------------------------------------------------
+
+
+def k8s_bin_dir() -> Path:
+    out = subprocess.run(["bash", str(SCRIPTS / "env.sh")], capture_output=True, text=True, check=True).stdout
+    env = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+    return Path(env["INFERASIM_K8S_BIN"])
+
+
+def control_plane_missing() -> str | None:
+    """Why the local control plane cannot start here, or None."""
+    b = k8s_bin_dir()
+    missing = [n for n in ("kube-apiserver", "kube-controller-manager", "kube-scheduler") if not (b / n).exists()]
+    if missing:
+        return (f"no Kubernetes binaries in {b} ({', '.join(missing)}): run scripts/k8s/build-k8s.sh "
+                "(make test-deps), or point INFERASIM_E2E_KUBECONFIG at a cluster")
+    if not (os.environ.get("INFERASIM_ETCD") or shutil.which("etcd")):
+        return "etcd is not installed (apt-get install etcd-server, or make test-deps)"
+    if not shutil.which("kubectl"):
+        return "kubectl is not installed"
+    return None
+
+
+class ControlPlane:
+    """scripts/k8s/start-k8s.sh in a temp folder; stop() ends exactly its processes."""
+
+    def __init__(self) -> None:
+        self.run_dir = Path(tempfile.mkdtemp(prefix="inferasim-k8s-"))
+        self.kubeconfig: Path = self.run_dir / "kubeconfig"
+        self.started_s = 0.0
+
+    def start(self, crd_dir: Path) -> None:
+        t0 = time.monotonic()
+        r = subprocess.run(["bash", str(SCRIPTS / "start-k8s.sh"), str(self.run_dir), str(crd_dir)],
+                           capture_output=True, text=True, timeout=180)
+        if r.returncode != 0:
+            raise RuntimeError(f"start-k8s.sh failed ({r.returncode}): {r.stderr[-2000:]}")
+        self.started_s = time.monotonic() - t0
+
+    def stop(self) -> None:
+        subprocess.run(["bash", str(SCRIPTS / "stop-k8s.sh"), str(self.run_dir)], capture_output=True, timeout=60)
+
+
+def api_client(kubeconfig: Path | str) -> Any:
+    from kubernetes import client, config
+
+    cfg = client.Configuration()
+    config.load_kube_config(config_file=str(kubeconfig), client_configuration=cfg)
+    return client.ApiClient(cfg)
+
+
+def service_account_kubeconfig(api: Any, admin_kubeconfig: Path, namespace: str, sa: str, out: Path) -> Path:
+    """A kubeconfig that authenticates as ServiceAccount ``sa`` (TokenRequest API, 1 hour)."""
+    from kubernetes import client
+
+    core = client.CoreV1Api(api)
+    req = client.AuthenticationV1TokenRequest(spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600))
+    try:
+        token = core.create_namespaced_service_account_token(sa, namespace, req).status.token
+    except client.ApiException:
+        # Older clusters: the token Secret the controller-manager creates (read here as admin).
+        def secret_name() -> str | None:
+            secrets = core.read_namespaced_service_account(sa, namespace).secrets or []
+            return secrets[0].name if secrets else None
+
+        name = wait_until(secret_name, 30, f"token Secret of ServiceAccount {namespace}/{sa}")
+        import base64
+
+        token = base64.b64decode(core.read_namespaced_secret(name, namespace).data["token"]).decode()
+    admin = yaml.safe_load(admin_kubeconfig.read_text())
+    ctx = next(c for c in admin["contexts"] if c["name"] == admin["current-context"])["context"]
+    cluster = next(c for c in admin["clusters"] if c["name"] == ctx["cluster"])
+    kc = {"apiVersion": "v1", "kind": "Config", "clusters": [cluster],
+          "users": [{"name": sa, "user": {"token": token}}],
+          "contexts": [{"name": sa, "context": {"cluster": cluster["name"], "user": sa, "namespace": namespace}}],
+          "current-context": sa}
+    out.write_text(yaml.safe_dump(kc))
+    out.chmod(0o600)
+    return out
+
+
+def register_gpu_node(api: Any, name: str, labels: dict[str, str], resource: str, gpus: int) -> None:
+    """A Node object with GPU capacity, Ready, untainted: what the scheduler needs to place pods."""
+    from kubernetes import client
+
+    core = client.CoreV1Api(api)
+    body = {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
+                                                  **labels}},
+            "spec": {}}
+    try:
+        core.create_node(body)
+    except client.ApiException as exc:
+        if exc.status != 409:
+            raise
+    cap = {"cpu": "128", "memory": "1Ti", "pods": "110", "ephemeral-storage": "1Ti", resource: str(gpus)}
+    status = {"capacity": cap, "allocatable": cap,
+              "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "test kubelet",
+                              "lastHeartbeatTime": now_iso(), "lastTransitionTime": now_iso()}],
+              "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}],
+              "nodeInfo": {"kubeletVersion": "v1.20.2", "architecture": "amd64", "operatingSystem": "linux",
+                           "bootID": "", "containerRuntimeVersion": "", "kernelVersion": "", "kubeProxyVersion": "",
+                           "machineID": "", "osImage": "", "systemUUID": ""}}
+    core.patch_node_status(name, {"status": status})
+    node = core.read_node(name)
+    if node.spec.taints:  # the not-ready taint added at registration; the node is Ready now
+        core.patch_node(name, {"spec": {"taints": None}})
+
+
+def _container_statuses(pod: Any, state: dict[str, Any], ready: bool) -> list[dict[str, Any]]:
+    return [{"name": c.name, "image": c.image, "imageID": "", "ready": ready, "restartCount": 0,
+             "started": ready, "state": state(c.name) if callable(state) else state} for c in pod.spec.containers]
+
+
+def kubelet_run(api: Any, namespace: str, name: str) -> None:
+    """What a kubelet writes when a pod's containers start and pass readiness."""
+    from kubernetes import client
+
+    core = client.CoreV1Api(api)
+    pod = core.read_namespaced_pod(name, namespace)
+    t = now_iso()
+    conds = [{"type": k, "status": "True", "lastTransitionTime": t} for k in
+             ("Initialized", "Ready", "ContainersReady", "PodScheduled")]
+    core.patch_namespaced_pod_status(name, namespace, {"status": {
+        "phase": "Running", "conditions": conds, "hostIP": "127.0.0.1", "podIP": "127.0.0.1", "startTime": t,
+        "containerStatuses": _container_statuses(pod, {"running": {"startedAt": t}}, True)}})
+
+
+def kubelet_finish(api: Any, namespace: str, name: str, messages: dict[str, str], exit_code: int = 0) -> None:
+    """What a kubelet writes when every container of a pod has exited (with termination messages)."""
+    from kubernetes import client
+
+    core = client.CoreV1Api(api)
+    pod = core.read_namespaced_pod(name, namespace)
+    t = now_iso()
+
+    def state(container: str) -> dict[str, Any]:
+        return {"terminated": {"exitCode": exit_code, "reason": "Completed" if exit_code == 0 else "Error",
+                               "message": messages.get(container, ""), "startedAt": t, "finishedAt": t}}
+
+    conds = [{"type": "Ready", "status": "False", "reason": "PodCompleted", "lastTransitionTime": t},
+             {"type": "ContainersReady", "status": "False", "reason": "PodCompleted", "lastTransitionTime": t},
+             {"type": "Initialized", "status": "True", "lastTransitionTime": t},
+             {"type": "PodScheduled", "status": "True", "lastTransitionTime": t}]
+    core.patch_namespaced_pod_status(name, namespace, {"status": {
+        "phase": "Succeeded" if exit_code == 0 else "Failed", "conditions": conds,
+        "containerStatuses": _container_statuses(pod, state, False)}})
+
+
+# --------------------------------------------------------------------------------------------
+# the operator as a process
+# --------------------------------------------------------------------------------------------
+
+
+class OperatorProcess:
+    """`python -m inferasim_operator` with a given kubeconfig and settings; logs in a file."""
+
+    def __init__(self, kubeconfig: Path, namespaces: list[str], env: dict[str, str], log: Path) -> None:
+        self.kubeconfig, self.namespaces, self.env, self.log = kubeconfig, namespaces, env, log
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.liveness_port = free_port()
+        self.metrics_port = int(env.get("INFERASIM_METRICS_PORT") or 0)
+
+    def start(self) -> None:
+        env = {**os.environ, **self.env, "KUBECONFIG": str(self.kubeconfig), "PYTHONUNBUFFERED": "1"}
+        args = [sys.executable, "-m", "inferasim_operator", "--log-format", "plain",
+                "--liveness", f"http://127.0.0.1:{self.liveness_port}/healthz"]
+        for ns in self.namespaces:
+            args += ["--namespace", ns]
+        fh = self.log.open("ab")
+        self.proc = subprocess.Popen(args, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=REPO,
+                                     start_new_session=True)
+        fh.close()
+        wait_until(self.alive_and_healthy, 60, "the operator's liveness endpoint")
+
+    def alive_and_healthy(self) -> bool:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"the operator exited with {self.proc.returncode}: {self.tail()}")
+        try:
+            return httpx.get(f"http://127.0.0.1:{self.liveness_port}/healthz", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:  # its own session: the search child processes go too
+            os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def tail(self, n: int = 60) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+
+# --------------------------------------------------------------------------------------------
+# Prometheus
+# --------------------------------------------------------------------------------------------
+
+
+def prometheus_binary() -> str | None:
+    return os.environ.get("INFERASIM_PROMETHEUS") or shutil.which("prometheus")
+
+
+class Prometheus:
+    """A real Prometheus on a free loopback port, scraping the targets of a file_sd file."""
+
+    def __init__(self, workdir: Path, scrape_interval: str = "1s") -> None:
+        self.dir = workdir
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.targets_file = workdir / "targets.json"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.scrape_interval = scrape_interval
+
+    def start(self) -> None:
+        binary = prometheus_binary()
+        assert binary, "prometheus is not installed"
+        self.set_targets([])
+        cfg = {"global": {"scrape_interval": self.scrape_interval, "evaluation_interval": self.scrape_interval},
+               "scrape_configs": [{"job_name": "engines",
+                                   "file_sd_configs": [{"files": [str(self.targets_file)], "refresh_interval": "1s"}]}]}
+        (self.dir / "prometheus.yml").write_text(yaml.safe_dump(cfg))
+        log = (self.dir / "prometheus.log").open("wb")
+        self.proc = subprocess.Popen([binary, f"--config.file={self.dir / 'prometheus.yml'}",
+                                      f"--storage.tsdb.path={self.dir / 'data'}",
+                                      f"--web.listen-address=127.0.0.1:{self.port}"],
+                                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        log.close()
+        wait_until(self._ready, 30, "Prometheus /-/ready")
+
+    def _ready(self) -> bool:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise RuntimeError("prometheus exited: " + (self.dir / "prometheus.log").read_text()[-1500:])
+        try:
+            return httpx.get(self.url + "/-/ready", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def set_targets(self, groups: list[dict[str, Any]]) -> None:
+        """[{"targets": ["127.0.0.1:PORT"], "labels": {...}}, ...], replaced atomically."""
+        tmp = self.targets_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(groups))
+        os.replace(tmp, self.targets_file)
+
+    def query(self, q: str) -> list[dict[str, Any]]:
+        r = httpx.get(self.url + "/api/v1/query", params={"query": q}, timeout=5)
+        r.raise_for_status()
+        return r.json()["data"]["result"]
+
+    def wait_for_series(self, q: str, timeout: float = 40) -> list[dict[str, Any]]:
+        return wait_until(lambda: self.query(q), timeout, f"Prometheus series {q}", interval=0.5)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+
+
+# --------------------------------------------------------------------------------------------
+# load for an emulator
+# --------------------------------------------------------------------------------------------
+
+
+class Load:
+    """Completions at about ``rate`` requests/s from a few threads, until stop()."""
+
+    def __init__(self, url: str, model: str, rate: float, prompt_tokens: int, max_tokens: int,
+                 threads: int = 4) -> None:
+        self.url, self.model, self.rate = url, model, rate
+        self.prompt, self.max_tokens = [7] * prompt_tokens, max_tokens
+        self._stop = threading.Event()
+        self.sent = 0
+        self.errors = 0
+        self._threads = [threading.Thread(target=self._run, args=(i, threads), daemon=True) for i in range(threads)]
+
+    def start(self) -> Load:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def _run(self, i: int, n: int) -> None:
+        period = n / self.rate
+        with httpx.Client(base_url=self.url, timeout=60) as c:
+            nxt = time.monotonic() + i * period / n
+            while not self._stop.is_set():
+                try:
+                    r = c.post("/v1/completions", json={"model": self.model, "prompt": self.prompt,
+                                                        "max_tokens": self.max_tokens, "ignore_eos": True})
+                    self.sent += 1
+                    self.errors += int(r.status_code != 200)
+                except httpx.HTTPError:
+                    self.errors += 1
+                nxt += period
+                self._stop.wait(max(nxt - time.monotonic(), 0))
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=70)

@@ -1,0 +1,189 @@
+"""Harvest Jobs: deterministic names, budget-derived limits, the pod, and the anchor's way back."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from inferasim_operator.harvest import (
+    DONE_FILE,
+    MESSAGE_LIMIT,
+    MESSAGE_PREFIX,
+    HarvestTarget,
+    MessageError,
+    anchor_object,
+    build_job,
+    decode_anchor,
+    encode_anchor,
+    job_limits,
+    terminated_message,
+)
+
+from inferasim.anchors import Anchor, AnchorStore, StepPoint
+from inferasim.layout import Layout
+from inferasim.spec import HarvestPolicy
+
+REPO = Path(__file__).resolve().parents[2]
+MISSING = {"engine": "vllm", "model": "meta-llama/Meta-Llama-3-8B", "gpu": "MI300X", "precision": "bf16",
+           "harvest_layout": {"tp": 1, "pp": 1, "dp": 1, "moe_tp": 1, "moe_ep": 1}, "harvest_gpu_hours": 1 / 3}
+
+
+def target(**over: object) -> HarvestTarget:
+    return HarvestTarget.from_missing({**MISSING, **over})
+
+
+def test_job_name_is_deterministic_and_per_kernel_set_and_layout() -> None:
+    a, b = target(), target()
+    assert a.job_name == b.job_name and a.key == b.key
+    assert a.job_name.startswith("harvest-vllm-") and a.job_name.endswith("-tp1") and len(a.job_name) <= 63
+    tp2 = target(harvest_layout={"tp": 2})
+    fp8 = target(precision="fp8")
+    assert len({a.job_name, tp2.job_name, fp8.job_name}) == 3
+
+
+@pytest.mark.parametrize("budget,deadline_min,expect", [
+    (4.0, 60, (3600, 2)),      # three tries fit; the deadline caps them all
+    (0.5, 60, (1800, 0)),      # one try: the deadline is what the budget buys
+    (1 / 3, 60, (1200, 0)),
+])
+def test_limits_from_the_gpu_hour_budget(budget: float, deadline_min: int, expect: tuple[int, int]) -> None:
+    lim = job_limits(target(), HarvestPolicy(allowed=True, max_gpu_hours=budget, deadline_minutes=deadline_min),
+                     remaining_gpu_hours=budget)
+    assert lim is not None
+    assert (lim.active_deadline_s, lim.backoff_limit) == expect
+    assert lim.budget_gpu_hours <= budget + 1e-6
+
+
+def test_no_job_when_the_budget_does_not_buy_one_try() -> None:
+    policy = HarvestPolicy(allowed=True, max_gpu_hours=4.0)
+    assert job_limits(target(), policy, remaining_gpu_hours=0.2) is None
+    assert job_limits(target(), HarvestPolicy(allowed=True, max_gpu_hours=0.0), 10) is None
+    eight = target(harvest_layout={"tp": 8}, harvest_gpu_hours=8 / 3)
+    lim = job_limits(eight, policy, 4.0)
+    assert lim is not None and lim.active_deadline_s == 1800 and lim.backoff_limit == 0  # 4 GPU-h / 8 GPUs
+
+
+def test_job_manifest() -> None:
+    policy = HarvestPolicy(allowed=True, max_gpu_hours=2)
+    t = target()
+    lim = job_limits(t, policy, 2)
+    assert lim is not None
+    job = build_job(t, policy, lim, namespace="llm", tuning="chat", harvester_image="op:1",
+                    extra_harvest_args=["--speedup", "20"])
+    assert job["apiVersion"] == "batch/v1" and job["metadata"]["name"] == t.job_name
+    assert job["metadata"]["labels"]["inferasim.io/anchor"] == t.key
+    spec = job["spec"]
+    assert spec["activeDeadlineSeconds"] == lim.active_deadline_s and spec["backoffLimit"] == lim.backoff_limit
+    pod = spec["template"]["spec"]
+    assert pod["restartPolicy"] == "Never" and pod["automountServiceAccountToken"] is False
+    assert pod["nodeSelector"] == {"amd.com/gpu.product-name": "AMD_Instinct_MI300X_OAM"}
+    assert pod["tolerations"] == [{"key": "amd.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    engine, harvester = pod["containers"]
+    assert engine["resources"]["limits"] == {"amd.com/gpu": "1"}
+    assert engine["image"].startswith("vllm/vllm-openai-rocm:")
+    assert "vllm serve meta-llama/Meta-Llama-3-8B" in engine["command"][2] and DONE_FILE in engine["command"][2]
+    assert "livenessProbe" not in engine
+    assert harvester["image"] == "op:1" and harvester["command"] == ["python", "-m", "inferasim_operator.harvest_pod"]
+    args = harvester["args"]
+    run = args[args.index("--") + 1:]
+    assert run[run.index("--engine") + 1] == "vllm" and run[run.index("--gpu") + 1] == "MI300X"
+    assert run[-2:] == ["--speedup", "20"] and "--out" in run
+    assert {"name": "harvest", "emptyDir": {}} in pod["volumes"]
+    assert "ownerReferences" not in job["metadata"]  # kopf.adopt adds them in the operator
+
+
+def test_policy_overrides() -> None:
+    policy = HarvestPolicy(allowed=True, images={"vllm": "my/vllm:1"}, node_selector={"pool": "gpu"},
+                           tolerations=[{"key": "x", "operator": "Exists"}])
+    t = target(gpu="H100", harvest_gpu_hours=0.3)
+    lim = job_limits(t, policy, 4)
+    assert lim is not None
+    job = build_job(t, policy, lim, namespace="a", tuning="b", harvester_image="op:1")
+    pod = job["spec"]["template"]["spec"]
+    assert pod["containers"][0]["image"] == "my/vllm:1"
+    assert pod["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "1"}
+    assert pod["nodeSelector"] == {"pool": "gpu"} and pod["tolerations"] == [{"key": "x", "operator": "Exists"}]
+
+
+def some_anchor() -> Anchor:
+    store = AnchorStore(REPO / "anchors")
+    return max(store.all(), key=lambda a: len(a.points))
+
+
+def test_anchor_round_trip_through_a_termination_message() -> None:
+    a = some_anchor()
+    msg = encode_anchor(a)
+    assert msg.startswith(MESSAGE_PREFIX) and len(msg) <= MESSAGE_LIMIT
+    b = decode_anchor(msg)
+    assert b.id == a.id and b.points == a.points and b.params == a.params
+
+
+def test_big_anchors_drop_steps_and_bad_messages_are_refused() -> None:
+    a = some_anchor()
+    assert a.points
+    big = a.model_copy(update={"steps": [_step(i) for i in range(4000)]})
+    msg = encode_anchor(big)
+    assert len(msg) <= MESSAGE_LIMIT
+    slim = decode_anchor(msg)
+    assert slim.steps == [] and slim.points == a.points and "step points dropped" in slim.provenance.notes
+    for bad in ("", "hello", MESSAGE_PREFIX + "!!!", MESSAGE_PREFIX + "aGVsbG8="):
+        with pytest.raises(MessageError):
+            decode_anchor(bad)
+
+
+def _step(i: int) -> StepPoint:
+    return StepPoint(n_decode=1 + i % 64, decode_context=float(i), n_prefill_tokens=i % 7, step_ms=1.0 + i / 1000)
+
+
+def test_anchor_object_and_terminated_message() -> None:
+    a = some_anchor()
+    obj = anchor_object(a, harvested_by="llm/chat", job="llm/harvest-x")
+    assert obj["kind"] == "ServingAnchor" and obj["metadata"]["name"] == a.id.lower()
+    assert Anchor.model_validate(obj["spec"]).id == a.id
+    pod = {"status": {"containerStatuses": [
+        {"name": "vllm", "state": {"terminated": {"exitCode": 0}}},
+        {"name": "harvester", "state": {"terminated": {"exitCode": 0, "message": "m"}}}]}}
+    assert terminated_message(pod) == "m"
+    assert terminated_message({"status": {"containerStatuses": [{"name": "harvester", "state": {"running": {}}}]}}) \
+        is None
+
+
+def test_harvest_pod_against_an_emulator(tmp_path: Path) -> None:
+    """The harvester container's program, end to end against an emulated engine (no cluster)."""
+    from inferasim.emulator import EmulatorConfig, start_emulator
+
+    with start_emulator(EmulatorConfig(model="meta-llama/Meta-Llama-3-8B", gpu="MI300X", engine="vllm",
+                                       speedup=20, precision="bf16")) as h:
+        r = subprocess.run([sys.executable, "-m", "inferasim_operator.harvest_pod", "--endpoint", h.url,
+                            "--done-file", str(tmp_path / "done"), "--anchor-file", str(tmp_path / "a.json"),
+                            "--termination-log", str(tmp_path / "term"), "--ready-timeout-s", "30", "--",
+                            "--endpoint", h.url, "--engine", "vllm", "--model", "meta-llama/Meta-Llama-3-8B",
+                            "--gpu", "MI300X", "--precision", "bf16", "--tp", "1", "--out", str(tmp_path / "a.json"),
+                            "--speedup", "20", "--plan", "512x128@1,4,16;2048x64@4", "--max-rms-log-error", "1.5",
+                            "--quiet"], capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert (tmp_path / "done").exists()
+    anchor = decode_anchor((tmp_path / "term").read_text())
+    assert anchor.kernel_set.engine == "vllm" and anchor.provenance.method == "harvest"
+
+
+def test_harvest_pod_gives_up_on_an_engine_that_never_starts(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    r = subprocess.run([sys.executable, "-m", "inferasim_operator.harvest_pod", "--endpoint",
+                        f"http://127.0.0.1:{port}", "--done-file", str(tmp_path / "done"), "--anchor-file",
+                        str(tmp_path / "a.json"), "--termination-log", str(tmp_path / "term"),
+                        "--ready-timeout-s", "1", "--", "--endpoint", "x"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1
+    assert (tmp_path / "done").exists()  # the engine container is told to stop either way
+    assert "was not ready" in (tmp_path / "term").read_text()
+
+
+def test_layout_labels_used_in_names() -> None:
+    assert Layout(tp=4, moe_ep=4).label() == "tp4-ep4"
+    assert target(harvest_layout={"tp": 4, "moe_ep": 4}).job_name.endswith("-tp4-ep4")

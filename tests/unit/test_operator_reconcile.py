@@ -1,0 +1,175 @@
+"""The operator's decisions that need no API server: settings, spec rules, conditions, the search in
+a child process (real `tune`), status pieces, canaries and the Argo Rollouts analysis."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from inferasim_operator import confirm, reconcile, search
+from inferasim_operator.kube import without_empty_strings
+from inferasim_operator.models import TuningStatus
+
+from inferasim.spec import SpecError
+
+REPO = Path(__file__).resolve().parents[2]
+SPEC: dict[str, Any] = {
+    "target": {"name": "chat"}, "model": "meta-llama/Meta-Llama-3-8B", "precision": ["bf16"],
+    "hardware": {"gpu": "AMD_Instinct_MI300X", "gpusPerNode": 8, "maxGPUs": 8}, "engines": ["vllm"],
+    "workload": {"static": {"kind": "poisson", "requestRate": 5, "inputTokens": 512, "outputTokens": 128}},
+    "confirmation": {"mode": "canary", "candidates": 2, "window": "30m"},
+}
+BODY: dict[str, Any] = {"apiVersion": "inferasim.io/v1alpha1", "kind": "ServingTuning",
+                        "metadata": {"name": "chat", "namespace": "llm", "uid": "u-1", "generation": 3}, "spec": SPEC}
+
+
+def test_settings_from_env() -> None:
+    s = reconcile.Settings.from_env({"INFERASIM_TIMER_SECONDS": "2", "INFERASIM_ANCHOR_DIRS": "/a:/b",
+                                     "INFERASIM_HARVEST_ARGS": "--speedup 20 --quiet", "INFERASIM_STAGE2_TOP": "7"})
+    assert s.timer_seconds == 2 and s.anchor_dirs == ["/a", "/b"] and s.stage2_top == 7
+    assert s.harvest_extra_args == ["--speedup", "20", "--quiet"]
+    assert reconcile.Settings.from_env({}).anchor_dirs == [str(REPO / "anchors")]
+    with pytest.raises(ValueError, match="INFERASIM_TIMER_SECONDS"):
+        reconcile.Settings.from_env({"INFERASIM_TIMER_SECONDS": "soon"})
+    with pytest.raises(ValueError, match="INFERASIM_SEARCH_TIMEOUT_S"):
+        reconcile.Settings.from_env({"INFERASIM_SEARCH_TIMEOUT_S": "0"})
+
+
+def test_backoff_grows_and_is_capped() -> None:
+    s = reconcile.Settings(backoff_base_s=10, backoff_max_s=100)
+    assert [reconcile.backoff(s, n) for n in (1, 2, 3, 4, 5)] == [10, 20, 40, 80, 100]
+
+
+def test_durations() -> None:
+    assert reconcile.parse_duration("24h", "x") == 86400
+    assert reconcile.parse_duration("1h30m", "x") == 5400 and reconcile.parse_duration(None, "x") is None
+    with pytest.raises(SpecError, match="retune.every"):
+        reconcile.parse_duration("daily", "retune.every")
+
+
+@pytest.mark.parametrize("change,field", [
+    ({"target": None}, "target"),
+    ({"workload": {"trace": {"path": "/t.jsonl"}}}, "workload.trace"),
+    ({"retune": {"every": "weekly"}}, "retune.every"),
+    ({"confirmation": {"window": "a while"}}, "confirmation.window"),
+    ({"engines": ["tgi"]}, "engines"),
+    ({"hardware": {"gpu": "MI300X", "maxGPUs": 0}}, "hardware.maxGPUs"),
+])
+def test_operator_spec_rules(change: dict[str, Any], field: str) -> None:
+    spec = {**SPEC, **change}
+    if change.get("target", 1) is None:
+        del spec["target"]
+    with pytest.raises(SpecError, match=field.replace(".", r"\.")):
+        reconcile.parse_tuning_spec(spec)
+
+
+def test_render_name() -> None:
+    spec = reconcile.parse_tuning_spec(SPEC)
+    assert reconcile.render_name(spec, "t") == "chat"
+    bad = reconcile.parse_tuning_spec({**SPEC, "target": {"name": "Chat.v2"}})
+    assert reconcile.render_name(bad, "tuning") == "tuning"
+
+
+def test_conditions_keep_transition_time_until_status_changes() -> None:
+    c1 = reconcile.set_condition([], "Recommended", "True", "SearchComplete", "ok", 1)
+    c1[0]["lastTransitionTime"] = "2020-01-01T00:00:00Z"
+    c2 = reconcile.set_condition(c1, "Recommended", "True", "SearchComplete", "again", 2)
+    assert c2[0]["lastTransitionTime"] == "2020-01-01T00:00:00Z" and c2[0]["message"] == "again"
+    c3 = reconcile.set_condition(c2, "Recommended", "False", "SearchTimeout", "slow", 2)
+    assert c3[0]["lastTransitionTime"] != "2020-01-01T00:00:00Z" and c3[0]["observedGeneration"] == 2
+    c4 = reconcile.set_condition(c3, "WorkloadObserved", "True", "StaticWorkload", "", 2)
+    assert [c["type"] for c in c4] == ["WorkloadObserved", "Recommended"]
+
+
+def test_job_states() -> None:
+    assert reconcile.job_state({"status": {}}) == "Pending"
+    assert reconcile.job_state({"status": {"active": 1}}) == "Running"
+    assert reconcile.job_state({"status": {"succeeded": 1}}) == "Succeeded"
+    failed = {"status": {"conditions": [{"type": "Failed", "status": "True", "reason": "DeadlineExceeded",
+                                         "message": "too slow"}]}}
+    assert reconcile.job_state(failed) == "Failed"
+    assert reconcile._job_failure(failed) == "DeadlineExceeded: too slow"
+
+
+def test_empty_strings_are_dropped_or_deleted() -> None:
+    obj = {"a": "", "b": {"c": "", "d": "x"}, "e": ["", "y", {"f": ""}]}
+    assert without_empty_strings(obj, patch=False) == {"b": {"d": "x"}, "e": ["y", {}]}
+    assert without_empty_strings(obj, patch=True) == {"a": None, "b": {"c": None, "d": "x"}, "e": ["y", {}]}
+
+
+# -- the search in a child process (real tune) ---------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def payload(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    empty = tmp_path_factory.mktemp("anchors")
+    sel = {"matchLabels": {"app": "chat"}}
+    return asyncio.run(search.run_search(reconcile.parse_tuning_spec(SPEC).model_dump(by_alias=True, mode="json"),
+                                         [str(empty)], "chat", "llm", stage2_top=2, timeout_s=240,
+                                         target_selector=sel))
+
+
+def test_search_payload(payload: dict[str, Any]) -> None:
+    assert payload["recommendation"]["engine"] == "vllm" and payload["candidates"] > 10
+    assert payload["missing_anchors"] and payload["missing_anchors"][0]["gpu"] == "MI300X"
+    docs = list(yaml.safe_load_all(payload["manifest"]))
+    dep = docs[0]
+    # the live target's (immutable) selector is kept, so the manifest applies over it
+    assert dep["spec"]["selector"] == {"matchLabels": {"app": "chat"}}
+    assert dep["spec"]["template"]["metadata"]["labels"]["app"] == "chat"
+    assert payload["container"]["image"].startswith("vllm/") and payload["container"]["args"][0] == "vllm"
+    assert 1 <= len(payload["shortlist"]) <= 5
+    assert [d["metadata"]["name"] for d in payload["shortlist_deployments"]][:2] == ["chat-canary-0", "chat-canary-1"]
+
+
+def test_status_pieces(payload: dict[str, Any]) -> None:
+    rec = reconcile.recommendation_of(payload, "chat-recommendation")
+    assert rec is not None and rec.manifest_config_map == "chat-recommendation"
+    assert rec.predicted.throughput_per_gpu and rec.predicted.throughput_per_gpu > 0 and rec.extrapolated
+    short = reconcile.shortlist_of(payload, 1800)
+    assert short[0].confirm_gpu_hours == pytest.approx(short[0].gpus / short[0].replicas * 0.5, rel=1e-3)
+    status = TuningStatus(phase="Recommended", recommendation=rec, shortlist=short)  # validates the wire model
+    assert reconcile.dump(status)["recommendation"]["layoutLabel"] == rec.layout_label
+    cm = reconcile.config_map_for(BODY, rec, payload)
+    assert cm["metadata"]["name"] == "chat-recommendation" and cm["data"]["manifest.yaml"] == payload["manifest"]
+    assert cm["metadata"]["ownerReferences"][0]["uid"] == "u-1"
+    assert "manifest" not in yaml.safe_load(cm["data"]["recommendation.yaml"])
+
+
+def test_canary_and_analysis_template(payload: dict[str, Any]) -> None:
+    dep = confirm.canary_deployment(payload["shortlist_deployments"][0], {"app": "chat"}, "chat")
+    assert dep["spec"]["replicas"] == 1
+    labels = dep["spec"]["template"]["metadata"]["labels"]
+    assert labels["app"] == "chat" and labels["inferasim.io/kind"] == "canary"
+    assert dep["spec"]["selector"]["matchLabels"] == {"app.kubernetes.io/name": "chat-canary-0"}
+    assert confirm.canary_selector({"namespace": "llm", "deployment": "chat"}, "chat", "chat-canary-0") == \
+        {"namespace": "llm", "deployment": "chat-canary-0"}
+    assert confirm.canary_selector({"job": "x"}, "chat", "c") == {"job": "x", "deployment": "c"}
+    spec = reconcile.parse_tuning_spec({**SPEC, "workload": {"prometheus": {
+        "url": "http://prom:9090", "selector": {"namespace": "llm", "deployment": "chat"}, "window": "5m"}}})
+    t = confirm.analysis_template(BODY, spec, payload)
+    assert t["kind"] == "AnalysisTemplate" and t["metadata"]["name"] == "chat-analysis"
+    names = [m["name"] for m in t["spec"]["metrics"]]
+    assert names == ["ttft-p90", "itl-p90"]
+    m = t["spec"]["metrics"][1]
+    assert "vllm:inter_token_latency_seconds_bucket" in m["provider"]["prometheus"]["query"]
+    assert m["successCondition"].startswith("result[0] <= ")
+
+
+def test_search_time_limit_kills_the_child() -> None:
+    t0 = time.monotonic()
+    big = {**reconcile.parse_tuning_spec(SPEC).model_dump(by_alias=True, mode="json"), "engines": ["vllm", "sglang"]}
+    with pytest.raises(search.SearchTimeout):
+        asyncio.run(search.run_search(big, [str(REPO / "anchors")], "chat", "llm", stage2_top=50, timeout_s=0.5))
+    assert time.monotonic() - t0 < 20
+
+
+def test_search_refuses_bad_input() -> None:
+    bad = {**reconcile.parse_tuning_spec(SPEC).model_dump(by_alias=True, mode="json"), "model": "nobody/nothing-1b"}
+    with pytest.raises(search.SearchFailed) as err:
+        asyncio.run(search.run_search(bad, [], "chat", "llm", stage2_top=1, timeout_s=120))
+    assert err.value.invalid and "nothing-1b" in str(err.value)

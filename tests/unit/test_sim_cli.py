@@ -1,0 +1,112 @@
+"""`inferasim simulate` (registered by `inferasim.sim.cli.add_cli`) and the replay speed."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import pytest
+
+from inferasim.sim.cli import add_cli, load_workload
+
+MODEL = ["--model", "meta-llama/Meta-Llama-3.1-8B", "--gpu", "H100", "--engine", "vllm", "--tp", "1"]
+
+
+def _run(argv: list[str], capsys) -> tuple[int, str, str]:  # noqa: ANN001
+    parser = argparse.ArgumentParser(prog="inferasim")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_cli(sub)
+    args = parser.parse_args(argv)
+    code = args.func(args)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _yaml(tmp_path, text: str):  # noqa: ANN001, ANN202
+    p = tmp_path / "w.yaml"
+    p.write_text(text)
+    return str(p)
+
+
+def test_simulate_a_workload_as_json(tmp_path, capsys) -> None:  # noqa: ANN001
+    w = _yaml(tmp_path, "kind: multi-turn\nsessionsPerSecond: 1\nturns: 3\ninputTokens: 800\noutputTokens: 60\n"
+                        "userTokensPerTurn: 50\nthinkTimeS: 1\nnumRequests: 45\n")
+    code, out, err = _run(["simulate", *MODEL, "--workload", w, "--output", "json", "--replicas", "2",
+                           "--router", "prefix", "--slo-ttft-ms", "500"], capsys)
+    assert code == 0
+    d = json.loads(out)
+    assert d["completed"] == 45 and d["dropped"] == 0 and d["gpus"] == 2
+    assert d["prefix_hit_rate"] > 0.3 and d["throughput_per_gpu"] > 0
+    for key in ("ttft", "itl"):
+        assert set(d[key]) == {"mean", "p50", "p90", "p99"}
+    assert d["config"]["router"] == "prefix"
+    assert d["anchored"] != ("no anchor" in err)  # a note when measurement-free
+
+
+def test_simulate_a_trace_as_a_table(shared_data, tmp_path, capsys) -> None:  # noqa: ANN001
+    trace = str(shared_data / "traces" / "conversation_trace.jsonl")
+    recs = tmp_path / "r.jsonl"
+    code, out, _ = _run(["simulate", *MODEL, "--trace", trace, "--sample", "200", "--time-scale", "4",
+                         "--requests-out", str(recs)], capsys)
+    assert code == 0
+    assert "TTFT (ms)" in out and "prefix cache hit rate" in out and "200 / 0" in out
+    rows = [json.loads(line) for line in recs.read_text().splitlines()]
+    assert len(rows) == 200 and all(r["ttft"] > 0 and r["dropped"] is None for r in rows)
+    assert sum(r["prefix_hit"] for r in rows) > 0
+
+
+def test_bad_input_names_the_field(tmp_path, capsys) -> None:  # noqa: ANN001
+    bad = _yaml(tmp_path, "kind: poisson\nrequestRate: -2\n")
+    with pytest.raises(ValueError, match="requestRate"):
+        _run(["simulate", *MODEL, "--workload", bad], capsys)
+    with pytest.raises(ValueError, match="needs requestRate"):
+        load_workload(_yaml(tmp_path, "kind: poisson\n"))
+    with pytest.raises(ValueError, match="does not exist"):
+        load_workload(tmp_path / "missing.yaml")
+    with pytest.raises(ValueError, match="host-kv-gb"):
+        _run(["simulate", *MODEL, "--workload", _yaml(tmp_path, "kind: poisson\nrequestRate: 1\nnumRequests: 3\n"),
+              "--host-kv-gb", "-1"], capsys)
+    with pytest.raises(SystemExit):  # argparse: exactly one of --trace / --workload
+        _run(["simulate", *MODEL], capsys)
+    ok = _yaml(tmp_path, "static:\n  kind: closed\n  concurrency: 2\n  numRequests: 4\n")
+    assert load_workload(ok).concurrency == 2
+
+
+def test_anchor_for_another_model_is_refused(capsys) -> None:  # noqa: ANN001
+    from inferasim.sim.cli import ANCHOR_DIR
+
+    anchor = next(iter(sorted(ANCHOR_DIR.glob("vllm-meta-llama--llama-3.1-70b-h100*.json"))), None)
+    if anchor is None:
+        pytest.skip("no shipped 70B H100 anchor")
+    w = "--workload"
+    with pytest.raises(ValueError, match="--anchor .* is for model"):
+        _run(["simulate", *MODEL, "--anchor", str(anchor), w, "unused.yaml"], capsys)
+
+
+def test_plot(tmp_path, capsys) -> None:  # noqa: ANN001
+    pytest.importorskip("matplotlib")
+    w = _yaml(tmp_path, "kind: poisson\nrequestRate: 2\ninputTokens: 500\noutputTokens: 50\nnumRequests: 40\n")
+    png = tmp_path / "p.png"
+    code, out, _ = _run(["simulate", *MODEL, "--workload", w, "--plot", str(png)], capsys)
+    assert code == 0 and png.stat().st_size > 1000 and "plot written" in out
+
+
+def test_full_mooncake_replay_is_fast(shared_data) -> None:  # noqa: ANN001
+    """The acceptance case: the whole conversation trace (12,031 requests, one hour) on one
+    replica of Llama-3.1-70B fp8, tp8, in well under a few seconds (about 1.5 s where written)."""
+    from inferasim.catalog.gpus import get_gpu
+    from inferasim.catalog.models import get_model
+    from inferasim.layout import Layout
+    from inferasim.predictor import unanchored
+    from inferasim.sim.api import simulate_workload
+    from inferasim.spec import TraceWorkload
+
+    f = unanchored("vllm", get_model("meta-llama/Meta-Llama-3.1-70B"), get_gpu("H100"), "fp8", Layout(tp=8),
+                   kv_dtype="fp8")
+    t0 = time.perf_counter()
+    rep = simulate_workload(f, Layout(tp=8), TraceWorkload(path=str(shared_data / "traces" /
+                                                                    "conversation_trace.jsonl")))
+    wall = time.perf_counter() - t0
+    assert len(rep.completed) == 12031
+    assert wall < 8.0, wall

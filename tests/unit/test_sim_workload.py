@@ -1,0 +1,206 @@
+"""Workloads, trace readers and the run report of the trace simulator."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_sim_helpers import conversations, fitted, write_jsonl
+
+from inferasim.layout import Layout
+from inferasim.sim.api import simulate_workload
+from inferasim.sim.workload import (
+    ClosedLoop,
+    Driver,
+    MultiTurn,
+    WorkloadError,
+    load_trace,
+    poisson_requests,
+)
+from inferasim.spec import StaticWorkload, TraceWorkload
+
+
+def test_mooncake_reader_keeps_prefix_identity_scales_and_samples(tmp_path) -> None:  # noqa: ANN001
+    recs = [{"timestamp": 1000, "input_length": 1100, "output_length": 5, "hash_ids": [0, 1, 2]},
+            {"timestamp": 3000, "input_length": 700, "output_length": 0, "hash_ids": [0, 9]},
+            {"timestamp": 2000, "input_length": 600, "output_length": 7, "hash_ids": [5, 1]}]
+    path = write_jsonl(tmp_path / "m.jsonl", recs)
+    reqs = load_trace(path, time_scale=0.5)
+    assert [r.arrival for r in reqs] == [0.0, 0.5, 1.0]  # sorted, from 0, scaled
+    a, c, b = reqs
+    assert (a.prompt, a.output, a.unit, a.id_tokens) == (1100, 5, 512, 1100)
+    assert b.output == 1  # at least one token
+    assert a.ids[0] == b.ids[0] and a.ids[1] != b.ids[1]  # same first block, then apart
+    assert a.ids[1] != c.ids[1]  # equal hash id after a different prefix: another key
+    assert len(load_trace(path, sample=2)) == 2
+    with pytest.raises(WorkloadError, match="time_scale"):
+        load_trace(path, time_scale=0)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"timestamp": 1}\n')
+    with pytest.raises(WorkloadError, match="bad.jsonl:1"):
+        load_trace(bad)
+
+
+def test_azure_reader(tmp_path) -> None:  # noqa: ANN001
+    p = tmp_path / "a.csv"
+    p.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,44\n"
+                 "2023-11-16 18:15:50.9951690,396,109\n")
+    reqs = load_trace(p)
+    assert [r.prompt for r in reqs] == [374, 396] and reqs[0].ids is None
+    assert reqs[1].arrival == pytest.approx(4.314579, abs=1e-6)
+    p.write_text("when,x\n1,2\n")
+    with pytest.raises(WorkloadError, match="columns"):
+        load_trace(p)
+
+
+def test_shared_traces_load(shared_data) -> None:  # noqa: ANN001
+    t = shared_data / "traces"
+    conv = load_trace(t / "conversation_trace.jsonl")
+    assert len(conv) == 12031 and conv[-1].arrival == pytest.approx(3537.0, abs=1.0)
+    assert len(load_trace(t / "AzureLLMInferenceTrace_code.csv", sample=100)) == 100
+
+
+def test_multi_turn_prompts_extend_the_previous_turn_and_hit_it() -> None:
+    w = StaticWorkload(kind="multi-turn", sessionsPerSecond=0.5, turns=3, inputTokens=1000, outputTokens=100,
+                       userTokensPerTurn=50, thinkTimeS=2.0, numRequests=30)
+    rep = simulate_workload(fitted("vllm"), Layout(tp=1), w)
+    reqs = rep.requests
+    assert len(reqs) == 30 and len(rep.completed) == 30
+    by_session: dict[int, list] = {}
+    for r in reqs:
+        by_session.setdefault(r.session, []).append(r)
+    for turns in by_session.values():
+        for prev, nxt in zip(turns, turns[1:], strict=False):
+            assert nxt.prompt == prev.prompt + prev.output + 50
+            assert nxt.arrival > prev.finish
+            # The previous prompt and answer are cached (all but the partial last block).
+            assert nxt.prefix_hit >= (prev.prompt + prev.output - 16) // 16 * 16
+    assert rep.prefix_hit_rate > 0.5
+
+
+def test_closed_loop_keeps_its_clients_busy() -> None:
+    w = StaticWorkload(kind="closed", concurrency=8, inputTokens=512, outputTokens=64, numRequests=80)
+    rep = simulate_workload(fitted("sglang"), Layout(tp=1), w)
+    assert len(rep.completed) == 80
+    drv = ClosedLoop(8, 80, 512, 64)
+    assert drv.closed and not Driver([]).closed
+    # At most 8 requests in flight at any time.
+    events = sorted([(r.arrival, 1) for r in rep.requests] + [(r.finish, -1) for r in rep.requests])
+    assert max(np.cumsum([e for _, e in events])) <= 8
+
+
+def test_every_request_finishes_or_is_dropped_with_a_reason(tmp_path) -> None:  # noqa: ANN001
+    recs = conversations(n_conv=4, turns=3, seed=9)
+    recs.append({"timestamp": recs[-1]["timestamp"] + 10, "input_length": 200_000, "output_length": 10,
+                 "hash_ids": [1]})
+    trace = write_jsonl(tmp_path / "t.jsonl", recs)
+    rep = simulate_workload(fitted("vllm"), Layout(tp=1), Driver(load_trace(trace)))
+    assert len(rep.requests) == len(recs)
+    for r in rep.requests:
+        assert (r.finish is not None and r.first_token is not None and r.generated == r.output) != \
+            (r.dropped is not None)
+    (big,) = rep.dropped
+    assert "context" in big.dropped or "KV pool" in big.dropped
+    d = rep.as_dict()
+    assert d["completed"] == len(recs) - 1 and d["dropped"] == 1 and sum(d["dropped_reasons"].values()) == 1
+
+
+def test_littles_law_on_a_long_open_loop_run() -> None:
+    """Requests in the system, as the simulator's own state sampled over time, equal the arrival
+    rate times the mean time in the system (engine side: without the client's delivery delay)."""
+    rate = 6.0
+    f = fitted("vllm")
+    reqs = poisson_requests(rate, 3000, 1500, 200, seed=11)
+    rep = simulate_workload(f, Layout(tp=1), Driver(reqs), sample_dt=0.25)
+    done = rep.completed
+    assert len(done) == 3000
+    t_end = max(r.arrival for r in done)
+    s = rep.series
+    t = np.array(s["t_s"])
+    inside = (t > 20.0) & (t < t_end - 20.0)
+    L = (np.array(s["running"]) + np.array(s["waiting"]))[inside].mean()
+    delay = f.params.t_ttft
+    W = np.mean([r.finish - delay - r.arrival for r in done])
+    lam = len(done) / t_end
+    assert L == pytest.approx(lam * W, rel=0.05)
+    # Stable: the output rate is the offered one.
+    assert rep.throughput == pytest.approx(rate * 200, rel=0.05)
+
+
+def test_same_seed_same_result_and_seed_matters() -> None:
+    w = StaticWorkload(kind="multi-turn", sessionsPerSecond=1.0, turns=3, inputTokens=800, outputTokens=80,
+                       userTokensPerTurn=40, thinkTimeS=1.0, numRequests=60)
+    a = simulate_workload(fitted("sglang"), Layout(tp=1), w, seed=3).as_dict()
+    b = simulate_workload(fitted("sglang"), Layout(tp=1), w, seed=3).as_dict()
+    c = simulate_workload(fitted("sglang"), Layout(tp=1), w, seed=4).as_dict()
+    for d in (a, b, c):
+        d.pop("wall_s")
+        d.pop("sim_s_per_wall_s")
+    assert a == b
+    assert a != c
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang", "atom"])
+def test_itl_distribution_accounts_for_every_gap(engine: str, tmp_path) -> None:  # noqa: ANN001
+    """The pooled ITL has one entry per gap (output - 1 per request) and sums to the requests'
+    decode spans; each request's largest gap lies between its mean gap and its decode span."""
+    from inferasim.sim.report import itl_samples
+
+    trace = write_jsonl(tmp_path / "t.jsonl", conversations(n_conv=10, turns=4, seed=12))
+    f = fitted(engine)
+    rep = simulate_workload(f, Layout(tp=1), Driver(load_trace(trace)))
+    cores = [core for core in _cores(f, trace)]
+    vals, wts = itl_samples(cores)
+    done = rep.completed
+    assert wts.sum() == pytest.approx(sum(r.output - 1 for r in done))
+    assert (vals * wts).sum() == pytest.approx(sum(r.finish - r.first_token for r in done), rel=1e-9)
+    assert rep.itl["mean"] == pytest.approx(1e3 * sum(r.finish - r.first_token for r in done) /
+                                            sum(r.output - 1 for r in done), rel=1e-9)
+    for r in done:
+        if r.output > 2:
+            assert r.tpot * (1 - 1e-9) <= r.max_gap <= (r.finish - r.first_token) * (1 + 1e-9)
+    assert rep.itl["p50"] <= rep.itl["p90"] <= rep.itl["p99"]
+
+
+def _cores(f, trace):  # noqa: ANN001, ANN202
+    """The cores of a single-replica run (rebuilt: the report does not keep them)."""
+    from inferasim.sim.benchmark import engine_sched
+    from inferasim.sim.cluster import Cluster
+    from inferasim.sim.replica import Replica
+    from inferasim.steptime import layout_cost
+
+    lay = Layout(tp=1)
+    rep = Replica(f.params, layout_cost(f.model, f.gpu, lay, f.precision, f.kv_dtype),
+                  engine_sched(f.engine, f.model, f.gpu, lay, f.precision, f.engine_version, f.kv_dtype),
+                  delivery_delay=f.params.t_ttft)
+    Cluster([rep]).run(Driver(load_trace(trace)))
+    return rep.ranks
+
+
+def test_trace_workload_spec_and_report_fields(shared_data) -> None:  # noqa: ANN001
+    path = shared_data / "traces" / "conversation_trace.jsonl"
+    rep = simulate_workload(fitted("vllm"), Layout(tp=1), TraceWorkload(path=str(path), sample=300, timeScale=4.0),
+                            slo_ttft_ms=2000, slo_itl_ms=60)
+    d = rep.as_dict()
+    for key in ("completed", "dropped", "prefix_hit_rate", "throughput_per_gpu", "goodput", "kv", "series"):
+        assert key in d
+    for key in ("ttft", "itl"):
+        assert set(d[key]) == {"mean", "p50", "p90", "p99"}
+        assert d[key]["p50"] <= d[key]["p90"] <= d[key]["p99"]
+    assert d["ttft_mean_ms"] == d["ttft"]["mean"] and d["itl_mean_ms"] == d["itl"]["mean"]
+    assert 0 <= d["goodput"]["fraction"] <= 1 and d["goodput"]["slo"] == "TTFT <= 2000 ms, ITL <= 60 ms"
+    assert d["completed"] == 300 and d["prefix_hit_rate"] > 0
+    s = d["series"]
+    assert len(s["t_s"]) > 10 and max(s["kv_usage"]) <= 1.0
+    assert "TTFT (ms)" in rep.table()
+    assert isinstance(MultiTurn(1.0, 2, 4, 10, 10, 0), Driver)
+
+
+def test_an_observed_prefix_hit_rate_becomes_a_shared_prompt_head() -> None:
+    for kind, extra in (("poisson", {"requestRate": 2.0}), ("closed", {"concurrency": 4})):
+        w = StaticWorkload(kind=kind, inputTokens=2000, outputTokens=50, numRequests=40, prefixHitRate=0.4, **extra)
+        rep = simulate_workload(fitted("vllm"), Layout(tp=1), w)
+        # 768 of 2000 tokens (whole 64-token units) are shared; the first requests, prefilled
+        # together before anything is cached, miss.
+        assert all(r.prefix_hit in (0, 768) for r in rep.requests)
+        assert all(r.prefix_hit == 768 for r in rep.requests[10:])
+        assert 0.3 < rep.prefix_hit_rate <= 768 / 2000
