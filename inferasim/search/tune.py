@@ -11,8 +11,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from inferasim.anchors import Anchor, AnchorStore
 from inferasim.catalog.gpus import GPU, get_gpu
 from inferasim.catalog.models import ModelSpec, get_model, normalize_precision, resolve_model_name
@@ -27,9 +25,7 @@ from inferasim.search.select import (
 )
 from inferasim.search.space import Candidate, Space, build_space
 from inferasim.search.workload import WorkloadShape, shape_of
-from inferasim.sim.benchmark import engine_sched
 from inferasim.spec import TuningSpec
-from inferasim.steptime import layout_cost
 
 # A harvest measures a handful of concurrencies at two lengths: about 20 minutes of the anchor
 # layout's GPUs, engine start-up included.
@@ -140,41 +136,29 @@ def _anchor_for(store: AnchorStore, engine: str, model: ModelSpec, gpu: GPU, pre
 
 
 def _stage2(e: Estimate, w: WorkloadShape) -> Estimate:
-    """Refine one candidate with the discrete-event simulator at its operating point: requests
-    replayed one by one, percentiles measured instead of assumed."""
-    from inferasim.sim.des import simulate_closed_loop
+    """Refine one candidate with the discrete-event simulator: the workload itself (sessions,
+    prefix reuse, arrivals) replayed request by request on the candidate's replicas, percentiles
+    measured instead of assumed."""
+    from inferasim.sim.api import simulate_workload
 
     c = e.candidate
-    if c.disagg is not None or not math.isfinite(e.tpot):
+    if c.disagg is not None or not math.isfinite(e.tpot) or w.source is None:
         return e
-    fitted = e.fitted
-    cost = layout_cost(fitted.model, fitted.gpu, c.layout, fitted.precision, fitted.kv_dtype)
-    sched = engine_sched(fitted.engine, fitted.model, fitted.gpu, c.layout, fitted.precision, fitted.engine_version,
-                         fitted.kv_dtype, max_num_seqs=c.max_num_seqs, max_batched_tokens=c.max_batched_tokens)
-    if not c.chunked_prefill:
-        from dataclasses import replace as _replace
-
-        sched = _replace(sched, mixed=False)
-    # Clients in flight per replica at the operating point (Little's law).
-    if w.rate is not None:
-        conc = max(int(round(w.rate / e.replicas * (e.ttft + (w.osl - 1) * e.tpot))), 1)
-    else:
-        conc = int(w.concurrency or 1)
-    conc = min(conc, 1024)
-    isl_new = max(int(w.isl * (1.0 - w.hit)), 1)
-    n = int(min(max(4 * conc, 200), 2000))
-    from dataclasses import replace as _replace
-
-    params = _replace(fitted.params, burst=0.0)
-    # Client think time desynchronises the clients as real traffic is (no lock-step waves).
-    think = 0.5 * (e.ttft + (w.osl - 1) * e.tpot)
-    res = simulate_closed_loop(params, cost, sched, isl_new, int(w.osl), conc, num_requests=n, seed=1,
-                               range_ratio=0.2, think_time=think)
-    d = res.as_dict()
-    if d.get("ttft_p90_s") is None:
+    src = w.source
+    if src.kind == "closed":
+        # A closed loop over all replicas: the spec's clients.
+        src = src.model_copy(update={"num_requests": min(src.num_requests, max(4 * (src.concurrency or 1), 200))})
+    report = simulate_workload(e.fitted, c.layout, src, replicas=e.replicas, max_num_seqs=c.max_num_seqs,
+                               max_batched_tokens=c.max_batched_tokens,
+                               mixed=None if c.chunked_prefill else False, seed=1)
+    d = report.as_dict(series=False)
+    if not d["completed"]:
+        e.notes.append("the simulation completed no request")
         return e
-    e.ttft, e.tpot = d["ttft_mean_s"], d["tpot_mean_s"]
-    e.ttft_p90, e.itl_p90 = d["ttft_p90_s"], d.get("tpot_p90_s", e.tpot * 1.25)
+    e.ttft, e.tpot = d["ttft"]["mean"] / 1e3, d["itl"]["mean"] / 1e3
+    e.ttft_p90, e.itl_p90 = d["ttft"]["p90"] / 1e3, d["itl"]["p90"] / 1e3
+    if d["dropped"]:
+        e.notes.append(f"{d['dropped']} of {d['requests']} requests dropped in simulation: {d['dropped_reasons']}")
     e.stage = 2
     return e
 
@@ -305,11 +289,10 @@ def tune(spec: TuningSpec, anchor_dirs: list[Path] | None = None, progress: Prog
     top = _run_stage2(ranked[:stage2_top], w, workers, progress)
     for e in top:
         if e.stage == 2:
-            from inferasim.search.estimate import slo_ok
-
             slo = spec.objective.slo
-            ok = slo_ok(np.array([e.ttft_p90 / 1.6]), np.array([e.itl_p90 / 1.25]), slo)[0]
-            e.meets_slo = bool(ok) and not any("exceeds" in n or "needs" in n for n in e.notes)
+            ok = (slo.ttft_p90_ms is None or e.ttft_p90 * 1e3 <= slo.ttft_p90_ms) and \
+                (slo.itl_p90_ms is None or e.itl_p90 * 1e3 <= slo.itl_p90_ms)
+            e.meets_slo = bool(ok) and not any(("exceeds" in n or "needs" in n or "dropped" in n) for n in e.notes)
     ranked = sorted(top, key=score, reverse=True) + ranked[stage2_top:]
     timings["stage2"] = time.perf_counter() - t2
     front = pareto_front(estimates, w.osl)
