@@ -41,6 +41,7 @@ SLICE_SCALE = 3.0
 
 
 def _replay(fitted, sample: int | None = None, jump: bool = True, scale: float = 1.0):  # noqa: ANN001, ANN202
+    gc.collect()  # leave no garbage of an earlier run to the timed one
     t0 = time.perf_counter()
     driver = Driver(load_trace(TRACE, sample=sample, time_scale=scale))
     t1 = time.perf_counter()

@@ -191,10 +191,17 @@ class Cluster:
                     horizon = min([t] + [r.event_lb() for r in busy if r is not first])
                     if a > first.now:
                         first.now = a  # idle until then, and no one acts earlier
+                    before = (first.now, first.steps, first.outstanding)
                     first.run_until(horizon, on_finish, at_least_one=True, stop_on_finish=True)
+                    if (first.now, first.steps, first.outstanding) == before:
+                        first.blocked()
                     continue
             if not heap:
                 if any(rep.outstanding for rep in reps):
+                    if lockstep and not busy:
+                        raise RuntimeError("replicas stuck with requests outstanding")
+                    if lockstep and all(rep.next_activity() == math.inf for rep in busy):
+                        raise RuntimeError("replicas stuck with requests outstanding")
                     continue
                 break
             if heap[0][0] < t:

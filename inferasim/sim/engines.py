@@ -298,12 +298,11 @@ class Core:
         self._lseq += 1
         heapq.heappush(self.loading, (now + req.load_s, self._lseq, 2, row))
 
-    def next_ready(self) -> float:
-        return self.loading[0][0] if self.loading else float("inf")
-
-    def process_ready(self, now: float) -> None:
-        """Requests whose KV finished loading by `now`."""
+    def process_ready(self, now: float) -> list[SimRequest]:
+        """Requests whose KV finished loading by `now`; returns those that are thereby done (a
+        prefilled request asking for one token only)."""
         loading = self.loading
+        done: list[SimRequest] = []
         while loading and loading[0][0] <= now:
             t, _, kind, obj = heapq.heappop(loading)
             if kind == 1:
@@ -319,9 +318,10 @@ class Core:
                 req.t_last = t
                 req.generated = 1
                 if row.gen >= row.out:
-                    self._finish(row, t)
+                    done.append(self._finish(row, t))
                 else:
                     self._join(row, t)
+        return done
 
     def _admit(self, req: SimRequest, m: Match, chunk: int, blocks: int, upto: int = 0) -> Row:
         """Move the head of the queue into the running rows: reference its cached prefix, allocate
@@ -499,7 +499,8 @@ class Core:
                 row.comp += chunk
                 self.prefill_tokens += chunk
                 req = row.req
-                if req.ids is not None and kv.caching and not row.reg_stop:
+                if req.ids is not None and not row.reg_stop and kv.caching and \
+                        min(row.comp, req.id_tokens) >= row.reg_tok + self.B:
                     kv.register(row, row.comp)
                 if row.comp == row.prompt + row.gen:
                     row.gen += 1
@@ -564,7 +565,9 @@ class Core:
 
     def _release(self, row: Row) -> None:
         kv = self.kv
-        if row.req.ids is not None and kv.caching and not row.reg_stop:
+        req = row.req
+        if req.ids is not None and not row.reg_stop and kv.caching and \
+                min(row.comp, req.id_tokens) >= row.reg_tok + self.B:
             kv.register(row, row.comp)
         if row.nodes:
             kv.drop(row.nodes)
@@ -645,7 +648,8 @@ class VllmCore(Core):
                     need -= 1
                 self._preempt(victim)
                 preempted = True
-        kv.alloc(need)
+        if need:
+            kv.alloc(need)
         n_d = self.n_d
         budget -= n_d
         ctx = (self.sum_cb + n_d * self.G) / n_d + 1.0 if n_d else 0.0

@@ -128,6 +128,8 @@ class Replica:
         self.routed_tokens = 0  # prompt + output of requests routed here and not finished
         self.routed = 0
         self.dropped: list[SimRequest] = []
+        self._blocked_at = -1.0
+        self._blocked_until = INF
         self.sample_dt = float(sample_dt)
         self._next_sample = 0.0 if sample_dt > 0 else INF
         self.series: list[tuple[float, float, float, int, int, int, int]] = []
@@ -160,6 +162,7 @@ class Replica:
             rank = 0
         req.rank = rank
         req.replica = self.index
+        self._blocked_at = -1.0
         self._pseq += 1
         heapq.heappush(self._pending[rank], (t, self._pseq, req))
         self.outstanding += 1
@@ -208,11 +211,19 @@ class Replica:
         if not self.outstanding:
             return INF
         now = self.now
+        if self._blocked_at == now:
+            return max(now, self._blocked_until)
         for rank, heap in zip(self.ranks, self._pending, strict=True):
-            if rank.n_alive or rank.waiting or (rank.loading and rank.loading[0][0] <= now) or \
+            if rank.n_d or rank.prows or rank.waiting or (rank.loading and rank.loading[0][0] <= now) or \
                     (heap and heap[0][0] <= now):
                 return now
         return self._next_event(False)
+
+    def blocked(self) -> None:
+        """A step could not be made now (queued requests wait for KV held by loads in flight):
+        nothing happens here before the next arrival or load."""
+        self._blocked_at = self.now
+        self._blocked_until = self._next_event(False)
 
     # -- the loop --------------------------------------------------------------------------------
     def run_until(self, horizon: float, on_finish: Callable[[SimRequest], None], at_least_one: bool = False,
@@ -238,7 +249,10 @@ class Replica:
                 while heap and heap[0][0] <= now:
                     r0.enqueue(heapq.heappop(heap)[2])
                 if r0.loading and r0.loading[0][0] <= now:
-                    r0.process_ready(now)
+                    done = r0.process_ready(now)
+                    if done:
+                        self._deliver(done, on_finish)
+                        continue
                 lim = r0.decode_run_limit()
                 if lim is None:
                     nxt = self._next_event(False)
@@ -261,11 +275,15 @@ class Replica:
                 else:
                     finished = self._jump([0], lim if jump else 1, now, horizon)
             else:
+                done = []
                 for rank, heap in zip(ranks, pending, strict=True):
                     while heap and heap[0][0] <= now:
                         rank.enqueue(heapq.heappop(heap)[2])
                     if rank.loading and rank.loading[0][0] <= now:
-                        rank.process_ready(now)
+                        done += rank.process_ready(now)
+                if done:
+                    self._deliver(done, on_finish)
+                    continue
                 limits = [rank.decode_run_limit() for rank in ranks]
                 busy = [i for i, lim in enumerate(limits) if lim is not None]
                 if not busy:
@@ -300,10 +318,7 @@ class Replica:
                             finished += rank.commit(end)
                     self.steps += 1
             if finished:
-                for req in finished:
-                    self.outstanding -= 1
-                    self.routed_tokens -= req.prompt + req.output
-                    on_finish(req)
+                self._deliver(finished, on_finish)
                 if stop_on_finish:
                     return
             if self.now >= self._next_sample:
@@ -311,6 +326,12 @@ class Replica:
             iters += 1
             if progress is not None and not iters & 1023:
                 progress(self.now)
+
+    def _deliver(self, finished: list[SimRequest], on_finish: Callable[[SimRequest], None]) -> None:
+        for req in finished:
+            self.outstanding -= 1
+            self.routed_tokens -= req.prompt + req.output
+            on_finish(req)
 
     def _wait(self, now: float, horizon: float) -> bool:
         """Nothing could be scheduled (a request may have started loading its KV): move to the

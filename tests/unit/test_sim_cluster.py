@@ -75,3 +75,13 @@ def test_bad_arguments_name_the_field() -> None:
                       (dict(host_kv_bytes=-1.0), "host_kv_bytes")):
         with pytest.raises(ValueError, match=field):
             simulate_workload(f, Layout(tp=1), w, **kw)
+
+
+def test_disaggregated_pools_under_a_burst_make_progress(shared_data) -> None:  # noqa: ANN001
+    """A decode worker waiting for a KV transfer while the prefill worker is busy must not stall
+    the lockstep of the replicas (a trace burst: many requests at once)."""
+    from inferasim.spec import TraceWorkload
+
+    path = str(shared_data / "traces" / "conversation_trace.jsonl")
+    rep = simulate_workload(fitted("vllm"), Layout(tp=1), TraceWorkload(path=path, sample=150), disagg=(1, 1))
+    assert len(rep.completed) + len(rep.dropped) == 150 and len(rep.completed) > 100

@@ -201,3 +201,26 @@ def test_no_blocks_leak_after_a_run(tmp_path) -> None:  # noqa: ANN001
     assert kv.used == kv.evictable == sum(n.blocks for n in kv.nodes.values())
     assert all(n.ref == 0 for n in kv.nodes.values())
     assert kv.evicted_blocks > 0
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang", "atom"])
+def test_prefilled_requests_wait_for_their_kv_then_decode(engine: str) -> None:
+    """A decode worker allocates a prefilled request's KV, waits for the transfer, forwards the
+    first token, then decodes the rest (one-token requests are done when the KV arrives)."""
+    from inferasim.sim.cluster import Cluster
+
+    f = fitted(engine)
+    lay = Layout(tp=1)
+    rep = Replica(f.params, layout_cost(f.model, f.gpu, lay), engine_sched(engine, f.model, f.gpu, lay),
+                  delivery_delay=0.0)
+    reqs = []
+    for i, out in enumerate((1, 50, 50)):
+        r = SimRequest(i, 0.1 * i, 2000, out)
+        r.prebuilt, r.load_s = True, 0.25
+        reqs.append(r)
+    Cluster([rep]).run(Driver(reqs))
+    for r in reqs:
+        assert r.first_token == pytest.approx(r.arrival + 0.25)
+        assert r.generated == r.output and r.finish >= r.first_token
+    assert reqs[0].finish == reqs[0].first_token
+    assert rep.ranks[0].prefill_tokens == 0  # nothing computed again
