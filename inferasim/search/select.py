@@ -48,21 +48,20 @@ class ParetoPoint:
 
 
 def pareto_front(estimates: list[Estimate], osl: float) -> list[ParetoPoint]:
-    """Non-dominated (tokens/s per user, tokens/s per GPU) points over every candidate's curve."""
-    pts: list[ParetoPoint] = []
-    for e in estimates:
-        per_gpu = e.curve_rate * osl / e.candidate.gpus_per_replica
-        per_user = 1.0 / np.maximum(e.curve_tpot, 1e-9)
-        for u, g, c in zip(per_user, per_gpu, e.curve_conc, strict=True):
-            pts.append(ParetoPoint(e.candidate.label(), e.candidate.engine, float(u), float(g), float(c)))
-    pts.sort(key=lambda p: (-p.tokens_per_user, -p.throughput_per_gpu))
-    front: list[ParetoPoint] = []
-    best = -1.0
-    for p in pts:
-        if p.throughput_per_gpu > best:
-            front.append(p)
-            best = p.throughput_per_gpu
-    return front
+    """Non-dominated (tokens/s per user, tokens/s per GPU) points over every candidate's curve
+    (numpy over all points; objects only for the front)."""
+    if not estimates:
+        return []
+    per_user = np.concatenate([1.0 / np.maximum(e.curve_tpot, 1e-9) for e in estimates])
+    per_gpu = np.concatenate([e.curve_rate * osl / e.candidate.gpus_per_replica for e in estimates])
+    owner = np.concatenate([np.full(e.curve_tpot.size, i) for i, e in enumerate(estimates)])
+    conc = np.concatenate([e.curve_conc for e in estimates])
+    order = np.lexsort((-per_gpu, -per_user))  # by tokens/s per user, then per GPU, both descending
+    best = np.maximum.accumulate(per_gpu[order])
+    prev = np.concatenate([[-np.inf], best[:-1]])
+    keep = order[per_gpu[order] > prev]
+    return [ParetoPoint(estimates[int(owner[k])].candidate.label(), estimates[int(owner[k])].candidate.engine,
+                        float(per_user[k]), float(per_gpu[k]), float(conc[k])) for k in keep]
 
 
 def shortlist(ranked: list[Estimate], n: int = 5) -> list[Estimate]:

@@ -32,7 +32,7 @@ from inferasim.spec import TuningSpec
 HARVEST_MINUTES = 20.0
 STAGE2_TOP = 50
 CANARY_MINUTES = 30.0  # the default confirmation window of a ServingTuning
-MAX_DISAGG_PER_KERNEL = 120
+MAX_DISAGG_PER_KERNEL = 48  # pools are priced point by point; the smallest shapes first
 
 Progress = Callable[[str, int, int], None]
 
