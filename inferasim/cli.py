@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ from inferasim.catalog.models import (
     get_model,
     known_models,
 )
+from inferasim.cliargs import positive_int as _positive
 from inferasim.layout import Layout, LayoutError
 from inferasim.memory import plan_memory
 from inferasim.output import OUTPUT_FORMATS, emit, table
@@ -32,19 +33,6 @@ EXIT_USAGE = 2
 
 class UsageError(Exception):
     """Bad input from the user; printed as one line, exit code 2."""
-
-
-def _positive(name: str) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"--{name} must be a positive integer, got {text!r}") from None
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"--{name} must be a positive integer, got {value}")
-        return value
-
-    return parse
 
 
 def _add_output(p: argparse.ArgumentParser) -> None:

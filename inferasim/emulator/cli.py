@@ -7,34 +7,9 @@ import json
 import sys
 from pathlib import Path
 
+from inferasim.cliargs import positive_float, positive_int
 from inferasim.emulator.config import DEFAULT_NATURAL_OUTPUT_MEAN, EmulatorConfig
 from inferasim.steptime import StepParams
-
-
-def positive_int(name: str) -> type[int] | object:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"--{name} must be a positive integer, got {text!r}") from None
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"--{name} must be a positive integer, got {value}")
-        return value
-
-    return parse
-
-
-def positive_float(name: str) -> object:
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"--{name} must be a positive number, got {text!r}") from None
-        if not value > 0 or value == float("inf"):
-            raise argparse.ArgumentTypeError(f"--{name} must be a positive number, got {text}")
-        return value
-
-    return parse
 
 
 def add_layout_args(p: argparse.ArgumentParser) -> None:

@@ -20,36 +20,12 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from inferasim.cliargs import positive_float as _positive_float  # noqa: E402
+from inferasim.cliargs import positive_int as _positive  # noqa: E402
 from inferasim.output import OUTPUT_FORMATS, emit
 from inferasim.spec import StaticWorkload, TraceWorkload
 
 ANCHOR_DIR = Path(__file__).resolve().parent.parent.parent / "anchors"
-
-
-def _positive(name: str):  # noqa: ANN202
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"--{name} must be a positive integer, got {text!r}") from None
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"--{name} must be a positive integer, got {value}")
-        return value
-
-    return parse
-
-
-def _positive_float(name: str):  # noqa: ANN202
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"--{name} must be a number, got {text!r}") from None
-        if not value > 0 or not math.isfinite(value):
-            raise argparse.ArgumentTypeError(f"--{name} must be > 0, got {text}")
-        return value
-
-    return parse
 
 
 def add_cli(subparsers: Any) -> None:
