@@ -20,8 +20,8 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from inferasim.cliargs import positive_float as _positive_float  # noqa: E402
-from inferasim.cliargs import positive_int as _positive  # noqa: E402
+from inferasim.cliargs import positive_float as _positive_float
+from inferasim.cliargs import positive_int as _positive
 from inferasim.output import OUTPUT_FORMATS, emit
 from inferasim.spec import StaticWorkload, TraceWorkload
 
