@@ -47,6 +47,12 @@ def _add_layout(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ep", type=_positive("ep"), default=1, help="expert-parallel width of MoE layers")
 
 
+def _add_deployment(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="Hugging Face id or config.json path")
+    p.add_argument("--gpu", required=True, help="GPU name, e.g. MI355X, h200_sxm, NVIDIA-H200")
+    p.add_argument("--engine", required=True, help=f"one of {', '.join(ENGINES)}")
+
+
 def _layout(args: argparse.Namespace) -> Layout:
     try:
         return Layout(tp=args.tp, pp=args.pp, dp=args.dp, moe_ep=args.ep)
@@ -594,9 +600,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_memory)
 
     p = sub.add_parser("predict", help="TTFT, TPOT and throughput of one deployment")
-    p.add_argument("--model", required=True)
-    p.add_argument("--gpu", required=True)
-    p.add_argument("--engine", required=True, help=f"one of {', '.join(ENGINES)}")
+    _add_deployment(p)
     p.add_argument("--engine-version", default="")
     p.add_argument("--precision", default="auto", help=f"one of {', '.join(PRECISIONS)}")
     p.add_argument("--kv-cache-dtype", default=None,
@@ -641,9 +645,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_tune)
 
     p = sub.add_parser("advise", help="batching advisor: batch limit for a latency target, KV to give back")
-    p.add_argument("--model", required=True)
-    p.add_argument("--gpu", required=True)
-    p.add_argument("--engine", required=True, help=f"one of {', '.join(ENGINES)}")
+    _add_deployment(p)
     p.add_argument("--precision", default="auto")
     p.add_argument("--isl", type=_positive("isl"), required=True)
     p.add_argument("--osl", type=_positive("osl"), required=True)
