@@ -16,10 +16,13 @@ from pathlib import Path
 import pytest
 
 from inferasim.anchors import load_anchor
+from inferasim.catalog.gpus import get_gpu
+from inferasim.catalog.models import get_model
 from inferasim.emulator import EmulatorConfig, EmulatorProcess, spawn_emulator
 from inferasim.harvest import EXIT_FAILED, EXIT_POOR_FIT, HarvestConfig, PlanPoint, add_cli, harvest, parse_plan
 from inferasim.harvest.plan import default_plan
-from inferasim.steptime import StepParams
+from inferasim.layout import Layout
+from inferasim.steptime import StepParams, layout_cost, step_time
 
 MODEL = "meta-llama/Llama-3.1-8B"
 PARAMS = StepParams(t_fixed=5e-3, t_seq=3e-5, e_bw=0.7, e_kv=0.5, e_flops=0.5, e_attn=0.35, t_ttft=0.03)
@@ -67,9 +70,14 @@ def test_harvest_writes_a_consistent_anchor(emu: EmulatorProcess, tmp_path: Path
     assert report.client_tokens["generation_tokens"] == 6 * 32 + 12 * 32 + 6 * 16
     for p in a.points:
         assert p.ttft_ms and p.tpot_ms and p.throughput_tok_s
-    # TPOT at concurrency 1 is one decode step of batch 1: 5 ms host + weights over 0.7 x HBM.
+    # TPOT at concurrency 1 is one decode step of batch 1 (5 ms host + weights over 0.7 x HBM, about
+    # 8.5 ms). The client measures wall time x speedup, so a few ms of HTTP and scheduling delay on
+    # 2 busy cores become 25x larger: a late first token inflates TTFT and, as the emulator's clock
+    # catches up, deflates TPOT (seen: 5.8 to 9.0 ms). The band still catches a missing speedup
+    # factor or a wrong step model (both off by far more than 40%).
     c1 = next(p for p in a.points if p.concurrency == 1)
-    assert 5.5 < c1.tpot_ms < 8.5
+    truth_ms = 1e3 * float(step_time(PARAMS, layout_cost(get_model(MODEL), get_gpu("H100"), Layout(tp=2)), 1, 256 + 16))
+    assert 0.6 * truth_ms < c1.tpot_ms < 1.35 * truth_ms
     assert set(a.params) >= {"t_fixed", "e_bw", "t_ttft"}
     path = tmp_path / "out"
     path.mkdir()
