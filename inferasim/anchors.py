@@ -254,10 +254,12 @@ class Provenance(BaseModel):
 
     model_config = _STRICT
 
-    method: Literal["public-data", "harvest", "passive", "pytorch", "synthetic"] = Field(
+    method: Literal["public-data", "harvest", "passive", "canary", "pytorch", "synthetic"] = Field(
         description=(
             "public-data: rows of a public data set; harvest: the harvester drove an engine; passive: "
-            "observed live traffic; pytorch: isolated step timings; synthetic: made up (tests, demos)."
+            "observed live traffic; canary: a canary deployment's live traffic over its confirmation window "
+            "(one operating point, calibrated on a parent anchor); pytorch: isolated step timings; "
+            "synthetic: made up (tests, demos)."
         )
     )
     source: str = Field(description="Where: file and rows, cluster and namespace, URL of the data set ...")
