@@ -44,6 +44,21 @@ def to_layout(row_layout: RowLayout) -> Layout:
             Layout(tp=row_layout.tp, pp=row_layout.pp, dp=row_layout.dp)
 
 
+def engine_layout(engine: str, row_layout: RowLayout) -> Layout:
+    """The deployment a row's layout columns describe, read the way the public data writes them.
+
+    vLLM rows of the aiconfigurator silicon data whose expert-parallel runs (`--tensor-parallel-size
+    T --enable-expert-parallel`, row ids "..._tpT_epT_...") appear as tp = T, attention dp = T,
+    moe_ep = T x T, with batch_size = clients / T: their measured TTFT and TPOT equal, within run
+    noise, those of the rows written tp = T, moe_ep = T at the same client count (for
+    Kimi-K2.5 on B200 the two are the same run, duplicated). Such a row is priced as the T-GPU
+    deployment it was; the scoring (`inferasim.validate`) keeps the row's own GPU count."""
+    lay = row_layout
+    if engine == "vllm" and lay.tp > 1 and lay.dp == lay.tp and lay.moe_ep == lay.tp * lay.dp:
+        return to_layout(RowLayout(tp=lay.tp, pp=lay.pp, dp=1, moe_tp=1, moe_ep=lay.tp))
+    return to_layout(lay)
+
+
 def resolve(row: BenchRow) -> tuple[str, ModelSpec, GPU]:
     try:
         engine = normalize_engine(row.backend)
@@ -64,9 +79,22 @@ def benchmark_kv_dtype(precision: str) -> str:
     return "fp8" if p in ("fp8", "fp4", "nvfp4", "mxfp4") else "auto"
 
 
+def clients(row: BenchRow) -> int:
+    """Closed-loop clients behind a row.
+
+    In the aiconfigurator silicon schema (shared/data/aic-silicon), `batch_size` of an aggregated
+    row with attention data parallelism is the batch of one attention-DP rank: on every such row
+    that also records the run's client count in `silicon_data_source` ("silicon_concurrency=N"),
+    N = batch_size x attention_dp_size (vLLM, SGLang and TRT-LLM rows alike). The benchmark
+    therefore ran batch_size x dp clients."""
+    if row.mode == "agg" and row.scenario != "offline":
+        return row.concurrency * max(row.layout.dp, 1)
+    return row.concurrency
+
+
 def fit_point(row: BenchRow) -> FitPoint:
     return FitPoint(
-        isl=row.isl, osl=row.osl, concurrency=row.concurrency, scenario=row.scenario,
+        isl=row.isl, osl=row.osl, concurrency=clients(row), scenario=row.scenario,
         ttft=row.ttft_ms / 1e3 if row.ttft_ms else None,
         tpot=row.tpot_ms / 1e3 if row.tpot_ms else None,
         batch_latency=row.batch_latency_s, throughput=row.throughput_tok_s,
@@ -121,7 +149,7 @@ class FittedAnchor:
         return {k: float(v[0]) for k, v in pred.items()}
 
     def predict(self, row: BenchRow) -> RowPrediction:
-        extrapolated = self._extrapolation(row.concurrency, row.isl, row.osl)
+        extrapolated = self._extrapolation(clients(row), row.isl, row.osl)
         if row.mode == "disagg":
             if row.prefill is None or row.decode is None:
                 raise CannotPredict("disaggregated row lacks its prefill or decode pool layout")
@@ -135,8 +163,8 @@ class FittedAnchor:
                 interval={"ttft": (d["ttft"] * 1e3 * math.exp(-s_ttft), d["ttft"] * 1e3 * math.exp(s_ttft)),
                           "tpot": (d["tpot"] * 1e3 * math.exp(-s_tpot), d["tpot"] * 1e3 * math.exp(s_tpot))},
                 extrapolated=True, anchor=self.anchor_id)
-        layout = to_layout(row.layout)
-        pred = self.predict_layout(layout, row.isl, row.osl, row.concurrency, row.scenario)
+        layout = engine_layout(self.engine, row.layout)
+        pred = self.predict_layout(layout, row.isl, row.osl, clients(row), row.scenario)
 
         def band(metric: str, v: float | None, scale: float = 1.0) -> tuple[float, float] | None:
             if v is None or not np.isfinite(v):
@@ -168,7 +196,7 @@ def fit_anchor_rows(rows: list[BenchRow]) -> FittedAnchor:
         raise CannotPredict("no anchor rows")
     first = rows[0]
     engine, model, gpu = resolve(first)
-    layout = to_layout(first.layout)
+    layout = engine_layout(engine, first.layout)
     precision = first.precision or "auto"
     kv_dtype = benchmark_kv_dtype(precision)
     try:
@@ -210,7 +238,7 @@ def anchor_from_rows(rows: list[BenchRow], source: str, notes: str = "") -> Anch
     """Fit a kernel set's anchor rows and package the result as an Anchor (public data)."""
     fitted = fit_anchor_rows(rows)
     first = rows[0]
-    points = [BenchPoint(isl=r.isl, osl=r.osl, concurrency=r.concurrency,
+    points = [BenchPoint(isl=r.isl, osl=r.osl, concurrency=clients(r),
                          scenario="offline" if r.scenario == "offline" else "closed",
                          ttft_ms=r.ttft_ms, tpot_ms=r.tpot_ms, batch_latency_s=r.batch_latency_s,
                          throughput_tok_s=r.throughput_tok_s, row_id=r.id) for r in rows]
