@@ -47,15 +47,21 @@ def to_layout(row_layout: RowLayout) -> Layout:
 def engine_layout(engine: str, row_layout: RowLayout) -> Layout:
     """The deployment a row's layout columns describe, read the way the public data writes them.
 
-    vLLM rows of the aiconfigurator silicon data whose expert-parallel runs (`--tensor-parallel-size
-    T --enable-expert-parallel`, row ids "..._tpT_epT_...") appear as tp = T, attention dp = T,
-    moe_ep = T x T, with batch_size = clients / T: their measured TTFT and TPOT equal, within run
-    noise, those of the rows written tp = T, moe_ep = T at the same client count (for
-    Kimi-K2.5 on B200 the two are the same run, duplicated). Such a row is priced as the T-GPU
-    deployment it was; the scoring (`inferasim.validate`) keeps the row's own GPU count."""
+    The aiconfigurator silicon data (shared/data/aic-silicon) writes some expert-parallel runs with
+    a squared width; their row ids name the run, and their measured TTFT and TPOT equal, within run
+    noise, those of the rows written plainly at the same client count (several are the same run,
+    duplicated):
+    - vLLM `--tensor-parallel-size T --enable-expert-parallel` (ids "tpT_epT") appears as tp = T,
+      attention dp = T, moe_ep = T x T, batch_size = clients / T;
+    - SGLang `--tp T --ep E` (ids "tpT_epE") appears as tp = T x E, moe_tp = T, moe_ep = E.
+    Such a row is priced as the deployment that ran; the scoring (`inferasim.validate`) keeps the
+    row's own GPU count for both measured and predicted throughput per GPU."""
     lay = row_layout
     if engine == "vllm" and lay.tp > 1 and lay.dp == lay.tp and lay.moe_ep == lay.tp * lay.dp:
         return to_layout(RowLayout(tp=lay.tp, pp=lay.pp, dp=1, moe_tp=1, moe_ep=lay.tp))
+    if engine == "sglang" and lay.dp == 1 and lay.moe_tp > 1 and lay.moe_ep > 1 and \
+            lay.tp == lay.moe_tp * lay.moe_ep and lay.moe_tp % lay.moe_ep == 0:
+        return to_layout(RowLayout(tp=lay.moe_tp, pp=lay.pp, dp=1, moe_tp=1, moe_ep=lay.moe_ep))
     return to_layout(lay)
 
 
