@@ -1,0 +1,677 @@
+"""Read a Kubernetes Deployment of vLLM, SGLang or ATOM back into a serving configuration.
+
+The inverse of :mod:`inferasim.render`: what a live deployment runs (engine, engine version,
+model, GPU, precision, KV dtype, layout, replicas, scheduler knobs) is what names its kernel set
+and layout, which is what a passive anchor or a prediction-error check needs.
+
+Two kinds of manifests are read:
+
+* rendered by inferasim (``inferasim.io/*`` annotations and labels): the annotations are
+  authoritative, so ``read_deployment(render_deployment(cfg, name)).config == cfg``;
+* hand-written: the engine container's command/args (``vllm serve MODEL --tensor-parallel-size 8``,
+  ``python3 -m sglang.launch_server --model-path M --tp 8``, ``python3 -m
+  atom.entrypoints.openai_server --model M -tp 8``, also inside ``sh -c "..."``), the image tag
+  (engine version), the GPU resource (``amd.com/gpu`` / ``nvidia.com/gpu``) and the node product
+  label (``amd.com/gpu.product-name``, ``nvidia.com/gpu.product``, ``amd.com/gpu.device-id``) in
+  the nodeSelector or a required node affinity.
+
+Nothing that decides the kernel set is guessed: an unknown GPU type, an image tag without a
+version, an unknown quantization or an engine that cannot be told raise :class:`DeploymentError`
+naming the field and the fix (usually a keyword override: ``gpu=``, ``engine_version=``,
+``precision=``; on the command line ``--gpu``, ``--engine-version``, ``--precision``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from inferasim.anchors import KernelSet
+from inferasim.catalog.engines import (
+    UnknownEngineError,
+    default_port,
+    engine_flags,
+    flag_for,
+    normalize_engine,
+)
+from inferasim.catalog.gpus import GPU, UnknownGPUError, get_gpu
+from inferasim.layout import Layout, LayoutError
+from inferasim.render import (
+    _KV_DTYPES,
+    _PRODUCT_LABEL_KEY,
+    _SPEC_SPELLING,
+    LABEL_GPU,
+    LABEL_ROLE,
+    PRECISIONS,
+    ServingConfig,
+    _alias_map,
+    _image,
+)
+
+__all__ = ["DeploymentError", "LiveDeployment", "read_deployment"]
+
+_ANN_MODEL = "inferasim.io/model"
+_ANN_PRECISION = "inferasim.io/precision"
+_ANN_VERSION = "inferasim.io/engine-version"
+
+# amd.com/gpu.device-id values of the ROCm node labeller (notes section 6, K).
+_AMD_DEVICE_IDS: dict[str, str] = {"74a1": "MI300X", "74a5": "MI325X", "75a0": "MI350X", "75a3": "MI355X"}
+
+# Engine launch modules and executables (notes 5.1-5.3); older vLLM images start the API server module.
+_LAUNCH_MODULES: dict[str, str] = {
+    "vllm.entrypoints.openai.api_server": "vllm",
+    "sglang.launch_server": "sglang",
+    "atom.entrypoints.openai_server": "atom",
+}
+
+# Flags that only bind the server (the renderer sets them itself): read into `port`, never into extra_args.
+_SERVER_ROLES = ("host", "port", "enable_metrics")
+
+_VERSION = r"\d+\.\d+(?:\.\d+)*(?:rc\d+|\.post\d+|\.dev\d+)?"
+
+
+class DeploymentError(ValueError):
+    """The manifest does not say something inferasim needs; the message names the field and the fix."""
+
+
+@dataclass(frozen=True)
+class LiveDeployment:
+    """What a Deployment runs. ``config`` is the :class:`~inferasim.render.ServingConfig` it renders
+    from; the rest are facts the config does not carry but a kernel set or a Prometheus selector needs."""
+
+    config: ServingConfig
+    name: str
+    namespace: str
+    image: str
+    container: str
+    port: int
+    served_model_name: str | None = None
+    attention_backend: str = "auto"
+    graph_mode: str = "default"
+    pod_labels: tuple[tuple[str, str], ...] = ()
+    unrecognized_args: tuple[str, ...] = ()  # flags not in the engine catalogue, passed over
+
+    @property
+    def engine(self) -> str:
+        return self.config.engine
+
+    @property
+    def layout(self) -> Layout:
+        return self.config.layout
+
+    @property
+    def gpu(self) -> GPU:
+        return self.config.gpu_spec
+
+    def kernel_set(self) -> KernelSet:
+        """The kernel set this deployment runs, spelled as the harvester spells it (so a harvested
+        and a passive anchor of one deployment compare equal): precision "" for the checkpoint's own,
+        the KV dtype "fp8" for any fp8 cache, and for an unset cache dtype the benchmark rule of
+        :func:`inferasim.predictor.benchmark_kv_dtype` that the harvester and the emulator use."""
+        from inferasim.predictor import benchmark_kv_dtype
+
+        cfg = self.config
+        precision = "" if cfg.precision == "auto" else cfg.precision
+        kv = cfg.kv_cache_dtype.lower()
+        if kv == "auto":
+            kv = benchmark_kv_dtype(cfg.precision)
+        elif kv.startswith("fp8"):
+            kv = "fp8"
+        elif kv in ("bf16", "bfloat16"):
+            kv = "auto"
+        return KernelSet(engine=cfg.engine, engine_version=cfg.engine_version, model=cfg.model,
+                         gpu=self.gpu.name, precision=precision, kv_dtype=kv,
+                         attention_backend=self.attention_backend, graph_mode=self.graph_mode,
+                         spec_method=cfg.spec_method)
+
+
+# --------------------------------------------------------------------------------------------------
+# manifest -> Deployment dict
+# --------------------------------------------------------------------------------------------------
+
+
+def _load(manifest: Mapping[str, Any] | str | Path, name: str | None) -> dict[str, Any]:
+    if isinstance(manifest, Mapping):
+        docs: list[Any] = [dict(manifest)]
+        where = "the manifest"
+    else:
+        path = Path(manifest)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise DeploymentError(f"--deployment {path}: cannot read: {exc}") from None
+        try:
+            docs = [d for d in yaml.safe_load_all(text) if d is not None]
+        except yaml.YAMLError as exc:
+            raise DeploymentError(f"--deployment {path}: not valid YAML: {exc}") from None
+        where = str(path)
+    # A List (kubectl get -o yaml) holds its objects in items.
+    flat: list[Any] = []
+    for d in docs:
+        if isinstance(d, Mapping) and d.get("kind") == "List":
+            flat.extend(d.get("items") or [])
+        else:
+            flat.append(d)
+    deps = [d for d in flat if isinstance(d, Mapping) and d.get("kind") == "Deployment"]
+    if name is not None:
+        deps = [d for d in deps if (d.get("metadata") or {}).get("name") == name]
+    if not deps:
+        kinds = sorted({str(d.get("kind")) for d in flat if isinstance(d, Mapping)})
+        what = f" named {name!r}" if name else ""
+        raise DeploymentError(f"{where}: no kind: Deployment{what} (found: {', '.join(kinds) or 'nothing'})")
+    if len(deps) > 1:
+        names = [(d.get("metadata") or {}).get("name") for d in deps]
+        raise DeploymentError(f"{where}: {len(deps)} Deployments ({names}); pass name= to pick one")
+    return dict(deps[0])
+
+
+def _get(d: Mapping[str, Any], *path: str) -> Any:
+    cur: Any = d
+    for key in path:
+        if not isinstance(cur, Mapping):
+            return None
+        cur = cur.get(key)
+    return cur
+
+
+# --------------------------------------------------------------------------------------------------
+# command line -> engine, model, flags
+# --------------------------------------------------------------------------------------------------
+
+
+def _argv(container: Mapping[str, Any]) -> list[str]:
+    argv = [str(t) for t in (container.get("command") or [])] + [str(t) for t in (container.get("args") or [])]
+    # `sh -c "vllm serve ... && ..."`: the script's tokens, cut at shell separators.
+    if len(argv) >= 3 and Path(argv[0]).name in ("sh", "bash", "dash") and argv[1] in ("-c", "-lc", "-ec"):
+        try:
+            tokens = shlex.split(" ".join(argv[2:]))
+        except ValueError as exc:
+            raise DeploymentError(f"container {container.get('name')!r}: cannot split the shell command: {exc}") \
+                from None
+        parts: list[list[str]] = [[]]
+        for t in tokens:
+            if t in ("&&", "||", ";", "|"):
+                parts.append([])
+            else:
+                parts[-1].append(t)
+        for part in parts:
+            if _launch(part) is not None:
+                return part
+        return tokens
+    return argv
+
+
+def _launch(argv: list[str]) -> tuple[str, int] | None:
+    """(engine, index of the first argument after the launch command), or None."""
+    for i, tok in enumerate(argv):
+        base = Path(tok).name
+        if base == "vllm" and i + 1 < len(argv) and argv[i + 1] == "serve":
+            return "vllm", i + 2
+        if tok == "-m" and i + 1 < len(argv) and argv[i + 1] in _LAUNCH_MODULES:
+            return _LAUNCH_MODULES[argv[i + 1]], i + 2
+        if base == "sglang" and i + 1 < len(argv) and argv[i + 1] == "serve":
+            return "sglang", i + 2
+    return None
+
+
+@dataclass
+class _Flags:
+    engine: str
+    values: dict[str, str | None]  # canonical flag -> value (None: a boolean flag)
+    order: list[tuple[str, list[str]]]  # (canonical flag, the original tokens) in command-line order
+    positional: list[str]
+    unknown: list[str]
+
+    def has(self, flag: str) -> bool:
+        return flag in self.values
+
+    def get(self, flag: str) -> str | None:
+        return self.values.get(flag)
+
+    def role(self, role: str) -> str | None:
+        flag = flag_for(self.engine, role)
+        return None if flag is None else self.values.get(self._canon(flag))
+
+    def has_role(self, role: str) -> bool:
+        flag = flag_for(self.engine, role)
+        return flag is not None and self._canon(flag) in self.values
+
+    def _canon(self, flag: str) -> str:
+        return _canonical(self.engine, flag, _alias_map(self.engine))
+
+
+def _canonical(engine: str, flag: str, aliases: dict[str, str]) -> str:
+    if engine == "atom" and flag.startswith("--"):
+        flag = "--" + flag[2:].replace("_", "-")  # A: FlexibleArgumentParser accepts snake and kebab
+    return aliases.get(flag, flag)
+
+
+def _parse_flags(engine: str, tokens: list[str]) -> _Flags:
+    catalog = engine_flags(engine)
+    aliases = _alias_map(engine)
+    out = _Flags(engine, {}, [], [], [])
+    i = 0
+    while i < len(tokens):
+        tok = tokens[i]
+        if not tok.startswith("-") or re.match(r"^-\d", tok):
+            out.positional.append(tok)
+            i += 1
+            continue
+        key, eq, inline = tok.partition("=")
+        canon = _canonical(engine, key, aliases)
+        spec = catalog.get(canon)
+        known = spec is not None or (engine == "vllm" and canon == "--model")
+        takes_value = spec.takes_value if spec is not None else (
+            canon == "--model" or (i + 1 < len(tokens) and not tokens[i + 1].startswith("-")))
+        if eq:
+            value: str | None = inline
+            used = [tok]
+            i += 1
+        elif takes_value:
+            if i + 1 >= len(tokens):
+                raise DeploymentError(f"{engine} flag {key} needs a value (it is the last argument)")
+            value = tokens[i + 1]
+            used = [tok, value]
+            i += 2
+        else:
+            value, used = None, [tok]
+            i += 1
+        if known:
+            out.values[canon] = value  # argparse: the last occurrence wins
+            out.order.append((canon, used))
+        else:
+            out.unknown.extend(used)
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# fields
+# --------------------------------------------------------------------------------------------------
+
+
+def _int(flags: _Flags, flag: str, what: str) -> int | None:
+    raw = flags.get(flag)
+    if raw is None:
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise DeploymentError(f"{flags.engine} flag {flag}={raw!r} ({what}) is not an integer") from None
+
+
+def _role_int(flags: _Flags, role: str) -> int | None:
+    flag = flag_for(flags.engine, role)
+    return None if flag is None else _int(flags, flags._canon(flag), role)
+
+
+def _layout(flags: _Flags) -> tuple[Layout, int]:
+    """(layout of one replica, data-parallel copies inside one pod that are replicas, not a layout)."""
+    eng = flags.engine
+    copies = 1
+    if eng == "vllm":
+        tp = _int(flags, "--tensor-parallel-size", "tensor parallel") or 1
+        pp = _int(flags, "--pipeline-parallel-size", "pipeline parallel") or 1
+        dp = _int(flags, "--data-parallel-size", "data parallel") or 1
+        # V10: --enable-expert-parallel shards the experts over all tp x dp GPUs.
+        ep = tp * dp if flags.has("--enable-expert-parallel") else 1
+    elif eng == "sglang":
+        tp_size = _int(flags, "--tp-size", "tensor parallel") or 1
+        pp = _int(flags, "--pp-size", "pipeline parallel") or 1
+        dp = _int(flags, "--dp-size", "data parallel") or 1
+        ep = _int(flags, "--ep-size", "expert parallel") or 1
+        if dp > 1 and flags.has("--enable-dp-attention"):
+            # S: under DP attention --tp-size spans all attention-DP ranks.
+            if tp_size % dp:
+                raise DeploymentError(f"sglang --tp-size {tp_size} is not a multiple of --dp-size {dp} under "
+                                      "--enable-dp-attention")
+            tp = tp_size // dp
+        else:
+            # S: without DP attention --dp-size runs dp copies of the tp-size engine in one pod.
+            tp, copies, dp = tp_size, dp, 1
+    else:
+        tp = _int(flags, "--tensor-parallel-size", "tensor parallel") or 1
+        pp = _int(flags, "-pp", "pipeline parallel") or 1
+        dp = _int(flags, "--data-parallel-size", "data parallel") or 1
+        ep = 1
+        if flags.has("--enable-expert-parallel"):
+            if dp > 1 and not flags.has("--enable-dp-attention"):
+                raise DeploymentError("atom --enable-expert-parallel with --data-parallel-size > 1 needs "
+                                      "--enable-dp-attention (without it the experts stay inside each DP rank)")
+            ep = dp if dp > 1 else tp
+    try:
+        return Layout(tp=tp, pp=pp, dp=dp, moe_ep=ep), copies
+    except LayoutError as exc:
+        raise DeploymentError(f"{eng} parallel flags give an impossible layout: {exc}") from None
+
+
+def _model(flags: _Flags, annotations: Mapping[str, str]) -> str:
+    if annotations.get(_ANN_MODEL):
+        return str(annotations[_ANN_MODEL])
+    if flags.engine == "vllm":
+        model = flags.positional[0] if flags.positional else flags.get("--model")
+    else:
+        model = flags.role("model") or flags.get("--model")
+    if not model:
+        spelled = {"vllm": "vllm serve MODEL", "sglang": "--model-path MODEL", "atom": "--model MODEL"}
+        raise DeploymentError(f"{flags.engine}: the command line names no model ({spelled[flags.engine]})")
+    return model
+
+
+def engine_version_from_image(image: str) -> str | None:
+    """Engine release in an image tag: ``vllm/vllm-openai:v0.10.1`` -> 0.10.1,
+    ``lmsysorg/sglang:v0.5.12-rocm720-mi30x`` -> 0.5.12, ``rocm/vllm:rocm6.4.1_vllm_0.9.1_20250715`` ->
+    0.9.1, ``rocm/atom:..._atom0.1.4_...`` -> 0.1.4; None for tags without one (latest, nightly, digests)."""
+    ref = image.split("@", 1)[0]
+    last = ref.rsplit("/", 1)[-1]
+    if ":" not in last:
+        return None
+    tag = last.rsplit(":", 1)[1]
+    m = re.match(rf"^v?({_VERSION})(?:[-_+]|$)", tag)
+    if m:
+        return m.group(1)
+    m = re.search(rf"(?:vllm|sglang|atom)[-_]?v?({_VERSION})", tag)
+    return m.group(1) if m else None
+
+
+def _engine_version(image: str, annotations: Mapping[str, str], rendered: bool, override: str | None) -> str:
+    if override is not None:
+        return override
+    if _ANN_VERSION in annotations:
+        return str(annotations[_ANN_VERSION])
+    if rendered:
+        return ""  # rendered from a config whose engine_version was empty: the image is the default one
+    version = engine_version_from_image(image)
+    if version is None:
+        raise DeploymentError(f"image {image!r}: its tag names no engine version (the version is part of the "
+                              "kernel set); pass engine_version= (--engine-version), e.g. 0.10.1")
+    return version
+
+
+def _gpu(spec: Mapping[str, Any], container: Mapping[str, Any], labels: Mapping[str, str],
+         override: str | None) -> tuple[str, int | None]:
+    """(GPU name, GPUs the container requests or None)."""
+    resources = container.get("resources") or {}
+    count: int | None = None
+    vendor: str | None = None
+    for section in ("limits", "requests"):
+        for key, value in (resources.get(section) or {}).items():
+            if key in ("amd.com/gpu", "nvidia.com/gpu"):
+                try:
+                    count = int(str(value))
+                except ValueError:
+                    raise DeploymentError(f"resources.{section}[{key}]={value!r} is not a whole number of GPUs") \
+                        from None
+                vendor = "amd" if key.startswith("amd") else "nvidia"
+        if count is not None:
+            break
+    if override:
+        try:
+            return get_gpu(override).name, count
+        except UnknownGPUError as exc:
+            raise DeploymentError(f"--gpu: {exc}") from None
+    candidates: list[tuple[str, str]] = []
+    if labels.get(LABEL_GPU):
+        candidates.append((f"label {LABEL_GPU}", labels[LABEL_GPU]))
+    node_sel = spec.get("nodeSelector") or {}
+    for key in (*_PRODUCT_LABEL_KEY.values(), "amd.com/gpu.device-id"):
+        if key in node_sel:
+            candidates.append((f"nodeSelector {key}", str(node_sel[key])))
+    terms = _get(spec, "affinity", "nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution",
+                 "nodeSelectorTerms") or []
+    for term in terms:
+        for expr in (term or {}).get("matchExpressions") or []:
+            key = expr.get("key")
+            values = expr.get("values") or []
+            if key in (*_PRODUCT_LABEL_KEY.values(), "amd.com/gpu.device-id") and expr.get("operator") == "In" \
+                    and len(values) == 1:
+                candidates.append((f"nodeAffinity {key}", str(values[0])))
+    for where, value in candidates:
+        name = _AMD_DEVICE_IDS.get(value.lower(), value) if "device-id" in where else value
+        try:
+            gpu = get_gpu(name)
+        except UnknownGPUError:
+            raise DeploymentError(f"{where}={value!r} is not a GPU inferasim knows; pass gpu= (--gpu), see "
+                                  "`inferasim gpus`") from None
+        if vendor is not None and gpu.vendor != vendor:
+            raise DeploymentError(f"{where}={value!r} is an {gpu.vendor} GPU but the container requests "
+                                  f"{vendor}.com/gpu")
+        return gpu.name, count
+    if count is None:
+        raise DeploymentError("the engine container requests no amd.com/gpu or nvidia.com/gpu and the pod names no "
+                              "GPU product label; pass gpu= (--gpu)")
+    raise DeploymentError(f"GPU type unknown: the container requests {count} {vendor}.com/gpu but the pod selects no "
+                          f"product ({_PRODUCT_LABEL_KEY[vendor]} in nodeSelector or a required node affinity); "
+                          "pass gpu= (--gpu), e.g. --gpu MI300X")
+
+
+def _precision(flags: _Flags, annotations: Mapping[str, str], override: str | None) -> str:
+    if override is not None:
+        value = override
+    elif annotations.get(_ANN_PRECISION):
+        value = str(annotations[_ANN_PRECISION])
+    else:
+        value = flags.role("quantization") or "auto"
+    norm = value.strip().lower().replace("-", "_")
+    if norm not in PRECISIONS:
+        raise DeploymentError(f"precision {value!r} (from --quantization or the annotation {_ANN_PRECISION}) is not "
+                              f"one inferasim models; pass precision= (--precision), one of {', '.join(PRECISIONS)}")
+    return norm
+
+
+def _kv_dtype(flags: _Flags) -> str:
+    raw = flags.role("kv_cache_dtype")
+    if raw is None:
+        return "auto"
+    norm = raw.strip().lower().replace("-", "_")
+    # SGLang has no bare fp8: the renderer writes fp8 as fp8_e4m3, and reading it back gives fp8.
+    if flags.engine == "sglang" and norm == "fp8_e4m3":
+        return "fp8"
+    if norm not in _KV_DTYPES[flags.engine]:
+        raise DeploymentError(f"{flags.engine} --kv-cache-dtype {raw!r} is not one inferasim models; accepted: "
+                              f"{', '.join(k for k in _KV_DTYPES[flags.engine] if k != 'auto')}")
+    return norm
+
+
+def _spec(flags: _Flags) -> tuple[str, int, str | None]:
+    eng = flags.engine
+    inverse = {v.lower(): k for k, v in _SPEC_SPELLING[eng].items()}
+    if eng == "vllm":
+        raw = flags.get("--speculative-config")
+        if raw is None:
+            return "none", 0, None
+        try:
+            conf = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise DeploymentError(f"vllm --speculative-config is not JSON: {exc}") from None
+        method = str(conf.get("method", "")).lower()
+        if method == "deepseek_mtp":
+            method = "mtp"
+        if method not in inverse:
+            raise DeploymentError(f"vllm --speculative-config method {conf.get('method')!r} is not modelled; "
+                                  f"accepted: {', '.join(inverse)}")
+        return inverse[method], int(conf.get("num_speculative_tokens") or 0), conf.get("model")
+    algo = flags.role("speculative")
+    if algo is None:
+        return "none", 0, None
+    if algo.lower() not in inverse:
+        raise DeploymentError(f"{eng} {flag_for(eng, 'speculative')} {algo!r} is not modelled; accepted: "
+                              f"{', '.join(_SPEC_SPELLING[eng].values())}")
+    method = inverse[algo.lower()]
+    if eng == "sglang":
+        k = _int(flags, "--speculative-num-draft-tokens" if method == "ngram" else "--speculative-num-steps",
+                 "speculative tokens") or 0
+        return method, k, flags.get("--speculative-draft-model-path")
+    return method, _int(flags, "--num-speculative-tokens", "speculative tokens") or 1, flags.get("--draft-model")
+
+
+def _disagg(flags: _Flags, labels: Mapping[str, str]) -> str | None:
+    if labels.get(LABEL_ROLE):
+        return str(labels[LABEL_ROLE])
+    raw = flags.role("disaggregation")
+    if raw is None:
+        return None
+    if flags.engine == "sglang":
+        return None if raw == "null" else raw
+    try:
+        role = str(json.loads(raw).get("kv_role", ""))
+    except (json.JSONDecodeError, AttributeError):
+        raise DeploymentError(f"{flags.engine} --kv-transfer-config is not a JSON object: {raw!r}") from None
+    by_role = {"kv_producer": "prefill", "kv_consumer": "decode"}
+    if role not in by_role:
+        raise DeploymentError(f"{flags.engine} --kv-transfer-config kv_role {role!r} does not say prefill or decode; "
+                              f"label the pod {LABEL_ROLE}=prefill|decode")
+    return by_role[role]
+
+
+def _float(flags: _Flags, role: str) -> float | None:
+    raw = flags.role(role)
+    if raw is None:
+        return None
+    try:
+        return float(raw)
+    except ValueError:
+        raise DeploymentError(f"{flags.engine} {flag_for(flags.engine, role)}={raw!r} is not a number") from None
+
+
+def _consumed(engine: str) -> set[str]:
+    """Canonical flags the ServingConfig fields stand for (the renderer writes them back)."""
+    aliases = _alias_map(engine)
+    roles = ("tensor_parallel", "pipeline_parallel", "data_parallel", "expert_parallel", "dp_attention",
+             "max_num_seqs", "max_num_batched_tokens", "max_prefill_tokens", "memory_fraction", "kv_cache_dtype",
+             "enable_prefix_caching", "disable_prefix_caching", "enable_chunked_prefill", "speculative",
+             "quantization", "max_model_len", "disaggregation", "model", *_SERVER_ROLES)
+    out = {_canonical(engine, f, aliases) for r in roles if (f := flag_for(engine, r)) is not None}
+    out |= {"--no-enable-chunked-prefill", "--model", "--speculative-num-steps", "--speculative-eagle-topk",
+            "--speculative-num-draft-tokens", "--speculative-draft-model-path", "--num-speculative-tokens",
+            "--draft-model"}
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# the reader
+# --------------------------------------------------------------------------------------------------
+
+
+def read_deployment(manifest: Mapping[str, Any] | str | Path, *, gpu: str | None = None,
+                    engine_version: str | None = None, precision: str | None = None,
+                    name: str | None = None) -> LiveDeployment:
+    """Read a Deployment (a dict, or a YAML file with one or more documents) into a LiveDeployment.
+
+    ``gpu``, ``engine_version`` and ``precision`` override what the manifest says (and are the fix
+    the error messages name when it says nothing); ``name`` picks one Deployment of several.
+    Raises :class:`DeploymentError` (a ValueError) naming the missing or bad field.
+    """
+    dep = _load(manifest, name)
+    meta = dep.get("metadata") or {}
+    annotations = {str(k): str(v) for k, v in (meta.get("annotations") or {}).items()}
+    pod = _get(dep, "spec", "template") or {}
+    pod_spec = pod.get("spec") or {}
+    labels = {str(k): str(v) for k, v in ((pod.get("metadata") or {}).get("labels") or {}).items()}
+    containers = pod_spec.get("containers") or []
+    if not containers:
+        raise DeploymentError("spec.template.spec.containers is empty: no engine container")
+    found = []
+    for c in containers:
+        argv = _argv(c)
+        launch = _launch(argv)
+        if launch is not None:
+            found.append((c, argv, launch))
+    if not found:
+        names = [c.get("name") for c in containers]
+        raise DeploymentError(f"no container of {names} starts vllm (`vllm serve MODEL`), SGLang (`python3 -m "
+                              "sglang.launch_server`) or ATOM (`python3 -m atom.entrypoints.openai_server`); "
+                              "check the container's command/args")
+    container, argv, (engine, start) = found[0]
+    try:
+        engine = normalize_engine(engine)
+    except UnknownEngineError as exc:  # pragma: no cover - _LAUNCH_MODULES holds canonical names
+        raise DeploymentError(str(exc)) from None
+    image = str(container.get("image") or "")
+    if not image:
+        raise DeploymentError(f"container {container.get('name')!r} has no image")
+    flags = _parse_flags(engine, argv[start:])
+    rendered = _ANN_MODEL in annotations
+    layout, copies = _layout(flags)
+    gpu_name, count = _gpu(pod_spec, container, labels, gpu)
+    gpus_per_pod = layout.gpus * copies
+    if count is not None and count != gpus_per_pod:
+        raise DeploymentError(f"the container requests {count} GPUs but its engine flags use {gpus_per_pod} "
+                              f"(layout {layout.label()}{f' x {copies} DP copies' if copies > 1 else ''}); "
+                              "fix the resources or the parallel flags")
+    replicas_raw = _get(dep, "spec", "replicas")
+    replicas = 1 if replicas_raw is None else replicas_raw  # the Kubernetes API's own default
+    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
+        raise DeploymentError(f"spec.replicas={replicas_raw!r}: a live deployment needs at least one replica")
+
+    chunked: bool | None = None
+    mnbt: int | None = None
+    if engine == "sglang":
+        cps = _int(flags, "--chunked-prefill-size", "chunked prefill size")
+        mpt = _int(flags, "--max-prefill-tokens", "max prefill tokens")
+        if cps == -1:
+            chunked, mnbt = False, mpt
+        else:
+            mnbt = cps
+    else:
+        mnbt = _role_int(flags, "max_num_batched_tokens")
+        if flags.has("--enable-chunked-prefill"):
+            chunked = True
+        elif flags.has("--no-enable-chunked-prefill"):
+            chunked = False
+    prefix: bool | None = None
+    if flags.has_role("disable_prefix_caching"):
+        prefix = False
+    elif flags.has_role("enable_prefix_caching"):
+        prefix = True
+    spec_method, k, draft = _spec(flags)
+
+    consumed = _consumed(engine)
+    extra: list[str] = []
+    for canon, tokens in flags.order:
+        if canon not in consumed:
+            extra.extend(tokens)
+    served = flags.get("--served-model-name")
+    if engine == "vllm":
+        graph_mode = "eager" if flags.has("--enforce-eager") else "default"
+    elif engine == "sglang":
+        graph_mode = "eager" if flags.has("--disable-cuda-graph") else "default"
+    else:
+        graph_mode = "eager" if flags.has("--enforce-eager") else "default"
+    attention = flags.get("--attention-backend") or "auto"
+    port_raw = flags.role("port")
+    try:
+        port = int(port_raw) if port_raw is not None else default_port(engine)
+    except ValueError:
+        raise DeploymentError(f"{engine} {flag_for(engine, 'port')}={port_raw!r} is not a port number") from None
+
+    fields: dict[str, Any] = dict(
+        engine=engine, model=_model(flags, annotations), gpu=gpu_name, layout=layout, replicas=replicas * copies,
+        precision=_precision(flags, annotations, precision), kv_cache_dtype=_kv_dtype(flags),
+        max_num_seqs=_role_int(flags, "max_num_seqs"), max_num_batched_tokens=mnbt, chunked_prefill=chunked,
+        prefix_caching=prefix, memory_fraction=_float(flags, "memory_fraction"), spec_method=spec_method,
+        num_speculative_tokens=k, max_model_len=_role_int(flags, "max_model_len"),
+        engine_version=_engine_version(image, annotations, rendered, engine_version),
+        disagg_role=_disagg(flags, labels), extra_args=tuple(extra), draft_model=draft)
+    try:
+        cfg = ServingConfig(**fields)
+        # The image is a config field only when it is not the one the renderer would pick anyway.
+        try:
+            same = _image(cfg, cfg.gpu_spec) == image
+        except ValueError:  # no image derivable for this version: keep the manifest's
+            same = False
+        if not same:
+            cfg = ServingConfig(**fields, image=image)
+    except ValueError as exc:
+        raise DeploymentError(f"deployment {meta.get('name')!r}: {exc}") from None
+    return LiveDeployment(
+        config=cfg, name=str(meta.get("name") or ""), namespace=str(meta.get("namespace") or "default"),
+        image=image, container=str(container.get("name") or ""), port=port, served_model_name=served,
+        attention_backend=attention, graph_mode=graph_mode, pod_labels=tuple(sorted(labels.items())),
+        unrecognized_args=tuple(flags.unknown))
