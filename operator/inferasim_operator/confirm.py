@@ -15,18 +15,37 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import math
 from typing import Any
 
 import kopf
 
-from inferasim.observe import ObservationError, observe
+from inferasim.anchors import Anchor, AnchorStore, BenchPoint, KernelSet
+from inferasim.calibrate import Calibration, CalibrationError, calibrate, measure_window, window_point
+from inferasim.catalog.gpus import get_gpu
+from inferasim.catalog.models import get_model
+from inferasim.layout import Layout
+from inferasim.observe import ObservationError, ObservedWorkload, observe
+from inferasim.predictor import benchmark_kv_dtype
 from inferasim.spec import PrometheusWorkload, TuningSpec
 from inferasim_operator import metrics
+from inferasim_operator.harvest import _dns, anchor_object
 from inferasim_operator.kube import ApiException, Kube
-from inferasim_operator.models import LABEL_KIND, LABEL_MANAGED, LABEL_TUNING, MANAGER, Canary, dump
+from inferasim_operator.models import (
+    LABEL_KIND,
+    LABEL_MANAGED,
+    LABEL_TUNING,
+    MANAGER,
+    Canary,
+    LayoutStatus,
+    dump,
+)
 
 # A canary confirms the prediction when its measured ITL p90 is within this fraction of it.
 TOLERANCE = 0.25
+# Canary points a canary anchor keeps (the newest): earlier canaries of the same kernel set and
+# layout at other operating points, which share its one calibrated scale.
+MAX_CANARY_POINTS = 8
 
 
 def canary_selector(selector: dict[str, str], target: str, canary: str) -> dict[str, str]:
@@ -83,8 +102,13 @@ async def start_confirmation(body: dict[str, Any], spec: TuningSpec, payload: di
         kopf.adopt(d, owner=body)
         await asyncio.to_thread(kube.apply_deployment, d)
         p = entry.get("predicted") or {}
+        containers = d["spec"]["template"]["spec"].get("containers") or [{}]
         canaries.append(dump(Canary(name=d["metadata"]["name"], engine=entry["engine"],
+                                    precision=entry.get("precision", ""),
+                                    layout=LayoutStatus.model_validate(entry["layout"]) if entry.get("layout")
+                                    else None,
                                     layout_label=entry["layout_label"], gpus=entry["gpus_per_replica"],
+                                    image=containers[0].get("image", ""), parent_anchor=entry.get("anchor") or "",
                                     predicted_ttft_p90_ms=p.get("ttft_p90_ms"),
                                     predicted_itl_p90_ms=p.get("itl_p90_ms"))))
         post_event(body, "Normal", "CanaryCreated",
@@ -142,7 +166,7 @@ async def confirm_progress(body: dict[str, Any], spec: TuningSpec, book: Any, ku
             errors.append(err)
             metrics.CANARY_ERROR.observe(err)
         c["state"] = "Measured"
-        c = {k: v for k, v in c.items() if v is not None}
+        await store_canary_anchor(body, spec, book, kube, settings, c, m, prom.url, conf.get("started") or "")
     canaries = [{k: v for k, v in c.items() if v is not None} for c in canaries]
     book.set(confirmation={**conf, "canaries": canaries})
     for c in canaries:  # the GPUs go back once measured
@@ -168,6 +192,131 @@ async def confirm_progress(body: dict[str, Any], spec: TuningSpec, book: Any, ku
         post_event(body, "Warning", "PredictionOff", text)
     book.set(phase="Confirmed", message=f"canaries measured: {text}")
     return True
+
+
+# --------------------------------------------------------------------------------------------
+# each measured canary becomes a ServingAnchor (so predictions learn from canaries)
+# --------------------------------------------------------------------------------------------
+
+
+def canary_anchor_name(kernel_set: KernelSet, layout: Layout) -> str:
+    """Deterministic: one canary anchor per kernel set and layout, updated by every measurement
+    (and apart from the harvested anchor of the same kernel set and layout, which it never replaces)."""
+    return f"canary-{kernel_set.key()}-{_dns(layout.label())}"[:253]
+
+
+def _canary_kernel_set(spec: TuningSpec, c: dict[str, Any], parent: Anchor | None) -> KernelSet:
+    if parent is not None:  # the kernels the prediction assumed
+        return parent.kernel_set
+    precision = c.get("precision") or "auto"
+    return KernelSet(engine=c["engine"], model=get_model(spec.model).name, gpu=get_gpu(spec.hardware.gpu).name,
+                     precision=precision, kv_dtype=benchmark_kv_dtype(precision))
+
+
+def _parent(store: AnchorStore, anchor_id: str) -> Anchor | None:
+    """The anchor the prediction came from; a canary anchor's own parent is the kernel set's best
+    measured (non-canary) anchor, so that scales never compound."""
+    hits = [a for a in store.all() if a.id == anchor_id]
+    measured = [a for a in hits if a.provenance.method != "canary"]
+    if measured:
+        return measured[0]
+    if hits:
+        others = [a for a in store.candidates(hits[0].kernel_set) if a.provenance.method != "canary"]
+        return others[0] if others else None
+    return None
+
+
+def build_canary_anchor(spec: TuningSpec, c: dict[str, Any], observed: ObservedWorkload, prom_url: str,
+                        started: str, namespace: str, anchor_dirs: list[str], existing: dict[str, Any] | None,
+                        window_s: float, timeout: float) -> Calibration:
+    """Measure the canary's window means and calibrate its anchor (blocking: run in a thread)."""
+    window = measure_window(observed, prom_url, timeout=timeout)
+    row_id = f"canary:{namespace}/{c['name']}@{started or f'{observed.observed_at:.0f}'}"
+    point = window_point(window, row_id=row_id)
+    store = AnchorStore(*anchor_dirs)
+    parent = _parent(store, c.get("parentAnchor") or "")
+    ks = _canary_kernel_set(spec, c, parent)
+    lay = c.get("layout") or {}
+    layout = Layout(tp=lay.get("tp", 1), pp=lay.get("pp", 1), dp=lay.get("dp", 1), moe_tp=lay.get("moeTp", 0),
+                    moe_ep=lay.get("moeEp", 1))
+    earlier: list[BenchPoint] = []
+    if existing is not None:
+        try:
+            old = Anchor.model_validate(existing.get("spec") or {})
+            if old.kernel_set.same_kernels(ks) and old.layout.to_layout() == layout:
+                earlier = [p for p in old.points if p.row_id != row_id]
+        except ValueError:
+            earlier = []  # an unreadable earlier anchor is replaced, not merged
+    points = [*earlier, point][-MAX_CANARY_POINTS:]
+    return calibrate(ks, layout, points, parent,
+                     source=f"canary Deployment {namespace}/{c['name']}; Prometheus {prom_url} "
+                            f"{observed.selector} over {observed.window}",
+                     measured_at=observed_iso(observed.observed_at), measured_by="inferasim-operator canary",
+                     engine_image=c.get("image", ""), gpu_seconds=window_s * int(c.get("gpus") or 1),
+                     notes="window queries: " + " | ".join(window.queries))
+
+
+def observed_iso(ts: float) -> str:
+    import datetime as dt
+
+    return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+async def store_canary_anchor(body: dict[str, Any], spec: TuningSpec, book: Any, kube: Kube, settings: Any,
+                              c: dict[str, Any], observed: ObservedWorkload, prom_url: str, started: str) -> None:
+    """Turn one measured canary into a ServingAnchor (provenance canary); record it in ``c``.
+    A measurement that cannot be calibrated is a Warning Event and a message, never a crash: the
+    confirmation verdict does not depend on it."""
+    from inferasim_operator.reconcile import anchor_dirs, now_iso, parse_duration, post_event, sync_anchors
+
+    window_s = parse_duration(spec.confirmation.window, "confirmation.window") or 0.0
+    await sync_anchors(kube, settings)  # the parent may be a ServingAnchor harvested moments ago
+    dirs = anchor_dirs(settings)
+    try:
+        # The name needs the kernel set, which needs the parent: calibrate once to learn it, then
+        # again with the earlier points of that anchor, if there is one.
+        cal = await asyncio.to_thread(build_canary_anchor, spec, c, observed, prom_url, started, book.namespace,
+                                      dirs, None, window_s, settings.observe_timeout_s)
+        name = canary_anchor_name(cal.anchor.kernel_set, cal.anchor.layout.to_layout())
+        existing = await asyncio.to_thread(kube.get_anchor, name)
+        if existing is not None:
+            cal = await asyncio.to_thread(build_canary_anchor, spec, c, observed, prom_url, started, book.namespace,
+                                          dirs, existing, window_s, settings.observe_timeout_s)
+    except (CalibrationError, ValueError) as exc:
+        c["message"] = f"measured, but not stored as an anchor: {exc}"[:1000]
+        post_event(body, "Warning", "CanaryAnchorFailed", f"{c['name']}: {exc}")
+        return
+    point = cal.anchor.points[-1]
+    c["measuredItlMeanMs"] = round(point.tpot_ms or 0.0, 4)
+    if point.ttft_ms is not None:
+        c["measuredTtftMeanMs"] = round(point.ttft_ms, 4)
+    c["measuredInFlight"] = point.concurrency
+    c["calibrationScale"] = round(cal.scale, 6)
+    obj = anchor_object(cal.anchor)
+    obj["metadata"]["name"] = name
+    obj["metadata"]["labels"][LABEL_KIND] = "canary"
+    # Cluster-scoped: a namespaced ServingTuning cannot own it (and the measurement should outlive
+    # the tuning, as harvested anchors do); annotations say where it came from.
+    obj["metadata"]["annotations"] = {"inferasim.io/measured-by": f"{book.namespace}/{book.name}",
+                                      "inferasim.io/canary": f"{book.namespace}/{c['name']}",
+                                      "inferasim.io/parent-anchor": cal.parent_id or ""}
+    created = await asyncio.to_thread(kube.apply_anchor, obj, existing)
+    try:
+        await asyncio.to_thread(kube.patch_anchor_status, name, {"harvestedBy": f"{book.namespace}/{book.name}",
+                                                                 "canary": f"{book.namespace}/{c['name']}",
+                                                                 "importedAt": now_iso()})
+    except ApiException as exc:  # status is informative only
+        c["message"] = f"cannot write the status of ServingAnchor {name}: HTTP {exc.status}"
+    c["anchor"] = name
+    before = cal.before.get("tpot")
+    post_event(body, "Normal", "CanaryAnchor",
+               f"ServingAnchor {name} {'created' if created else 'updated'} from {c['name']}: mean ITL "
+               f"{point.tpot_ms:.3g} ms at {point.concurrency} in flight ({point.isl}/{point.osl} tokens), "
+               f"{len(cal.anchor.points)} point(s); step scale {cal.scale:.3f} on "
+               f"{cal.parent_id or 'the defaults (no parent anchor)'}"
+               + ("" if before is None else f"; measured ITL {math.exp(-before) - 1:+.0%} vs the parent's "
+                                             "prediction at that point"))
+    await sync_anchors(kube, settings)  # the next search reads it
 
 
 def analysis_template(body: dict[str, Any], spec: TuningSpec, payload: dict[str, Any]) -> dict[str, Any]:

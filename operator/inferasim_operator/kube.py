@@ -32,6 +32,18 @@ def without_empty_strings(obj: Any, *, patch: bool) -> Any:
     return obj
 
 
+def merge_patch_to(old: Any, new: Any) -> Any:
+    """A JSON merge patch (RFC 7386) turning ``old`` into ``new``: ``new`` plus null for every key
+    of ``old`` it lacks, so a merge patch replaces rather than accumulates (no PUT needed, so no
+    `update` verb in the ClusterRole)."""
+    if not isinstance(old, dict) or not isinstance(new, dict):
+        return new
+    out: dict[str, Any] = {k: None for k in old if k not in new}
+    for k, v in new.items():
+        out[k] = merge_patch_to(old.get(k), v)
+    return out
+
+
 def load_config() -> None:
     """In-cluster when running in a pod, else KUBECONFIG / ~/.kube/config."""
     try:
@@ -77,6 +89,27 @@ class Kube:
                 return False
             raise
 
+    def get_anchor(self, name: str) -> dict[str, Any] | None:
+        try:
+            return self.custom.get_cluster_custom_object(GROUP, VERSION, ANCHOR_PLURAL, name)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def apply_anchor(self, body: dict[str, Any], old: dict[str, Any] | None = None) -> bool:
+        """Create the ServingAnchor, or merge-patch its labels, annotations and spec to ``body``'s
+        when it exists (a canary anchor is updated by each measurement; keys of the ``old`` spec
+        that ``body`` lacks are removed). True when created."""
+        if self.create_anchor(body):
+            return True
+        meta = body["metadata"]
+        patch = {"metadata": {"labels": meta.get("labels", {}), "annotations": meta.get("annotations", {})},
+                 "spec": merge_patch_to(((old or {}).get("spec") or {}), body["spec"])}
+        self.custom.patch_cluster_custom_object(GROUP, VERSION, ANCHOR_PLURAL, meta["name"],
+                                                without_empty_strings(patch, patch=True))
+        return False
+
     def patch_anchor_status(self, name: str, status: dict[str, Any]) -> None:
         self.custom.patch_cluster_custom_object_status(GROUP, VERSION, ANCHOR_PLURAL, name,
                                                        {"status": without_empty_strings(status, patch=True)})
@@ -120,6 +153,14 @@ class Kube:
                                                                           "annotations":
                                                                               body["metadata"].get("annotations", {})},
                                                              "data": body["data"]})
+
+    def get_config_map(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return self._dict(self.core.read_namespaced_config_map(name, namespace))
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
 
     def get_deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:

@@ -23,7 +23,7 @@ HARVEST_GPU_SECONDS = Counter("inferasim_harvest_gpu_seconds_total",
                               "GPU-seconds spent by finished harvest Jobs (run time x GPUs).", ["engine", "result"],
                               registry=REGISTRY)
 CANARY_ERROR = Histogram("inferasim_canary_prediction_error",
-                         "Measured / predicted throughput per GPU - 1 of confirmed canaries.",
+                         "Measured / predicted ITL p90 - 1 of measured canaries.",
                          buckets=(-0.5, -0.25, -0.1, -0.05, 0, 0.05, 0.1, 0.25, 0.5, 1.0), registry=REGISTRY)
 RECONCILES = Counter("inferasim_reconciles_total", "Reconcile runs, by trigger and result.", ["trigger", "result"],
                      registry=REGISTRY)

@@ -24,7 +24,7 @@ PHASES = ("Pending", "Observing", "Harvesting", "Searching", "Recommended", "Con
           "Failed")
 Phase = Literal["Pending", "Observing", "Harvesting", "Searching", "Recommended", "Confirming", "Confirmed",
                 "Invalid", "Failed"]
-CONDITION_TYPES = ("WorkloadObserved", "AnchorsReady", "Recommended", "Confirmed")
+CONDITION_TYPES = ("WorkloadObserved", "AnchorsReady", "Recommended", "Confirmed", "Priced")
 SHORTLIST_SIZE = 5
 HISTORY_SIZE = 10
 
@@ -41,7 +41,7 @@ class _Wire(BaseModel):
 
 
 class Condition(_Wire):
-    type: Literal["WorkloadObserved", "AnchorsReady", "Recommended", "Confirmed"]
+    type: Literal["WorkloadObserved", "AnchorsReady", "Recommended", "Confirmed", "Priced"]
     status: Literal["True", "False", "Unknown"]
     reason: str = Field(description="CamelCase reason, e.g. MetricsAvailable, MissingSeries, SearchComplete.")
     message: str = Field("", description="Human-readable detail (the failing query, counts, durations).")
@@ -146,14 +146,24 @@ class HistoryEntry(_Wire):
 class Canary(_Wire):
     name: str = Field(description="Canary Deployment (owned by the ServingTuning).")
     engine: str
+    precision: str = ""
+    layout: LayoutStatus | None = None
     layout_label: str
     gpus: int = Field(1, ge=1)
+    image: str = Field("", description="Engine image the canary ran.")
+    parent_anchor: str = Field("", description="Id of the anchor the prediction was made with (empty: unanchored).")
     predicted_ttft_p90_ms: float | None = None
     predicted_itl_p90_ms: float | None = None
     measured_ttft_p90_ms: float | None = None
     measured_itl_p90_ms: float | None = None
     measured_request_rate: float | None = None
     prediction_error: float | None = Field(None, description="Measured / predicted ITL p90 - 1.")
+    measured_itl_mean_ms: float | None = Field(None, description="Mean inter-token latency over the window.")
+    measured_ttft_mean_ms: float | None = Field(None, description="Mean time to first token over the window.")
+    measured_in_flight: float | None = Field(None, description="Mean requests in flight (running + waiting).")
+    anchor: str = Field("", description="ServingAnchor (provenance canary) that stores this measurement.")
+    calibration_scale: float | None = Field(
+        None, description="Step-time scale of the parent anchor that reproduces the measured ITL (1 = exact).")
     state: Literal["Pending", "Running", "Measured", "Failed"] = "Pending"
     message: str = ""
 
@@ -193,6 +203,7 @@ class AnchorStatus(_Wire):
     """ServingAnchor status: where it came from in the cluster."""
 
     harvested_by: str = Field("", description="namespace/name of the ServingTuning whose Job measured it.")
+    canary: str = Field("", description="namespace/name of the canary Deployment it was measured on.")
     job: str = ""
     imported_at: str = ""
 

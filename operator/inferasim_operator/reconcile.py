@@ -93,6 +93,9 @@ class Settings:
     observe_timeout_s: float = 10.0
     backoff_base_s: float = 10.0
     backoff_max_s: float = 600.0
+    # GPU prices ($/GPU-hour per GPU type) for tunings whose spec gives none.
+    price_config_map: str = "inferasim-gpu-prices"
+    operator_namespace: str = "inferasim-system"
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
@@ -123,6 +126,8 @@ class Settings:
         s.observe_timeout_s = num("INFERASIM_OBSERVE_TIMEOUT_S", s.observe_timeout_s, 0.1)
         s.backoff_base_s = num("INFERASIM_BACKOFF_BASE_S", s.backoff_base_s, 0.1)
         s.backoff_max_s = num("INFERASIM_BACKOFF_MAX_S", s.backoff_max_s, s.backoff_base_s)
+        s.price_config_map = env.get("INFERASIM_PRICE_CONFIGMAP", s.price_config_map)
+        s.operator_namespace = env.get("INFERASIM_OPERATOR_NAMESPACE") or s.operator_namespace
         return s
 
 
@@ -167,7 +172,7 @@ def set_condition(conditions: list[dict[str, Any]], type_: str, status: str, rea
     new = dump(Condition(type=type_, status=status, reason=reason, message=message[:1024],
                          last_transition_time=when or now_iso(), observed_generation=generation))
     out = [c for c in conditions if c.get("type") != type_] + [new]
-    order = {"WorkloadObserved": 0, "AnchorsReady": 1, "Recommended": 2, "Confirmed": 3}
+    order = {"WorkloadObserved": 0, "AnchorsReady": 1, "Priced": 2, "Recommended": 3, "Confirmed": 4}
     return sorted(out, key=lambda c: order.get(c.get("type", ""), 9))
 
 
@@ -263,7 +268,9 @@ def _sync_anchor_files(kube: Kube, cache: Path) -> int:
         except ValueError as exc:
             log.warning("ServingAnchor %s is not a valid anchor, skipped: %s", obj["metadata"]["name"], exc)
             continue
-        wanted[anchor.filename()] = anchor.model_dump_json(indent=2) + "\n"
+        # Named after the object, not anchor.filename(): a canary anchor and the harvested anchor of
+        # the same kernel set and layout share a filename, and the store keeps both.
+        wanted[f"{obj['metadata']['name']}.json"] = anchor.model_dump_json(indent=2) + "\n"
     for name, text in wanted.items():
         path = cache / name
         if not path.exists() or path.read_text() != text:
@@ -283,6 +290,70 @@ async def sync_anchors(kube: Kube, settings: Settings) -> int:
 
 def anchor_dirs(settings: Settings) -> list[str]:
     return [*settings.anchor_dirs, settings.anchor_cache]
+
+
+# --------------------------------------------------------------------------------------------
+# GPU prices: the spec's, else the operator's ConfigMap
+# --------------------------------------------------------------------------------------------
+
+
+class PriceError(ValueError):
+    """A price entry that is not a usable number; ``key`` names the ConfigMap key."""
+
+    def __init__(self, key: str, message: str) -> None:
+        self.key = key
+        super().__init__(message)
+
+
+def price_from_data(data: dict[str, str], gpu: str, where: str) -> tuple[float, str] | None:
+    """($/GPU-hour, key) for ``gpu`` from a prices ConfigMap's data, keys matched after
+    normalize_gpu_name (so `MI300X`, `mi300x` and `AMD_Instinct_MI300X_OAM` are one GPU); None when
+    no key names it. PriceError naming the key when its value is not a positive finite number."""
+    from inferasim.catalog.gpus import UnknownGPUError, normalize_gpu_name
+
+    want = normalize_gpu_name(gpu)
+    for key in sorted(data):
+        try:
+            if normalize_gpu_name(key) != want:
+                continue
+        except UnknownGPUError:
+            continue  # a GPU this catalog does not know cannot be the tuning's
+        raw = data[key]
+        try:
+            value = float(str(raw).strip().lstrip("$"))
+        except ValueError:
+            raise PriceError(key, f"{where} key {key!r}: {raw!r} is not a number ($/GPU-hour)") from None
+        if not math.isfinite(value) or value <= 0:
+            raise PriceError(key, f"{where} key {key!r}: {raw!r} is not a positive price ($/GPU-hour)")
+        return value, key
+    return None
+
+
+async def resolve_price(spec: TuningSpec, kube: Kube, settings: Settings) -> tuple[float | None, str, str, str]:
+    """(price, condition status, reason, message) of the Priced condition. The spec wins; a
+    missing, unreadable or bad ConfigMap entry leaves the tuning unpriced, never failed."""
+    if spec.hardware.price_per_gpu_hour is not None:
+        p = spec.hardware.price_per_gpu_hour
+        return p, "True", "SpecPrice", f"${p:g}/GPU-hour from hardware.pricePerGpuHour"
+    ns, name = settings.operator_namespace, settings.price_config_map
+    where = f"ConfigMap {ns}/{name}"
+    if not name:
+        return None, "False", "NoPrice", "no hardware.pricePerGpuHour and no prices ConfigMap configured"
+    try:
+        cm = await asyncio.to_thread(kube.get_config_map, ns, name)
+    except ApiException as exc:
+        return None, "False", "PriceConfigMapUnreadable", f"cannot read {where}: HTTP {exc.status} {exc.reason}"
+    if cm is None:
+        return None, "False", "NoPrice", f"no hardware.pricePerGpuHour and no {where}: costs are not shown"
+    try:
+        found = price_from_data(dict(cm.get("data") or {}), spec.hardware.gpu, where)
+    except PriceError as exc:
+        return None, "False", "BadPrice", str(exc)
+    if found is None:
+        return None, "False", "NoPrice", f"no hardware.pricePerGpuHour and {where} has no entry for " \
+                                         f"{spec.hardware.gpu}: costs are not shown"
+    price, key = found
+    return price, "True", "ConfigMapPrice", f"${price:g}/GPU-hour from {where} key {key!r}"
 
 
 # --------------------------------------------------------------------------------------------
@@ -616,7 +687,13 @@ async def _reconcile(body: dict[str, Any], book: StatusBook, kube: Kube, setting
         book.set(phase="Searching")
     book.set(message=f"searching ({reason})")
     await book.flush()
-    tune_spec = spec.model_copy(update={"workload": WorkloadSource.model_validate({"static": workload})})
+    price, p_status, p_reason, p_message = await resolve_price(spec, kube, settings)
+    if p_reason == "BadPrice" and (book.cond("Priced") or {}).get("message") != p_message:
+        post_event(body, "Warning", "BadPrice", p_message)
+    book.condition("Priced", p_status, p_reason, p_message)
+    hardware = spec.hardware.model_copy(update={"price_per_gpu_hour": price})
+    tune_spec = spec.model_copy(update={"workload": WorkloadSource.model_validate({"static": workload}),
+                                        "hardware": hardware})
     spec_dict = tune_spec.model_dump(by_alias=True, mode="json", exclude_none=True)
     name = render_name(spec, book.name)
     selector = None
