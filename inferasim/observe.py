@@ -27,6 +27,7 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
+from inferasim.passive import Window
 from inferasim.spec import PrometheusWorkload, StaticWorkload
 
 __all__ = [
@@ -39,7 +40,10 @@ __all__ = [
     "detect_engine",
     "drift",
     "observe",
+    "observe_windows",
+    "parse_duration",
     "queries_for",
+    "range_queries",
     "selector_matchers",
 ]
 
@@ -312,6 +316,42 @@ class PrometheusClient:
             raise ObservationError("Prometheus returned a malformed result", promql)
         return result
 
+    def query_range(self, promql: str, start: float, end: float, step: float) -> list[dict[str, Any]]:
+        """The result matrix of a range query: [{"metric": {...}, "values": [[ts, "1.5"], ...]}, ...]."""
+        params = {"query": promql, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
+        try:
+            resp = self._client.get("/api/v1/query_range", params=params)
+        except httpx.HTTPError as exc:
+            raise ObservationError(f"Prometheus at {self.url} is unreachable: {type(exc).__name__}: {exc}",
+                                   promql, reason="Unreachable") from None
+        try:
+            body = resp.json()
+        except ValueError:
+            raise ObservationError(f"Prometheus at {self.url} answered HTTP {resp.status_code} without JSON "
+                                   f"({resp.text[:120]!r})", promql,
+                                   reason="Unreachable" if resp.status_code >= 500 else "QueryError") from None
+        if not isinstance(body, dict) or body.get("status") != "success":
+            err = body.get("error", "") if isinstance(body, dict) else ""
+            kind = body.get("errorType", "") if isinstance(body, dict) else ""
+            raise ObservationError(f"Prometheus at {self.url} refused the range query (HTTP {resp.status_code} "
+                                   f"{kind}: {err})", promql, reason="QueryError")
+        data = body.get("data") or {}
+        if data.get("resultType") != "matrix" or not isinstance(data.get("result"), list):
+            raise ObservationError(f"expected a range vector, Prometheus returned {data.get('resultType')!r}", promql)
+        return data["result"]
+
+    def series(self, promql: str, start: float, end: float, step: float) -> dict[float, float] | None:
+        """The one series of an aggregated range query as {timestamp: value}; None when empty."""
+        result = self.query_range(promql, start, end, step)
+        if not result:
+            return None
+        if len(result) > 1:
+            raise ObservationError(f"expected one series, got {len(result)}: aggregate the query", promql)
+        try:
+            return {round(float(ts), 3): float(v) for ts, v in result[0]["values"]}
+        except (KeyError, TypeError, ValueError):
+            raise ObservationError(f"malformed series {str(result[0])[:120]!r}", promql) from None
+
     def scalar(self, promql: str, at: float | None = None) -> float | None:
         """The single value of a query; None when the result is empty (no such series)."""
         result = self.query(promql, at)
@@ -418,3 +458,135 @@ def observe(source: PrometheusWorkload | Mapping[str, Any], engine: str = "auto"
         prefix_hit_rate=values.get("prefix_hit_rate"), running=values["running"], waiting=values["waiting"],
         kv_cache_usage=values.get("kv_cache_usage"), ttft=quant("ttft", LatencyQuantiles),
         itl=quant("itl", LatencyQuantiles), unavailable=unavailable)
+
+
+# --------------------------------------------------------------------------------------------
+# range observations: one Window per step (passive anchors, prediction error)
+# --------------------------------------------------------------------------------------------
+
+_DURATION_PART = re.compile(r"([0-9]+)(ms|s|m|h|d|w|y)")
+_UNIT_S = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0, "y": 31536000.0}
+
+
+def parse_duration(text: str, what: str = "window") -> float:
+    """Seconds of a Prometheus duration (``90s``, ``5m``, ``1h30m``); ObservationError naming ``what``."""
+    if not isinstance(text, str) or not _DURATION.match(text):
+        raise ObservationError(f"{what}: {text!r} is not a Prometheus duration (e.g. 30s, 5m, 1h)",
+                               reason="BadSelector")
+    return sum(int(n) * _UNIT_S[u] for n, u in _DURATION_PART.findall(text))
+
+
+def _promql_duration(seconds: float) -> str:
+    ms = int(round(seconds * 1000))
+    return f"{ms // 1000}s" if ms % 1000 == 0 else f"{ms}ms"
+
+
+def _increase(metric: str, sel: str, w: str) -> str:
+    return f"sum(increase({metric}{sel}[{w}]))"
+
+
+def _mean_of(num: str, den: str, sel: str, w: str) -> str:
+    # Ratio of increases: the mean of what was observed within the step (0/0 = NaN when nothing was).
+    return f"{_increase(num, sel, w)} / {_increase(den, sel, w)}"
+
+
+def _hist_mean(hist: str, sel: str, w: str) -> str:
+    return _mean_of(f"{hist}_sum", f"{hist}_count", sel, w)
+
+
+RANGE_QUANTITIES: tuple[str, ...] = ("requests", "prompt_tokens", "output_tokens", "running", "waiting", "ttft",
+                                     "itl")
+
+
+def range_queries(engine: str, selector: Mapping[str, str], step_s: float) -> dict[str, tuple[str, ...]]:
+    """PromQL of the per-step quantities of :func:`observe_windows`, each with its alternatives (the
+    current metric name first, older names after). Every query is evaluated at the end of each step
+    over a range of one step, so consecutive windows do not overlap (but for the boundary sample)."""
+    if engine == "atom":
+        raise ObservationError("ATOM exports no TTFT or inter-token latency histograms (engine-facts.md section 3), "
+                               "so live windows of an ATOM deployment carry no timing to fit; harvest it instead",
+                               reason="Unsupported")
+    if engine not in ("vllm", "sglang"):
+        raise ObservationError(f"engine {engine!r} has no known metrics; accepted: vllm, sglang", reason="BadSelector")
+    if not step_s >= 1.0:
+        raise ObservationError(f"step: {step_s!r} s is below Prometheus' useful resolution (at least 1s)",
+                               reason="BadSelector")
+    s, w = selector_matchers(selector), _promql_duration(step_s)
+    if engine == "vllm":
+        return {
+            "requests": (_increase("vllm:request_success_total", s, w),),
+            "prompt_tokens": (_hist_mean("vllm:request_prompt_tokens", s, w),),
+            "output_tokens": (_hist_mean("vllm:request_generation_tokens", s, w),),
+            "running": (f"sum(avg_over_time(vllm:num_requests_running{s}[{w}]))",),
+            "waiting": (f"sum(avg_over_time(vllm:num_requests_waiting{s}[{w}]))",),
+            "ttft": (_hist_mean("vllm:time_to_first_token_seconds", s, w),),
+            # vLLM older than 0.11 names the ITL histogram time_per_output_token_seconds.
+            "itl": (_hist_mean("vllm:inter_token_latency_seconds", s, w),
+                    _hist_mean("vllm:time_per_output_token_seconds", s, w)),
+        }
+    return {
+        "requests": (_increase("sglang:num_requests_total", s, w),),
+        # SGLang adds prompt and generation tokens at finish: their counters give the means of the
+        # finished requests without --collect-tokens-histogram.
+        "prompt_tokens": (_mean_of("sglang:prompt_tokens_total", "sglang:num_requests_total", s, w),),
+        "output_tokens": (_mean_of("sglang:generation_tokens_total", "sglang:num_requests_total", s, w),),
+        "running": (f"sum(avg_over_time(sglang:num_running_reqs{s}[{w}]))",),
+        "waiting": (f"sum(avg_over_time(sglang:num_queue_reqs{s}[{w}]))",),
+        "ttft": (_hist_mean("sglang:time_to_first_token_seconds", s, w),),
+        # _sum gains each chunk's whole interval and _count its tokens: sum/count is the mean per token.
+        "itl": (_hist_mean("sglang:inter_token_latency_seconds", s, w),),
+    }
+
+
+def observe_windows(source: PrometheusWorkload | Mapping[str, Any], start: float, end: float, step_s: float,
+                    engine: str = "auto", *, timeout: float = 10.0,
+                    transport: httpx.BaseTransport | None = None) -> list[Window]:
+    """One :class:`~inferasim.passive.Window` per ``step_s`` between ``start`` and ``end`` (Unix
+    seconds) of the series selected by ``source`` (its url and selector; its window is not used).
+
+    Per step: mean running + waiting requests, mean prompt and output length and mean TTFT and
+    inter-token latency of what finished or was observed in the step (increases of the histograms'
+    ``_sum`` and ``_count``), and the finished requests. Steps in which no request finished carry
+    no lengths or latencies and are left out. Raises ObservationError (with the query) when a series
+    is missing, Prometheus refuses or cannot be reached, or the engine is ATOM (no latency histograms).
+    """
+    if not isinstance(source, PrometheusWorkload):
+        source = PrometheusWorkload.model_validate(dict(source))
+    if not end > start:
+        raise ObservationError(f"the range must end after it starts (start {start}, end {end})", reason="BadSelector")
+    first = start + step_s
+    if first > end:
+        raise ObservationError(f"the range {end - start:g} s is shorter than one step of {step_s:g} s",
+                               reason="BadSelector")
+    with PrometheusClient(source.url, timeout=timeout, transport=transport) as client:
+        if engine == "auto":
+            engine = detect_engine(client, source.selector, end, engines=("vllm", "sglang", "atom"))
+        queries = range_queries(engine, source.selector, step_s)
+        series: dict[str, dict[float, float]] = {}
+        for name in RANGE_QUANTITIES:
+            got = None
+            for promql in queries[name]:
+                got = client.series(promql, first, end, step_s)
+                if got is not None:
+                    break
+            if got is None:
+                alt = f"; also tried {len(queries[name]) - 1} older metric name(s)" if len(queries[name]) > 1 else ""
+                raise ObservationError(f"{name}: no series for the selector {selector_matchers(source.selector)} "
+                                       f"between {start:.0f} and {end:.0f}{alt}", queries[name][0],
+                                       reason="MissingSeries")
+            series[name] = got
+
+    def finite(x: float | None) -> float | None:
+        return x if x is not None and math.isfinite(x) else None
+
+    out: list[Window] = []
+    for ts in sorted(series["requests"]):
+        done = finite(series["requests"][ts])
+        prompt, output = finite(series["prompt_tokens"].get(ts)), finite(series["output_tokens"].get(ts))
+        running, waiting = finite(series["running"].get(ts)), finite(series["waiting"].get(ts))
+        if not done or done <= 0 or prompt is None or output is None or running is None or waiting is None:
+            continue
+        ttft, itl = finite(series["ttft"].get(ts)), finite(series["itl"].get(ts))
+        out.append(Window(start=ts - step_s, end=ts, in_flight=running + waiting, prompt_tokens=prompt,
+                          output_tokens=output, itl_s=itl, ttft_s=ttft, requests=done))
+    return out
