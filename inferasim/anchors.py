@@ -406,7 +406,9 @@ class Anchor(BaseModel):
         label = self.layout.to_layout().label()
         parts = [ks.engine, ks.model.replace("/", "--"), ks.gpu, ks.precision, label]
         slug = "-".join(_safe(p) for p in parts if p)
-        return f"{slug}-{ks.key()[:6]}.json"
+        # A passive anchor of the same kernels and layout as a harvested one is kept beside it.
+        suffix = "-passive" if self.provenance.method == "passive" else ""
+        return f"{slug}-{ks.key()[:6]}{suffix}.json"
 
 
 def _safe(text: str) -> str:
@@ -510,6 +512,9 @@ def load_anchor(path: str | Path) -> Anchor:
 # --------------------------------------------------------------------------------------------
 
 
+# Provenance ranks in the store (lower first): passive anchors only when nothing measured on purpose exists.
+_METHOD_RANK: dict[str, int] = {"passive": 1}
+
 # Field weights for "nearest": a different model or engine is farther than a different build.
 _DISTANCE = {"model": 8, "engine": 4, "gpu": 4, "precision": 2}
 
@@ -567,15 +572,24 @@ class AnchorStore:
         raise NoCompatibleAnchor(kernel_set, [(s[3], s[4]) for s in scored[:3]], self.folders)
 
     def _ranked(self, kernel_set: KernelSet, layout: Layout | None) -> list[Anchor]:
-        matches = [(i, a) for i, (_, a) in enumerate(self._anchors) if a.kernel_set.same_kernels(kernel_set)]
+        return [a for _, a in self.alternatives(kernel_set, layout)]
 
-        def preference(item: tuple[int, Anchor]) -> tuple[int, int, int, int, int]:
-            order, anchor = item
+    def alternatives(self, kernel_set: KernelSet, layout: Layout | None = None) -> list[tuple[Path, Anchor]]:
+        """Every stored anchor of ``kernel_set`` with its file, best first (the first is what
+        :meth:`find` returns); each carries its own fit report, so a passive and a harvested anchor
+        of one deployment can be compared. Measurements taken on purpose (harvest, public data,
+        PyTorch) come before passive ones whatever their layout: live traffic never silently
+        overrides a harvest. Then the same layout, the fewest GPUs, the most points, the newest."""
+        matches = [(i, p, a) for i, (p, a) in enumerate(self._anchors) if a.kernel_set.same_kernels(kernel_set)]
+
+        def preference(item: tuple[int, Path, Anchor]) -> tuple[int, int, int, int, int, int]:
+            order, _, anchor = item
             own = anchor.layout.to_layout()
             same = 0 if layout is not None and own == layout else 1
-            return (same, own.gpus, -len(anchor.points), -len(anchor.steps), -order)
+            return (_METHOD_RANK.get(anchor.provenance.method, 0), same, own.gpus, -len(anchor.points),
+                    -len(anchor.steps), -order)
 
-        return [a for _, a in sorted(matches, key=preference)]
+        return [(p, a) for _, p, a in sorted(matches, key=preference)]
 
     def save(self, anchor: Anchor, folder: str | Path | None = None) -> Path:
         """Write ``anchor`` as pretty JSON into ``folder`` (default: the first folder) and add it.
