@@ -26,7 +26,7 @@ RULES: list[dict[str, Any]] = [
     # Harvest Jobs, and their pods' termination messages (the harvested anchor).
     {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "list", "watch", "create"]},
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
-    # The recommendation's ConfigMap (GitOps).
+    # The recommendation's ConfigMap (GitOps); `get` also reads the GPU prices ConfigMap.
     {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch", "create", "patch"]},
     # The target (read) and the canary Deployments (owned, removed after measuring).
     {"apiGroups": ["apps"], "resources": ["deployments"],

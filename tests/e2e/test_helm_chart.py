@@ -73,8 +73,11 @@ def test_default_render_is_least_privilege_and_consistent() -> None:
     assert pod["spec"]["serviceAccountName"] == sa
     assert objs["Deployment"]["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
     (container,) = pod["spec"]["containers"]
-    env = {e["name"]: e["value"] for e in container["env"]}
+    env = {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    # the GPU prices ConfigMap: named by values, read in the operator's own namespace; none by default
+    assert env["INFERASIM_PRICE_CONFIGMAP"] == "inferasim-gpu-prices"
+    assert env["INFERASIM_OPERATOR_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
     assert env["INFERASIM_METRICS_PORT"] == str(ports["metrics"])
     assert container["livenessProbe"]["httpGet"]["port"] == "health"
     assert f"--liveness=http://0.0.0.0:{ports['health']}/healthz" in container["args"]
@@ -96,7 +99,11 @@ def test_values_change_what_is_rendered() -> None:
         "metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "kube-prometheus"}}},
         "image": {"repository": "registry.example/inferasim-operator", "tag": "1.2.3"},
         "operator": {"stage2Top": 20, "harvesterImage": "registry.example/harvester:9"},
+        "prices": {"configMap": "gpu-prices", "gpus": {"MI355X": 2.5, "H200": "3.1"}},
     }, namespace="ops"))
+    prices = objs["ConfigMap"]
+    assert prices["metadata"]["name"] == "gpu-prices" and prices["metadata"]["namespace"] == "ops"
+    assert prices["data"] == {"MI355X": "2.5", "H200": "3.1"}
     assert "ServiceAccount" not in objs
     assert objs["ClusterRoleBinding"]["subjects"][0] == {"kind": "ServiceAccount", "name": "existing-sa",
                                                          "namespace": "ops"}
@@ -104,7 +111,8 @@ def test_values_change_what_is_rendered() -> None:
     assert [a for a in container["args"] if a.startswith("--namespace=")] == ["--namespace=team-a",
                                                                               "--namespace=team-b"]
     assert container["image"] == "registry.example/inferasim-operator:1.2.3"
-    env = {e["name"]: e["value"] for e in container["env"]}
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["INFERASIM_PRICE_CONFIGMAP"] == "gpu-prices"
     assert env["INFERASIM_STAGE2_TOP"] == "20" and env["INFERASIM_HARVESTER_IMAGE"] == "registry.example/harvester:9"
     mon = objs["ServiceMonitor"]
     assert mon["metadata"]["labels"]["release"] == "kube-prometheus"
