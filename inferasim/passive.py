@@ -13,7 +13,12 @@ that only fits one operating point.
 
 from __future__ import annotations
 
+import datetime as dt
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -24,6 +29,11 @@ from inferasim.fit import FitPoint, fit_params
 from inferasim.layout import Layout
 from inferasim.sim.benchmark import engine_sched
 from inferasim.steptime import default_params, layout_cost
+
+if TYPE_CHECKING:
+    import httpx
+
+    from inferasim.deployment import LiveDeployment
 
 MIN_WINDOWS = 3
 MIN_BATCH_SPREAD = 2.0
@@ -48,15 +58,39 @@ class NotIdentifiable(ValueError):
     """The windows do not pin the parameters; the message says what is missing."""
 
 
-def usable_windows(windows: list[Window], min_requests: float = 20.0) -> list[Window]:
-    return [w for w in windows if w.requests >= min_requests and w.in_flight >= 1 and (w.itl_s or w.ttft_s)
-            and w.prompt_tokens > 0 and w.output_tokens > 1]
+MIN_REQUESTS = 20.0
 
 
-def check_identifiable(windows: list[Window]) -> None:
+def _unusable(w: Window, min_requests: float = MIN_REQUESTS) -> str | None:
+    """Why a window cannot be a fit point, or None."""
+    if w.requests < min_requests:
+        return f"fewer than {min_requests:.0f} finished requests"
+    if w.in_flight < 1:
+        return "less than one request in flight on average"
+    if not (w.itl_s or w.ttft_s):
+        return "no TTFT or inter-token latency observed"
+    if not (w.prompt_tokens > 0 and w.output_tokens > 1):
+        return "no prompt or fewer than two output tokens"
+    return None
+
+
+def usable_windows(windows: list[Window], min_requests: float = MIN_REQUESTS) -> list[Window]:
+    return [w for w in windows if _unusable(w, min_requests) is None]
+
+
+def check_identifiable(windows: list[Window], observed: list[Window] | None = None) -> None:
+    """NotIdentifiable unless ``windows`` (the usable ones) pin the parameters; ``observed`` (all
+    windows) only makes the message say why the others were left out."""
     if len(windows) < MIN_WINDOWS:
-        raise NotIdentifiable(f"{len(windows)} usable windows (at least {MIN_WINDOWS} with >= 20 finished requests "
-                              "and latency series are needed)")
+        why: dict[str, int] = {}
+        for w in observed or []:
+            reason = _unusable(w)
+            if reason is not None:
+                why[reason] = why.get(reason, 0) + 1
+        dropped = "; ".join(f"{n} with {r}" for r, n in why.items())
+        raise NotIdentifiable(f"{len(windows)} usable windows (at least {MIN_WINDOWS} with >= {MIN_REQUESTS:.0f} "
+                              "finished requests and latency series are needed)"
+                              + (f"; of {len(observed or [])} observed: {dropped}" if dropped else ""))
     loads = np.array([w.in_flight for w in windows])
     spread = float(loads.max() / max(loads.min(), 1e-9))
     if spread < MIN_BATCH_SPREAD:
@@ -69,7 +103,7 @@ def fit_passive(kernel_set: KernelSet, model: ModelSpec, gpu: GPU, layout: Layou
                 source: str, queries: list[str] | None = None) -> Anchor:
     """An Anchor with provenance `passive` from observation windows, or NotIdentifiable."""
     win = usable_windows(windows)
-    check_identifiable(win)
+    check_identifiable(win, windows)
     precision = kernel_set.precision or "auto"
     cost = layout_cost(model, gpu, layout, precision, kernel_set.kv_dtype)
     sched = engine_sched(kernel_set.engine, model, gpu, layout, precision, kernel_set.engine_version,
@@ -95,7 +129,56 @@ def fit_passive(kernel_set: KernelSet, model: ModelSpec, gpu: GPU, layout: Layou
                       max_abs_log_error=result.max_abs_log_error, per_metric=result.per_metric_mape,
                       converged=result.converged, message=result.message),
         provenance=Provenance(method="passive", source=source,
-                              measured_at=f"{min(w.start for w in win):.0f}-{max(w.end for w in win):.0f}",
+                              measured_at=f"{_iso(min(w.start for w in win))}/{_iso(max(w.end for w in win))}",
                               measured_by="inferasim passive fit", rows=[b.row_id for b in bench],
                               notes="queries: " + " | ".join(queries or [])),
     )
+
+
+def _iso(ts: float) -> str:
+    return dt.datetime.fromtimestamp(ts, dt.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def fit_live(deployment: LiveDeployment | Mapping[str, Any] | str | Path, prometheus: str,
+             selector: Mapping[str, str], *, window_s: float = 3600.0, step_s: float = 60.0,
+             end: float | None = None, gpu: str | None = None, engine_version: str | None = None,
+             timeout: float = 10.0, transport: httpx.BaseTransport | None = None,
+             clock: Callable[[], float] = time.time) -> Anchor:
+    """A passive anchor of a live deployment: its manifest names the kernel set and layout, its
+    Prometheus series over ``[end - window_s, end]`` (one window per ``step_s``) are the points.
+
+    ``deployment`` is a :class:`~inferasim.deployment.LiveDeployment` or what
+    :func:`~inferasim.deployment.read_deployment` reads (``gpu`` and ``engine_version`` are passed
+    to it); ``selector`` picks the deployment's series (e.g. ``{"namespace": "llm", "pod": ...}``).
+    Requests in flight are divided by the replicas: a window describes one replica.
+
+    The anchor's provenance is ``passive``, with the Prometheus URL, selector, range and step in
+    ``source``, the windows used in ``measured_at`` (ISO 8601 interval) and the PromQL in ``notes``.
+    Raises NotIdentifiable (what is missing: usable windows, load spread, one model for all windows),
+    :class:`~inferasim.observe.ObservationError` (the failing query) and
+    :class:`~inferasim.deployment.DeploymentError` (the manifest field).
+    """
+    from inferasim.catalog.models import get_model
+    from inferasim.deployment import LiveDeployment, read_deployment
+    from inferasim.observe import observe_windows, range_queries, selector_matchers
+
+    live = deployment if isinstance(deployment, LiveDeployment) else read_deployment(
+        deployment, gpu=gpu, engine_version=engine_version)
+    if not window_s > step_s > 0:
+        raise ValueError(f"window ({window_s:g} s) must be longer than step ({step_s:g} s), and both positive")
+    end = clock() if end is None else end
+    start = end - window_s
+    source = {"url": prometheus, "selector": dict(selector)}
+    queries = range_queries(live.engine, selector, step_s)
+    windows = observe_windows(source, start, end, step_s, live.engine, timeout=timeout, transport=transport)
+    replicas = live.config.replicas
+    if replicas > 1:
+        windows = [replace(w, in_flight=w.in_flight / replicas) for w in windows]
+    cfg = live.config
+    anchor = fit_passive(
+        live.kernel_set(), get_model(cfg.model), cfg.gpu_spec, cfg.layout, windows,
+        source=(f"{prometheus} {selector_matchers(selector)} {_iso(start)}/{_iso(end)} step {step_s:g}s "
+                f"({live.namespace}/{live.name}, {replicas} replica(s))"),
+        queries=[q for alts in queries.values() for q in alts])
+    anchor.provenance.engine_image = live.image
+    return anchor
