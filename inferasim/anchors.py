@@ -407,7 +407,8 @@ class Anchor(BaseModel):
         parts = [ks.engine, ks.model.replace("/", "--"), ks.gpu, ks.precision, label]
         slug = "-".join(_safe(p) for p in parts if p)
         # A passive anchor of the same kernels and layout as a harvested one is kept beside it.
-        suffix = "-passive" if self.provenance.method == "passive" else ""
+        # So is a canary anchor (live traffic of a canary, one operating point).
+        suffix = f"-{self.provenance.method}" if self.provenance.method in ("passive", "canary") else ""
         return f"{slug}-{ks.key()[:6]}{suffix}.json"
 
 
@@ -513,7 +514,7 @@ def load_anchor(path: str | Path) -> Anchor:
 
 
 # Provenance ranks in the store (lower first): passive anchors only when nothing measured on purpose exists.
-_METHOD_RANK: dict[str, int] = {"passive": 1}
+_METHOD_RANK: dict[str, int] = {"passive": 1, "canary": 1}
 
 # Field weights for "nearest": a different model or engine is farther than a different build.
 _DISTANCE = {"model": 8, "engine": 4, "gpu": 4, "precision": 2}
