@@ -55,7 +55,7 @@ from inferasim.render import (
     _image,
 )
 
-__all__ = ["DeploymentError", "LiveDeployment", "read_deployment"]
+__all__ = ["DeploymentError", "LiveDeployment", "engine_version_from_image", "kernel_set_of", "read_deployment"]
 
 _ANN_MODEL = "inferasim.io/model"
 _ANN_PRECISION = "inferasim.io/precision"
@@ -115,21 +115,24 @@ class LiveDeployment:
         and a passive anchor of one deployment compare equal): precision "" for the checkpoint's own,
         the KV dtype "fp8" for any fp8 cache, and for an unset cache dtype the benchmark rule of
         :func:`inferasim.predictor.benchmark_kv_dtype` that the harvester and the emulator use."""
-        from inferasim.predictor import benchmark_kv_dtype
+        return kernel_set_of(self.config, self.attention_backend, self.graph_mode)
 
-        cfg = self.config
-        precision = "" if cfg.precision == "auto" else cfg.precision
-        kv = cfg.kv_cache_dtype.lower()
-        if kv == "auto":
-            kv = benchmark_kv_dtype(cfg.precision)
-        elif kv.startswith("fp8"):
-            kv = "fp8"
-        elif kv in ("bf16", "bfloat16"):
-            kv = "auto"
-        return KernelSet(engine=cfg.engine, engine_version=cfg.engine_version, model=cfg.model,
-                         gpu=self.gpu.name, precision=precision, kv_dtype=kv,
-                         attention_backend=self.attention_backend, graph_mode=self.graph_mode,
-                         spec_method=cfg.spec_method)
+
+def kernel_set_of(cfg: ServingConfig, attention_backend: str = "auto", graph_mode: str = "default") -> KernelSet:
+    """The kernel set of a serving configuration (see :meth:`LiveDeployment.kernel_set`)."""
+    from inferasim.predictor import benchmark_kv_dtype
+
+    precision = "" if cfg.precision == "auto" else cfg.precision
+    kv = cfg.kv_cache_dtype.lower()
+    if kv == "auto":
+        kv = benchmark_kv_dtype(cfg.precision)
+    elif kv.startswith("fp8"):
+        kv = "fp8"
+    elif kv in ("bf16", "bfloat16"):
+        kv = "auto"
+    return KernelSet(engine=cfg.engine, engine_version=cfg.engine_version, model=cfg.model,
+                     gpu=cfg.gpu_spec.name, precision=precision, kv_dtype=kv, attention_backend=attention_backend,
+                     graph_mode=graph_mode, spec_method=cfg.spec_method)
 
 
 # --------------------------------------------------------------------------------------------------
