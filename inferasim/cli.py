@@ -352,7 +352,94 @@ def cmd_anchors(args: argparse.Namespace) -> int:
             written += 1
         print(f"wrote {written} anchors to {out}")
         return 0
+    if args.action in ("fit-live", "drift"):
+        return _anchors_live(args)
     raise UsageError(f"unknown anchors action {args.action!r}")
+
+
+def _live_selector(items: Sequence[str]) -> dict[str, str]:
+    """--selector k=v[,k=v] (repeatable) -> {k: v}."""
+    selector: dict[str, str] = {}
+    for item in items:
+        for part in item.split(","):
+            if "=" not in part or not part.split("=", 1)[0].strip():
+                raise UsageError(f"--selector {part!r} must be LABEL=VALUE (several: k=v,k=v)")
+            k, v = part.split("=", 1)
+            selector[k.strip()] = v.strip()
+    if not selector:
+        raise UsageError("--selector is required: the label matchers of the deployment's series, e.g. "
+                         "--selector namespace=llm,app=chat")
+    return selector
+
+
+def _anchors_live(args: argparse.Namespace) -> int:
+    """`anchors fit-live` (a passive anchor from live traffic) and `anchors drift` (prediction error)."""
+    import time
+
+    from inferasim.deployment import read_deployment
+    from inferasim.observe import ObservationError, observe_windows, parse_duration
+    from inferasim.passive import NotIdentifiable, fit_live
+
+    cmd = f"inferasim anchors {args.action}"
+    for flag, value in (("--prometheus", args.prometheus), ("--deployment", args.deployment)):
+        if not value:
+            raise UsageError(f"anchors {args.action} needs {flag}")
+    selector = _live_selector(args.selector)
+    live = read_deployment(args.deployment, gpu=args.gpu, engine_version=args.engine_version)
+    try:
+        window = parse_duration(args.window or ("1h" if args.action == "fit-live" else "5m"), "--window")
+        step = parse_duration(args.step, "--step")
+    except ObservationError as exc:
+        raise UsageError(str(exc)) from None
+    try:
+        if args.action == "fit-live":
+            anchor = fit_live(live, args.prometheus, selector, window_s=window, step_s=step)
+        else:
+            end = time.time()
+            windows = observe_windows({"url": args.prometheus, "selector": selector}, end - window, end, window,
+                                      live.engine)
+    except NotIdentifiable as exc:
+        print(f"{cmd}: not identifiable: {exc}", file=sys.stderr)
+        return 1
+    except ObservationError as exc:
+        print(f"{cmd}: {exc}", file=sys.stderr)
+        return 1
+    if args.action == "fit-live":
+        return _write_live_anchor(anchor, args, cmd)
+    from inferasim.drift import prediction_error
+
+    if not windows:
+        print(f"{cmd}: no request finished in the last {args.window or '5m'}: nothing to compare", file=sys.stderr)
+        return 1
+    err = prediction_error(live, windows[-1], _anchor_store(args.dir))
+    rows = [(m, err.observed.get(m), err.predicted[m], err.relative.get(m)) for m in ("ttft", "itl", "throughput")]
+    emit(err.as_dict(), args.output, table(["metric (ms, tok/s)", "observed", "predicted", "relative error"], rows))
+    if err.exceeds(args.threshold):
+        print(f"{cmd}: prediction error {err.worst():.0%} exceeds {args.threshold:.0%} (anchor {err.anchor_id})",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+def _write_live_anchor(anchor: Any, args: argparse.Namespace, cmd: str) -> int:
+    from inferasim.harvest.run import write_anchor
+
+    out = args.out or "-"
+    if out != "-" and (Path(out).is_dir() or not out.endswith(".json")):
+        store = AnchorStore(out)
+        path = store.save(anchor, out)
+        print(f"{cmd}: wrote {path} (fit rms log error {anchor.fit.rms_log_error:.3f}, {len(anchor.points)} windows)",
+              file=sys.stderr)
+        # Both a harvested and a passive anchor of these kernels may be stored: show which one wins.
+        for i, (p, a) in enumerate(store.alternatives(anchor.kernel_set, anchor.layout.to_layout())):
+            rms = f"{a.fit.rms_log_error:.3f}" if a.fit else "-"
+            print(f"  {'used' if i == 0 else 'kept'}: {p.name} ({a.provenance.method}, fit rms log error {rms})",
+                  file=sys.stderr)
+        return 0
+    path = write_anchor(anchor, out)
+    if path is not None:
+        print(f"{cmd}: wrote {path} (fit rms log error {anchor.fit.rms_log_error:.3f})", file=sys.stderr)
+    return 0
 
 
 # ---- tune --------------------------------------------------------------------------------------
@@ -624,10 +711,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--split-by", default="", help="comma list of engine, gpu, model")
     p.set_defaults(func=cmd_validate)
 
-    p = sub.add_parser("anchors", help="list, show, check shipped anchors; build anchors from a CSV")
-    p.add_argument("action", choices=("list", "show", "check", "build"))
+    p = sub.add_parser("anchors", help="list, show, check shipped anchors; build anchors from a CSV; fit one from "
+                                       "live traffic (fit-live); prediction error of a live deployment (drift)")
+    p.add_argument("action", choices=("list", "show", "check", "build", "fit-live", "drift"))
     p.add_argument("name", nargs="?", help="anchor id/file (show) or CSV (build)")
     p.add_argument("--dir", action="append", default=None, help="anchor folder(s) (default: anchors/)")
+    p.add_argument("--prometheus", default=None, help="fit-live, drift: Prometheus base URL")
+    p.add_argument("--selector", action="append", default=[], metavar="K=V[,K=V]",
+                   help="fit-live, drift: label matchers of the deployment's series")
+    p.add_argument("--deployment", default=None, help="fit-live, drift: the Deployment manifest (YAML)")
+    p.add_argument("--gpu", default=None, help="fit-live, drift: GPU when the manifest names none")
+    p.add_argument("--engine-version", default=None, help="fit-live, drift: when the image tag names none")
+    p.add_argument("--window", default=None, help="fit-live: range to fit (default 1h); drift: range (default 5m)")
+    p.add_argument("--step", default="1m", help="fit-live: one window per step (default 1m)")
+    p.add_argument("--out", default=None, help="fit-live: anchor folder, file, or - for stdout (default -)")
+    p.add_argument("--threshold", type=float, default=0.25,
+                   help="drift: exit 1 when a relative error exceeds this fraction (default 0.25)")
     _add_output(p)
     p.set_defaults(func=cmd_anchors)
 
