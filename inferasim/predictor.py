@@ -44,7 +44,7 @@ def to_layout(row_layout: RowLayout) -> Layout:
             Layout(tp=row_layout.tp, pp=row_layout.pp, dp=row_layout.dp)
 
 
-def engine_layout(engine: str, row_layout: RowLayout) -> Layout:
+def engine_layout(engine: str, row_layout: RowLayout, gpus_per_node: int = 8) -> Layout:
     """The deployment a row's layout columns describe, read the way the public data writes them.
 
     The aiconfigurator silicon data (shared/data/aic-silicon) writes some expert-parallel runs with
@@ -53,14 +53,16 @@ def engine_layout(engine: str, row_layout: RowLayout) -> Layout:
     duplicated):
     - vLLM `--tensor-parallel-size T --enable-expert-parallel` (ids "tpT_epT") appears as tp = T,
       attention dp = T, moe_ep = T x T, batch_size = clients / T;
-    - SGLang `--tp T --ep E` (ids "tpT_epE") appears as tp = T x E, moe_tp = T, moe_ep = E.
+    - SGLang `--tp T --ep T` (ids "tpT_epT") appears as tp = T x T, moe_tp = T, moe_ep = T. Only
+      squared widths beyond one node are read this way: a layout such as tp 4, moe_tp 2, moe_ep 2
+      is a plain SGLang `--tp 4 --ep 2` and stays as written.
     Such a row is priced as the deployment that ran; the scoring (`inferasim.validate`) keeps the
     row's own GPU count for both measured and predicted throughput per GPU."""
     lay = row_layout
     if engine == "vllm" and lay.tp > 1 and lay.dp == lay.tp and lay.moe_ep == lay.tp * lay.dp:
         return to_layout(RowLayout(tp=lay.tp, pp=lay.pp, dp=1, moe_tp=1, moe_ep=lay.tp))
-    if engine == "sglang" and lay.dp == 1 and lay.moe_tp > 1 and lay.moe_ep > 1 and \
-            lay.tp == lay.moe_tp * lay.moe_ep and lay.moe_tp % lay.moe_ep == 0:
+    if engine == "sglang" and lay.dp == 1 and lay.moe_tp > 1 and lay.moe_tp == lay.moe_ep and \
+            lay.tp == lay.moe_tp * lay.moe_ep and lay.tp > gpus_per_node:
         return to_layout(RowLayout(tp=lay.moe_tp, pp=lay.pp, dp=1, moe_tp=1, moe_ep=lay.moe_ep))
     return to_layout(lay)
 
@@ -169,7 +171,7 @@ class FittedAnchor:
                 interval={"ttft": (d["ttft"] * 1e3 * math.exp(-s_ttft), d["ttft"] * 1e3 * math.exp(s_ttft)),
                           "tpot": (d["tpot"] * 1e3 * math.exp(-s_tpot), d["tpot"] * 1e3 * math.exp(s_tpot))},
                 extrapolated=True, anchor=self.anchor_id)
-        layout = engine_layout(self.engine, row.layout)
+        layout = engine_layout(self.engine, row.layout, self.gpu.gpus_per_node)
         pred = self.predict_layout(layout, row.isl, row.osl, clients(row), row.scenario)
 
         def band(metric: str, v: float | None, scale: float = 1.0) -> tuple[float, float] | None:
@@ -202,7 +204,7 @@ def fit_anchor_rows(rows: list[BenchRow]) -> FittedAnchor:
         raise CannotPredict("no anchor rows")
     first = rows[0]
     engine, model, gpu = resolve(first)
-    layout = engine_layout(engine, first.layout)
+    layout = engine_layout(engine, first.layout, gpu.gpus_per_node)
     precision = first.precision or "auto"
     kv_dtype = benchmark_kv_dtype(precision)
     try:

@@ -134,3 +134,23 @@ def test_shipped_anchor_parameters_match_a_fresh_fit() -> None:
         for key in ("t_fixed", "e_bw", "t_ttft"):
             a, b = getattr(stored.params, key), getattr(fresh.params, key)
             assert a == pytest.approx(b, rel=1e-6, abs=1e-9), (anchor.id, key)
+
+
+def test_schema_layouts_read_as_the_deployment_that_ran() -> None:
+    """aiconfigurator silicon rows: batch_size is per attention-DP rank; squared expert-parallel
+    widths (vLLM tpT dpT epT*T, SGLang tpT*T over moe_tp T x ep T beyond a node) are the T-GPU runs."""
+    from dataclasses import replace
+
+    from inferasim.layout import Layout as SimLayout
+    from inferasim.predictor import clients, engine_layout
+    from inferasim.validate import Layout as RowLayout
+
+    assert engine_layout("vllm", RowLayout(tp=4, dp=4, moe_ep=16)) == SimLayout(tp=4, moe_ep=4)
+    assert engine_layout("vllm", RowLayout(tp=1, dp=8, moe_ep=8)) == SimLayout(tp=1, dp=8, moe_ep=8)
+    assert engine_layout("sglang", RowLayout(tp=16, moe_tp=4, moe_ep=4)) == SimLayout(tp=4, moe_ep=4)
+    assert engine_layout("sglang", RowLayout(tp=4, moe_tp=2, moe_ep=2)) == SimLayout(tp=4, moe_tp=2, moe_ep=2)
+    rows = [r for r in load_rows(REPO.parent / "shared/data/aic-silicon/silicon_dev.csv")
+            if r.mode == "agg" and r.layout.dp > 1][:3] if (REPO.parent / "shared/data").exists() else []
+    for r in rows:
+        assert clients(r) == r.concurrency * r.layout.dp
+        assert clients(replace(r, scenario="offline")) == r.concurrency
