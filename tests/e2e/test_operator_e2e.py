@@ -106,6 +106,8 @@ def env(cluster: Any, operator_kubeconfig: Path, gpu_node: str) -> Iterator[Env]
         "INFERASIM_SEARCH_TIMEOUT_S": "240", "INFERASIM_BACKOFF_BASE_S": "1", "INFERASIM_BACKOFF_MAX_S": "5",
         "INFERASIM_HARVEST_ARGS": HARVEST_ARGS, "INFERASIM_HARVESTER_IMAGE": "inferasim-operator:e2e",
         "INFERASIM_METRICS_PORT": str(free_port()), "INFERASIM_METRICS_ADDR": "127.0.0.1",
+        # GPU prices: the ConfigMap inferasim-gpu-prices in this namespace (the test creates it)
+        "INFERASIM_OPERATOR_NAMESPACE": ns,
     }
     op = OperatorProcess(operator_kubeconfig, [ns], op_env, tmp / "operator.log")
     op.start()
@@ -121,7 +123,9 @@ def env(cluster: Any, operator_kubeconfig: Path, gpu_node: str) -> Iterator[Env]
             pass
         for a in client.CustomObjectsApi(cluster.api).list_cluster_custom_object(GROUP, VERSION,
                                                                                  "servinganchors")["items"]:
-            if (a["metadata"].get("annotations") or {}).get("inferasim.io/harvested-by", "").startswith(ns + "/"):
+            notes = a["metadata"].get("annotations") or {}
+            if any(notes.get(k, "").startswith(ns + "/") for k in ("inferasim.io/harvested-by",
+                                                                    "inferasim.io/measured-by")):
                 client.CustomObjectsApi(cluster.api).delete_cluster_custom_object(GROUP, VERSION, "servinganchors",
                                                                                    a["metadata"]["name"])
 
@@ -204,7 +208,10 @@ def test_unreachable_prometheus_is_a_condition_with_the_query(env: Env) -> None:
 
 
 def test_static_tuning_recommends_and_its_manifest_applies(env: Env) -> None:
-    """A static workload, harvest not allowed: Recommended (unanchored), ConfigMap, manifest accepted."""
+    """A static workload, harvest not allowed: Recommended (unanchored), ConfigMap, manifest accepted,
+    priced from the operator's GPU prices ConfigMap (the spec has no price)."""
+    env.core.create_namespaced_config_map(env.ns, {"metadata": {"name": "inferasim-gpu-prices"},
+                                                   "data": {"mi300x": "2.5", "H200": "3.1"}})
     t0 = time.monotonic()
     env.apply_tuning("static", static_spec())
     st = wait_until(lambda: env.status("static") if env.status("static").get("phase") == "Recommended" else None,
@@ -215,6 +222,10 @@ def test_static_tuning_recommends_and_its_manifest_applies(env: Env) -> None:
     assert env.condition("static", "AnchorsReady")["reason"] == "AnchorsMissing"
     assert "harvest.allowed is false" in env.condition("static", "AnchorsReady")["message"]
     assert len(st["shortlist"]) <= 5 and st["history"]
+    priced = env.condition("static", "Priced")
+    assert priced["status"] == "True" and priced["reason"] == "ConfigMapPrice" and "'mi300x'" in priced["message"]
+    assert rec["predicted"]["costPerMillionTokens"] > 0
+    assert all(c["predicted"]["costPerMillionTokens"] > 0 for c in st["shortlist"])
     assert not env.batch.list_namespaced_job(env.ns, label_selector="inferasim.io/tuning=static").items
     cm = env.core.read_namespaced_config_map("static-recommendation", env.ns)
     assert cm.data["manifest.yaml"] == rec["manifest"]
@@ -398,11 +409,47 @@ def test_end_to_end(env: Env, prometheus: Prometheus, live: dict[str, Any], gpu_
     print(f"\nend to end: Harvesting after {t_harvesting:.1f} s, Recommended after {t_recommended:.1f} s, "
           f"Confirmed after {t_confirmed:.1f} s; {cond['message']}")
 
+    # 7. the canary's measurement is a ServingAnchor (provenance canary) the store predicts it with
+    check_canary_anchor(env, c0, anchors[0])
+
     # the invalid tunings of the earlier tests (when they ran) did not stop the operator serving this one
     names = {t["metadata"]["name"] for t in env.custom.list_namespaced_custom_object(GROUP, VERSION, env.ns,
                                                                                       PLURAL)["items"]}
     if "bad-gpu" in names:
         assert env.status("bad-gpu")["phase"] == "Invalid"
+
+
+def check_canary_anchor(env: Env, c0: dict[str, Any], harvested: dict[str, Any]) -> None:
+    from inferasim.anchors import Anchor, AnchorStore
+    from inferasim.predictor import fitted_from_anchor
+
+    assert c0["anchor"].startswith("canary-"), c0
+    obj = env.custom.get_cluster_custom_object(GROUP, VERSION, "servinganchors", c0["anchor"])
+    assert obj["metadata"]["annotations"]["inferasim.io/measured-by"] == f"{env.ns}/chat"
+    assert obj["metadata"]["annotations"]["inferasim.io/parent-anchor"] == Anchor.model_validate(
+        harvested["spec"]).id  # calibrated on the harvested anchor the prediction came from
+    assert obj["metadata"]["labels"]["inferasim.io/kind"] == "canary"
+    anchor = Anchor.model_validate(obj["spec"])
+    assert anchor.provenance.method == "canary" and anchor.fit is not None and anchor.fit.converged
+    (point,) = anchor.points  # the measured window: in flight, lengths, mean ITL and TTFT
+    assert point.tpot_ms == pytest.approx(c0["measuredItlMeanMs"], rel=1e-3)
+    assert point.ttft_ms == pytest.approx(c0["measuredTtftMeanMs"], rel=1e-3)
+    assert point.concurrency == c0["measuredInFlight"] >= 1
+    assert 300 <= point.isl <= 500 and point.osl == pytest.approx(64, rel=0.1)
+    # A fresh prediction through the operator's store (it syncs ServingAnchors into its cache) at
+    # the canary's layout and operating point reproduces the measured ITL.
+    store = AnchorStore(env.tmp / "anchor-cache")
+    stored = [a for a in store.all() if a.provenance.method == "canary" and a.id == anchor.id]
+    assert stored, [a.id for a in store.all()]
+    assert len(store.all()) >= 2  # the harvested anchor of the same kernel set is kept beside it
+    layout = stored[0].layout.to_layout()
+    pred = fitted_from_anchor(stored[0]).predict_layout(layout, point.isl, point.osl, point.concurrency)
+    itl_pred = pred["tpot"] * 1e3
+    assert itl_pred == pytest.approx(c0["measuredItlMeanMs"], rel=0.02)
+    print(f"canary {c0['name']}: ITL p90 measured {c0['measuredItlP90Ms']:.2f} ms vs predicted "
+          f"{c0['predictedItlP90Ms']:.2f} ms ({c0['predictionError']:+.1%}); mean ITL measured "
+          f"{c0['measuredItlMeanMs']:.2f} ms at {point.concurrency} in flight, the canary anchor predicts "
+          f"{itl_pred:.2f} ms; step scale {c0['calibrationScale']:.3f} on the harvested anchor")
 
 
 def test_operator_metrics(env: Env) -> None:
