@@ -21,7 +21,14 @@ from typing import Any
 import kopf
 
 from inferasim.anchors import Anchor, AnchorStore, BenchPoint, KernelSet
-from inferasim.calibrate import Calibration, CalibrationError, calibrate, measure_window, window_point
+from inferasim.calibrate import (
+    Calibration,
+    CalibrationError,
+    CanaryWindow,
+    calibrate,
+    measure_window,
+    window_point,
+)
 from inferasim.catalog.gpus import get_gpu
 from inferasim.catalog.models import get_model
 from inferasim.layout import Layout
@@ -226,11 +233,11 @@ def _parent(store: AnchorStore, anchor_id: str) -> Anchor | None:
     return None
 
 
-def build_canary_anchor(spec: TuningSpec, c: dict[str, Any], observed: ObservedWorkload, prom_url: str,
-                        started: str, namespace: str, anchor_dirs: list[str], existing: dict[str, Any] | None,
-                        window_s: float, timeout: float) -> Calibration:
-    """Measure the canary's window means and calibrate its anchor (blocking: run in a thread)."""
-    window = measure_window(observed, prom_url, timeout=timeout)
+def build_canary_anchor(spec: TuningSpec, c: dict[str, Any], observed: ObservedWorkload, window: CanaryWindow,
+                        prom_url: str, started: str, namespace: str, anchor_dirs: list[str],
+                        existing: dict[str, Any] | None, window_s: float) -> Calibration:
+    """The canary's anchor, calibrated on its parent, with the earlier points of ``existing``
+    (blocking: run in a thread)."""
     row_id = f"canary:{namespace}/{c['name']}@{started or f'{observed.observed_at:.0f}'}"
     point = window_point(window, row_id=row_id)
     store = AnchorStore(*anchor_dirs)
@@ -275,13 +282,13 @@ async def store_canary_anchor(body: dict[str, Any], spec: TuningSpec, book: Any,
     try:
         # The name needs the kernel set, which needs the parent: calibrate once to learn it, then
         # again with the earlier points of that anchor, if there is one.
-        cal = await asyncio.to_thread(build_canary_anchor, spec, c, observed, prom_url, started, book.namespace,
-                                      dirs, None, window_s, settings.observe_timeout_s)
+        window = await asyncio.to_thread(measure_window, observed, prom_url, timeout=settings.observe_timeout_s)
+        args = (spec, c, observed, window, prom_url, started, book.namespace, dirs)
+        cal = await asyncio.to_thread(build_canary_anchor, *args, None, window_s)
         name = canary_anchor_name(cal.anchor.kernel_set, cal.anchor.layout.to_layout())
         existing = await asyncio.to_thread(kube.get_anchor, name)
         if existing is not None:
-            cal = await asyncio.to_thread(build_canary_anchor, spec, c, observed, prom_url, started, book.namespace,
-                                          dirs, existing, window_s, settings.observe_timeout_s)
+            cal = await asyncio.to_thread(build_canary_anchor, *args, existing, window_s)
     except (CalibrationError, ValueError) as exc:
         c["message"] = f"measured, but not stored as an anchor: {exc}"[:1000]
         post_event(body, "Warning", "CanaryAnchorFailed", f"{c['name']}: {exc}")
