@@ -3,6 +3,8 @@ recommendation, Pareto front and a short list of five."""
 
 from __future__ import annotations
 
+import copy
+import gc
 import math
 import time
 from collections import defaultdict
@@ -135,23 +137,41 @@ def _anchor_for(store: AnchorStore, engine: str, model: ModelSpec, gpu: GPU, pre
     return max(hits, key=lambda a: (len(a.points), a.kernel_set.engine_version))
 
 
-def _stage2(e: Estimate, w: WorkloadShape) -> Estimate:
-    """Refine one candidate with the discrete-event simulator: the workload itself (sessions,
-    prefix reuse, arrivals) replayed request by request on the candidate's replicas, percentiles
-    measured instead of assumed."""
+def _simulate_one(e: Estimate, w: WorkloadShape) -> dict[str, Any] | None:
+    """The discrete-event simulator on one candidate: the workload itself (sessions, prefix
+    reuse, arrivals) replayed request by request on the candidate's replicas; None when the
+    simulator does not apply (disaggregated candidates, no finite step time, no replayable
+    workload). Returns the report's summary (no series)."""
     from inferasim.sim.api import simulate_workload
 
     c = e.candidate
     if c.disagg is not None or not math.isfinite(e.tpot) or w.source is None:
-        return e
+        return None
     src = w.source
     if src.kind == "closed":
         # A closed loop over all replicas: the spec's clients.
         src = src.model_copy(update={"num_requests": min(src.num_requests, max(4 * (src.concurrency or 1), 200))})
-    report = simulate_workload(e.fitted, c.layout, src, replicas=e.replicas, max_num_seqs=c.max_num_seqs,
-                               max_batched_tokens=c.max_batched_tokens,
-                               mixed=None if c.chunked_prefill else False, seed=1)
-    d = report.as_dict(series=False)
+    # The collector stays paused until the report (and with it the simulation's requests) is
+    # dropped: the state dies by reference counting and is never scanned.
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        report = simulate_workload(e.fitted, c.layout, src, replicas=e.replicas, max_num_seqs=c.max_num_seqs,
+                                   max_batched_tokens=c.max_batched_tokens,
+                                   mixed=None if c.chunked_prefill else False, seed=1)
+        d = report.as_dict(series=False)
+        del report
+    finally:
+        if was_enabled:
+            gc.enable()
+    return d
+
+
+def _apply(e: Estimate, d: dict[str, Any] | None) -> Estimate:
+    """Stage 2's refinement of `e` from its simulation summary `d` (see `_simulate_one`):
+    percentiles measured instead of assumed."""
+    if d is None:
+        return e
     if not d["completed"]:
         e.notes.append("the simulation completed no request")
         return e
@@ -163,20 +183,58 @@ def _stage2(e: Estimate, w: WorkloadShape) -> Estimate:
     return e
 
 
+def _stage2(e: Estimate, w: WorkloadShape) -> Estimate:
+    """Refine one candidate with the discrete-event simulator (in this process)."""
+    return _apply(e, _simulate_one(e, w))
+
+
+# What the stage-2 worker processes simulate: set before they are forked, so that each task
+# carries an index only (no Estimate, FittedAnchor or workload pickled per task).
+_JOBS: tuple[list[Estimate], WorkloadShape] | None = None
+
+
+def _summary_fields(d: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The part of a report summary that `_apply` reads: what comes back from a worker."""
+    if d is None:
+        return None
+    return {"completed": d["completed"], "ttft": {k: d["ttft"][k] for k in ("mean", "p90")},
+            "itl": {k: d["itl"][k] for k in ("mean", "p90")}, "dropped": d["dropped"], "requests": d["requests"],
+            "dropped_reasons": d["dropped_reasons"]}
+
+
+def _worker_job(i: int) -> tuple[int, dict[str, Any] | None]:
+    assert _JOBS is not None
+    top, w = _JOBS
+    return i, _summary_fields(_simulate_one(top[i], w))
+
+
 def _run_stage2(top: list[Estimate], w: WorkloadShape, workers: int, progress: Progress | None) -> list[Estimate]:
     """Simulate the best candidates, on `workers` processes when there are several cores: each
     replay is independent and CPU-bound."""
+    global _JOBS
     if workers > 1 and len(top) > 4:
         import multiprocessing as mp
-        from concurrent.futures import ProcessPoolExecutor
+        from concurrent.futures import ProcessPoolExecutor, as_completed
 
-        ctx = mp.get_context("fork")  # the workers inherit the loaded catalogs and caches
-        out: list[Estimate] = []
-        with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-            for i, e in enumerate(pool.map(_stage2, top, [w] * len(top), chunksize=2), 1):
-                out.append(e)
-                if progress:
-                    progress("stage 2", i, len(top))
+        ctx = mp.get_context("fork")  # the workers inherit the loaded catalogs, caches and _JOBS
+        _JOBS = (top, w)
+        try:
+            out: list[Estimate] = [e for e in top]
+            with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+                # One task per candidate, handed out as workers free up: run times differ by 3x, so
+                # fixed chunks would leave one worker idle at the end.
+                futures = [pool.submit(_worker_job, i) for i in range(len(top))]
+                for n, fut in enumerate(as_completed(futures), 1):
+                    i, d = fut.result()
+                    # Refine a copy, as when the estimate itself went to the worker and came back:
+                    # the stage-1 objects (the Pareto front's input) stay as they were.
+                    e = copy.copy(top[i])
+                    e.notes = list(e.notes)
+                    out[i] = _apply(e, d)
+                    if progress:
+                        progress("stage 2", n, len(top))
+        finally:
+            _JOBS = None
         return out
     for i, e in enumerate(top, 1):
         _stage2(e, w)

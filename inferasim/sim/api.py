@@ -67,6 +67,27 @@ def simulate_workload(fitted: FittedAnchor, layout: Layout,
     `disagg`: (prefill replicas, decode replicas) — a prefill pool and a decode pool of `layout`
     replicas instead of `replicas` colocated ones. `schedule_policy`: SGLang's fcfs or lpm.
     `slo_*`: goodput counts the requests within them (TTFT, and mean inter-token latency)."""
+    # The run allocates many small objects and frees none that need the cycle collector: pause
+    # the collector until `_simulate` has returned, so that the simulation's state is freed by
+    # reference counting first (the report keeps only the requests) and the collector never
+    # scans it; re-enabling it while the state is alive would cost a full scan of it (~10% of a run).
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _simulate(fitted, layout, workload, replicas, max_num_seqs, max_batched_tokens, mixed, seed, router,
+                         prefix_caching, host_kv_bytes, disagg, schedule_policy, slo_ttft_ms, slo_itl_ms, jump,
+                         sample_dt, progress)
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _simulate(fitted: FittedAnchor, layout: Layout,
+              workload: StaticWorkload | TraceWorkload | Driver | list[SimRequest], replicas: int,
+              max_num_seqs: int | None, max_batched_tokens: int | None, mixed: bool | None, seed: int, router: str,
+              prefix_caching: bool, host_kv_bytes: float, disagg: tuple[int, int] | str | None,
+              schedule_policy: str, slo_ttft_ms: float | None, slo_itl_ms: float | None, jump: bool,
+              sample_dt: float | None, progress: Callable[[float], None] | None) -> SimReport:
     _positive_int("replicas", replicas)
     if router not in ROUTERS:
         raise ValueError(f"router {router!r} is not one of {', '.join(ROUTERS)}")
@@ -131,15 +152,7 @@ def simulate_workload(fitted: FittedAnchor, layout: Layout,
     else:
         cluster = Cluster([make(i, p.t_ttft) for i in range(replicas)], router)
     t0 = time.perf_counter()
-    # The run allocates many small objects and frees none that need the cycle collector until it
-    # ends: pausing the collector saves its repeated scans of the growing heap.
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        cluster.run(driver)
-    finally:
-        if was_enabled:
-            gc.enable()
+    cluster.run(driver)
     wall = time.perf_counter() - t0
     reps = cluster.replicas
     cores = [core for rep in reps for core in rep.ranks]

@@ -153,6 +153,18 @@ class Cluster:
         child.parent = parent
         self._push(child, t_done, 1)
 
+    # Bound methods rather than closures: a closure that passes itself on would be a reference
+    # cycle holding the whole simulation until the cyclic collector runs.
+    def _submit_direct(self, req: SimRequest, t: float) -> None:
+        rep = self.router.pick(req, self.pool)
+        if not rep.submit(req, t):
+            assert self.driver is not None
+            self.driver.on_finish(req, self._submit_direct)
+
+    def _finish_direct(self, req: SimRequest) -> None:
+        assert self.driver is not None
+        self.driver.on_finish(req, self._submit_direct)
+
     # -- the loop --------------------------------------------------------------------------------
     def run(self, driver: Driver) -> None:
         self.driver = driver
@@ -160,17 +172,9 @@ class Cluster:
         if len(reps) == 1 or (not driver.closed and not self.disaggregated and self.router.kind == "rr"):
             # Routing does not depend on the replicas' state: hand every request over as it comes
             # and run each replica on its own.
-            def submit(req: SimRequest, t: float) -> None:
-                rep = self.router.pick(req, self.pool)
-                if not rep.submit(req, t):
-                    driver.on_finish(req, submit)
-
-            def on_finish(req: SimRequest) -> None:
-                driver.on_finish(req, submit)
-
-            driver.start(submit)
+            driver.start(self._submit_direct)
             for rep in reps:
-                rep.run_until(math.inf, on_finish)
+                rep.run_until(math.inf, self._finish_direct)
             return
         driver.start(self._client_submit)
         heap = self._heap

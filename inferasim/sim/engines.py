@@ -78,7 +78,7 @@ class SimRequest:
     __slots__ = ("rid", "arrival", "prompt", "output", "ids", "unit", "id_tokens", "rank", "replica",
                  "first_token", "finish", "generated", "preemptions", "prefix_hit", "host_hit", "dropped",
                  "prebuilt", "load_s", "t_last", "max_gap", "segs", "parent", "session", "pinned",
-                 "_m_epoch", "_m_known", "_m", "core")
+                 "_m_epoch", "_m_known", "_m")
 
     def __init__(self, rid: int, arrival: float, prompt: int, output: int, ids: tuple[int, ...] | None = None,
                  unit: int = 512, id_tokens: int | None = None, session: int = -1) -> None:
@@ -109,7 +109,6 @@ class SimRequest:
         self._m_epoch = -1
         self._m_known = -1
         self._m: Match = NO_MATCH
-        self.core: Core | None = None
 
     @property
     def ttft(self) -> float:
@@ -255,7 +254,8 @@ class Core:
 
     # -- queue -----------------------------------------------------------------------------------
     def enqueue(self, req: SimRequest) -> None:
-        req.core = self
+        # No back-reference from the request to the core: a cycle would keep a finished
+        # simulation alive until the cyclic collector runs (see api.simulate_workload).
         self.waiting.append(req)
 
     def _match(self, req: SimRequest, known: int) -> Match:
