@@ -105,10 +105,18 @@ def window_point(w: CanaryWindow, row_id: str = "") -> BenchPoint:
     CalibrationError for garbage: missing, zero, negative or non-finite latencies or lengths."""
     itl = _positive("mean inter-token latency", w.itl_s)
     ttft = _positive("mean time to first token", w.ttft_s, allow_none=True)
-    in_flight = _positive("requests in flight", w.in_flight)
+    try:
+        in_flight = float(w.in_flight)
+    except (TypeError, ValueError):
+        raise CalibrationError(f"requests in flight must be a number, got {w.in_flight!r}") from None
+    # Zero is a real reading: a lightly loaded canary whose requests are shorter than the scrape
+    # interval shows an empty engine in most samples. A measured ITL proves tokens were made,
+    # each with at least one request in the batch, so the point is taken at concurrency 1.
+    if not math.isfinite(in_flight) or in_flight < 0:
+        raise CalibrationError(f"requests in flight must be a finite number >= 0, got {w.in_flight!r}")
     prompt = _positive("mean prompt length", w.prompt_tokens)
     output = _positive("mean output length", w.output_tokens)
-    assert itl is not None and in_flight is not None and prompt is not None and output is not None
+    assert itl is not None and prompt is not None and output is not None
     if output < 2:
         raise CalibrationError(f"mean output length {output:g} < 2 tokens: no inter-token latency to calibrate on")
     return BenchPoint(isl=max(int(round(prompt)), 1), osl=max(int(round(output)), 2),

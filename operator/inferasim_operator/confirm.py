@@ -297,7 +297,7 @@ async def store_canary_anchor(body: dict[str, Any], spec: TuningSpec, book: Any,
     c["measuredItlMeanMs"] = round(point.tpot_ms or 0.0, 4)
     if point.ttft_ms is not None:
         c["measuredTtftMeanMs"] = round(point.ttft_ms, 4)
-    c["measuredInFlight"] = point.concurrency
+    c["measuredInFlight"] = round(window.in_flight, 3)  # the point's concurrency is this, rounded, at least 1
     c["calibrationScale"] = round(cal.scale, 6)
     obj = anchor_object(cal.anchor)
     obj["metadata"]["name"] = name

@@ -112,8 +112,13 @@ def test_garbage_latencies_are_refused(itl: float | None, ttft: float | None, wo
 
 
 def test_garbage_load_is_refused() -> None:
-    with pytest.raises(CalibrationError, match="requests in flight"):
-        window_point(CanaryWindow(in_flight=0, prompt_tokens=400, output_tokens=64, itl_s=0.01, ttft_s=0.1))
+    for bad in (-1.0, float("nan"), None):
+        with pytest.raises(CalibrationError, match="requests in flight"):
+            window_point(CanaryWindow(in_flight=bad, prompt_tokens=400, output_tokens=64, itl_s=0.01,  # type: ignore[arg-type]
+                                      ttft_s=0.1))
+    # an engine that looked idle at every scrape but produced tokens: one request at a time
+    idle = window_point(CanaryWindow(in_flight=0.0, prompt_tokens=400, output_tokens=64, itl_s=0.01, ttft_s=0.1))
+    assert idle.concurrency == 1
     with pytest.raises(CalibrationError, match="output length"):
         window_point(CanaryWindow(in_flight=2, prompt_tokens=400, output_tokens=1, itl_s=0.01, ttft_s=0.1))
 

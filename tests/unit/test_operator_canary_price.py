@@ -171,7 +171,7 @@ def test_measured_canary_becomes_a_servinganchor(tmp_path: Path, monkeypatch: py
     assert list(kube.anchors) == [name]  # a re-run updates the same anchor, never a second one
     c1, c2 = results
     assert c1["anchor"] == c2["anchor"] == name and c1["measuredItlMeanMs"] == pytest.approx(12.0)
-    assert c1["measuredInFlight"] == 4 and c1["calibrationScale"] > 0
+    assert c1["measuredInFlight"] == 3.6 and c1["calibrationScale"] > 0
     TuningStatus.model_validate({"confirmation": {"mode": "canary", "canaries": [c1]}})  # the CRD's model
     obj = kube.anchors[name]
     assert obj["metadata"]["labels"]["inferasim.io/kind"] == "canary"
