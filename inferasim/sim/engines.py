@@ -523,18 +523,18 @@ class Core:
             self._tidy()
         return done
 
-    def advance_decode(self, k: int, ends: np.ndarray) -> list[SimRequest]:
+    def advance_decode(self, k: int, ends: list[float]) -> list[SimRequest]:
         """Apply k pure decode steps of every decoding row at once (checked by decode_run_limit);
         `ends` are the steps' end times."""
         n = self.n_d
         self.kv.alloc(self.blocks_after(k))
         self.G += k
-        t_end = float(ends[-1])
+        t_end = ends[-1]
         if k == 1:
             self._record_decode(t_end, n)
         else:
-            self._record_decode(float(ends[0]), n)
-            self.E.extend(ends[1:].tolist())
+            self._record_decode(ends[0], n)
+            self.E.extend(ends[1:])
             self.cont.extend([n] * (k - 1))
         self._after_step(k)
         done = [self._finish(row, t_end) for row in self._pop_finished()]
@@ -944,7 +944,7 @@ class SglangCore(Core):
         if self._decoded:
             self.ratio = max(self.min_ratio, self.ratio - self.decay * k)
 
-    def advance_decode(self, k: int, ends: np.ndarray) -> list[SimRequest]:
+    def advance_decode(self, k: int, ends: list[float]) -> list[SimRequest]:
         self._decoded = True
         return super().advance_decode(k, ends)
 

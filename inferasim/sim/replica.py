@@ -83,6 +83,13 @@ class StepModel:
             return self._fast(n_dec, ctx_dec, n_pref, ctx_pref)
         return float(step_time(self.p, self.c, n_dec, ctx_dec, n_pref, ctx_pref))
 
+    def decode_line(self, n: int) -> tuple[float, float]:
+        """(a, b): a decode step of n sequences of mean context ctx takes a + b * kvb(ctx), the
+        same operations, in the same order, as `decode_run` (exact mode only)."""
+        if n > self.nmax:
+            self._build(max(n, 2 * self.nmax))
+        return self.base[n] + self.t_seq * n, n * self.kv_f
+
     def decode_run(self, n: int, ctx1: float, k: int) -> np.ndarray:
         """Times of k decode steps of n sequences whose mean context starts at ctx1."""
         ctx = ctx1 + np.arange(k, dtype=float)
@@ -360,7 +367,38 @@ class Replica:
                 if t > dt:
                     dt = t
             end = now + dt
-            ends = np.array([end])
+            ends = [end]
+        elif step.exact and k <= SHORT_RUN:
+            # Most runs are short (an arrival cuts them after a few steps): numpy's per-call cost
+            # would dominate, so compute `decode_run`'s times, their running sum and the cut one
+            # step at a time, with the same float operations in the same order (identical values),
+            # stopping at the cut instead of computing all k steps.
+            lines = []
+            for i in busy:
+                n, ctx1 = ranks[i].decode_state()
+                a, b = step.decode_line(n)
+                lines.append((a, b, ctx1))
+            kv_lin, kv_state, kv_win = step.kv_lin, step.kv_state, step.kv_win
+            ends = []
+            cum = 0.0
+            for j in range(k):
+                t = -INF
+                for a, b, ctx1 in lines:
+                    ctx = ctx1 + j
+                    kvb = kv_lin * ctx + kv_state
+                    for coeff, window in kv_win:
+                        kvb = kvb + coeff * (ctx if ctx < window else window)
+                    tr = a + b * kvb
+                    if tr > t:
+                        t = tr
+                cum += t
+                e = now + cum
+                # The first step that would start at or after the cut is not taken (at least one is).
+                if e - t >= t_cut and j:
+                    break
+                ends.append(e)
+            k = len(ends)
+            end = ends[-1]
         else:
             times: np.ndarray | None = None
             for i in busy:
@@ -372,7 +410,7 @@ class Replica:
             if t_cut != INF:
                 k = max(1, min(k, int(np.searchsorted(now + cum - times, t_cut, side="left"))))
             end = now + float(cum[k - 1])
-            ends = now + cum[:k]
+            ends = (now + cum[:k]).tolist()
         self.now = end
         finished: list[SimRequest] = []
         for i in busy:
@@ -418,3 +456,6 @@ class Replica:
 
 # Token table size: SGLang prefill batches reach 16384 tokens whatever the vLLM-style budget.
 SGLANG_TABLE = 16384
+# Decode runs up to this many steps are stepped in Python in `Replica._jump` (cheaper than numpy's
+# fixed cost per call at these lengths; the values are the same).
+SHORT_RUN = 64

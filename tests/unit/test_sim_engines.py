@@ -80,6 +80,32 @@ def test_step_model_is_step_time() -> None:
                                    step_time(p, c, 7, 100.5 + np.arange(50, dtype=float)), rtol=1e-12)
 
 
+@pytest.mark.parametrize(("engine", "layout"), [("vllm", Layout(tp=1)), ("sglang", Layout(tp=1, dp=2)),
+                                               ("atom", Layout(tp=2))])
+def test_short_decode_runs_stepped_in_python_match_numpy(engine: str, layout: Layout,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Replica._jump steps short decode runs in Python: bit for bit what the numpy path gives,
+    sliding-window layers and several attention-dp ranks included."""
+    import inferasim.sim.replica as replica_mod
+    from inferasim.catalog.models import get_model
+    from inferasim.predictor import unanchored
+    from inferasim.spec import StaticWorkload
+
+    f = unanchored(engine, get_model("openai/gpt-oss-20b"), GPU, "bf16", layout)
+    w = StaticWorkload(kind="multi-turn", sessionsPerSecond=3.0, turns=3, inputTokens=1500, outputTokens=150,
+                       userTokensPerTurn=100, thinkTimeS=1.0, numRequests=150)
+    assert StepModel(f.params, layout_cost(f.model, f.gpu, layout, f.precision, f.kv_dtype)).kv_win
+    runs = []
+    for short in (replica_mod.SHORT_RUN, 0):
+        monkeypatch.setattr(replica_mod, "SHORT_RUN", short)
+        runs.append(simulate_workload(f, layout, w, seed=3))
+    py, ref = runs
+    assert py.steps == ref.steps
+    assert [(r.first_token, r.finish, r.max_gap) for r in py.requests] == \
+        [(r.first_token, r.finish, r.max_gap) for r in ref.requests]
+    assert py.as_dict(series=False)["itl"] == ref.as_dict(series=False)["itl"]
+
+
 @pytest.mark.parametrize("engine", ["vllm", "sglang", "atom"])
 def test_jumping_is_exact_with_prefix_cache_and_pressure(engine: str, tmp_path) -> None:  # noqa: ANN001
     """Decode-run jumps only skip work, also with prefix hits, evictions and preemptions."""
