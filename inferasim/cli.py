@@ -391,11 +391,11 @@ def _anchors_live(args: argparse.Namespace) -> int:
         step = parse_duration(args.step, "--step")
     except ObservationError as exc:
         raise UsageError(str(exc)) from None
+    end = _live_end(args.end) if args.end else time.time()
     try:
         if args.action == "fit-live":
-            anchor = fit_live(live, args.prometheus, selector, window_s=window, step_s=step)
+            anchor = fit_live(live, args.prometheus, selector, window_s=window, step_s=step, end=end)
         else:
-            end = time.time()
             windows = observe_windows({"url": args.prometheus, "selector": selector}, end - window, end, window,
                                       live.engine)
     except NotIdentifiable as exc:
@@ -411,7 +411,7 @@ def _anchors_live(args: argparse.Namespace) -> int:
     if not windows:
         print(f"{cmd}: no request finished in the last {args.window or '5m'}: nothing to compare", file=sys.stderr)
         return 1
-    err = prediction_error(live, windows[-1], _anchor_store(args.dir))
+    err = prediction_error(live, windows[-1], _anchor_store(args.dir), speedup=args.speedup)
     rows = [(m, err.observed.get(m), err.predicted[m], err.relative.get(m)) for m in ("ttft", "itl", "throughput")]
     emit(err.as_dict(), args.output, table(["metric (ms, tok/s)", "observed", "predicted", "relative error"], rows))
     if err.exceeds(args.threshold):
@@ -419,6 +419,22 @@ def _anchors_live(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 1
     return 0
+
+
+def _live_end(text: str) -> float:
+    """--end: Unix seconds or an ISO 8601 time (UTC unless it names a zone)."""
+    import datetime as dt
+
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        when = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise UsageError(f"--end {text!r} is neither Unix seconds nor an ISO 8601 time "
+                         "(e.g. 2025-06-01T14:00:00Z)") from None
+    return (when if when.tzinfo else when.replace(tzinfo=dt.UTC)).timestamp()
 
 
 def _write_live_anchor(anchor: Any, args: argparse.Namespace, cmd: str) -> int:
@@ -724,6 +740,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--engine-version", default=None, help="fit-live, drift: when the image tag names none")
     p.add_argument("--window", default=None, help="fit-live: range to fit (default 1h); drift: range (default 5m)")
     p.add_argument("--step", default="1m", help="fit-live: one window per step (default 1m)")
+    p.add_argument("--end", default=None, help="fit-live, drift: end of the range, Unix seconds or ISO 8601 "
+                                               "(default: now)")
+    p.add_argument("--speedup", type=float, default=1.0,
+                   help="drift: engine seconds per wall second (the emulator's --speedup; 1 for real engines)")
     p.add_argument("--out", default=None, help="fit-live: anchor folder, file, or - for stdout (default -)")
     p.add_argument("--threshold", type=float, default=0.25,
                    help="drift: exit 1 when a relative error exceeds this fraction (default 0.25)")

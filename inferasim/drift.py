@@ -79,13 +79,17 @@ def _observed(obs: ObservedWorkload | Window) -> tuple[float, float, float, floa
 
 
 def prediction_error(config: ServingConfig | LiveDeployment, observed: ObservedWorkload | Window,
-                     predictor: AnchorStore | FittedAnchor) -> PredictionError:
+                     predictor: AnchorStore | FittedAnchor, *, speedup: float = 1.0) -> PredictionError:
     """Compare what ``config`` serves (``observed``) with what ``predictor`` predicts for it.
 
     ``predictor`` is a fitted anchor, or a store in which the configuration's kernel set is looked
     up at its layout (:meth:`AnchorStore.find`: harvested before passive; NoCompatibleAnchor when
-    none). Raises ValueError when nothing was in flight or no request finished (nothing to compare).
+    none). ``speedup`` is engine seconds per wall second: 1 for a real engine, the emulator's
+    ``--speedup`` for an emulated one (its histograms record engine seconds, but Prometheus rates
+    are per wall second). Raises ValueError when nothing was in flight or no request finished.
     """
+    if not speedup > 0:
+        raise ValueError(f"speedup must be positive, got {speedup!r}")
     live = config if isinstance(config, LiveDeployment) else None
     cfg = live.config if live is not None else config
     if isinstance(predictor, AnchorStore):
@@ -94,6 +98,7 @@ def prediction_error(config: ServingConfig | LiveDeployment, observed: ObservedW
     else:
         fitted = predictor
     rate, isl, osl, in_flight, ttft_obs, itl_obs, hit = _observed(observed)
+    rate /= speedup
     if not (in_flight > 0 and rate > 0):
         raise ValueError(f"nothing to compare: {in_flight:g} requests in flight, {rate:g} finished per second")
     if not (isl > 0 and osl >= 1):
