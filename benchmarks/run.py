@@ -135,6 +135,9 @@ def main() -> int:
         sim_bench = None  # the simulator benchmark lands with the traffic simulator
     if sim_bench is not None:
         sim_bench.main()
+    from benchmarks import passive_bench
+
+    passive_bench.main()
     return 0
 
 
