@@ -50,6 +50,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from collections.abc import Callable
+from itertools import accumulate
 
 import numpy as np
 
@@ -398,12 +399,11 @@ class Core:
         key = (self.G, self._jt, self.n_d)
         if key == self._pb_key:
             return self._pb
-        hist, G = self.hist, self.G
-        pre = [0] * B
-        s = 0
-        for r in range(1, B):
-            s += hist[(-(G + r - 1)) % B]
-            pre[r] = s
+        hist = self.hist
+        # pre[r] sums hist[(-(G + i)) % B] for i < r: the histogram read backwards from
+        # (-G) % B, wrapping around.
+        s0 = (-self.G) % B
+        pre = [0, *accumulate((hist[s0::-1] + hist[:s0:-1])[:B - 1])]
         self._pb_key, self._pb = key, pre
         return pre
 

@@ -285,12 +285,20 @@ class MultiTurn(Driver):
         self.turn_of: list[int] = []
         self.budget = self.n
         self._salt = (seed * 1_000_003 + 7) & 0xFFFFFFFF
+        # Each session's unit keys so far: a turn's stream extends the previous turn's, so its
+        # keys are the previous ones and a few more (hashed once, not once per turn).
+        self._keys: dict[int, list[int]] = {}
 
     def _request(self, session: int, turn: int, prompt: int, t: float) -> SimRequest:
         total = prompt + self.osl  # the stream this turn leaves in the cache: prompt + answer
         units = -(-total // SESSION_UNIT)
-        salt = hash((self._salt, session))
-        ids = tuple(hash((salt, j)) for j in range(units))
+        keys = self._keys.get(session)
+        if keys is None:
+            keys = self._keys[session] = []
+        if len(keys) < units:
+            salt = hash((self._salt, session))
+            keys.extend(hash((salt, j)) for j in range(len(keys), units))
+        ids = tuple(keys[:units])
         req = SimRequest(len(self.requests), t, prompt, self.osl, ids, SESSION_UNIT, total, session=session)
         self.requests.append(req)
         self.turn_of.append(turn)
