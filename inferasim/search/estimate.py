@@ -113,26 +113,44 @@ def estimate_disagg(fitted: FittedAnchor, cand: Candidate, w: WorkloadShape) -> 
                     np.array(ttft), np.array(tpot))
 
 
+def _slo_ok_point(ttft: float, tpot: float, slo: SLO) -> bool:
+    """`slo_ok` of one point, in Python floats (the same operations: the same answer)."""
+    if slo.ttft_p90_ms is not None and not ttft * TTFT_P90_RATIO * 1e3 <= slo.ttft_p90_ms:
+        return False
+    if slo.itl_p90_ms is not None and not tpot * ITL_P90_RATIO * 1e3 <= slo.itl_p90_ms:
+        return False
+    if slo.ttft_p99_ms is not None and not ttft * 2.5 * 1e3 <= slo.ttft_p99_ms:
+        return False
+    return not (slo.itl_p99_ms is not None and not tpot * 1.6 * 1e3 <= slo.itl_p99_ms)
+
+
 def operate(e: Estimate, w: WorkloadShape, slo: SLO, max_gpus: int) -> Estimate:
     """Fill in the SLO capacity, the replica count for the workload and the latency there."""
+    # Called once per candidate group (thousands of times): each numpy call on these short curves
+    # costs more than its arithmetic, so none is made twice.
     ok = slo_ok(e.curve_ttft, e.curve_tpot, slo)
-    e.max_rate_slo = float(e.curve_rate[ok].max()) if ok.any() else 0.0
+    rates = e.curve_rate
     if ok.any():
-        best = int(np.flatnonzero(ok)[np.argmax(e.curve_rate[ok])])
-        e.slo_tpot = float(e.curve_tpot[best])
+        within = rates[ok]
+        best = int(np.argmax(within))
+        e.max_rate_slo = float(within[best])
+        e.slo_tpot = float(e.curve_tpot[int(np.flatnonzero(ok)[best])])
+    else:
+        e.max_rate_slo = 0.0
     budget_replicas = max(max_gpus // e.candidate.gpus_per_replica, 1)
     if w.rate is not None:
         need = int(np.ceil(w.rate / e.max_rate_slo)) if e.max_rate_slo > 0 else budget_replicas + 1
         e.replicas = max(1, min(need, budget_replicas))
         per_replica = w.rate / e.replicas
-        rates = e.curve_rate
-        if per_replica > rates.max():
+        top = rates.max()
+        if per_replica > top:
             e.ttft, e.tpot = float("inf"), float("inf")
-            e.notes.append(f"{per_replica:.2f} req/s per replica exceeds its capacity {rates.max():.2f}")
+            e.notes.append(f"{per_replica:.2f} req/s per replica exceeds its capacity {top:.2f}")
         else:
             order = np.argsort(rates)
-            e.ttft = float(np.interp(per_replica, rates[order], e.curve_ttft[order]))
-            e.tpot = float(np.interp(per_replica, rates[order], e.curve_tpot[order]))
+            xp = rates[order]
+            e.ttft = float(np.interp(per_replica, xp, e.curve_ttft[order]))
+            e.tpot = float(np.interp(per_replica, xp, e.curve_tpot[order]))
         if need > budget_replicas:
             e.notes.append(f"needs {need} replicas for {w.rate:.2f} req/s; the budget allows {budget_replicas}")
     else:
@@ -142,6 +160,6 @@ def operate(e: Estimate, w: WorkloadShape, slo: SLO, max_gpus: int) -> Estimate:
         e.tpot = float(np.interp(conc, e.curve_conc, e.curve_tpot))
     e.ttft_p90 = e.ttft * TTFT_P90_RATIO
     e.itl_p90 = e.tpot * ITL_P90_RATIO
-    e.meets_slo = bool(slo_ok(np.array([e.ttft]), np.array([e.tpot]), slo)[0]) and not any(
+    e.meets_slo = _slo_ok_point(e.ttft, e.tpot, slo) and not any(
         "exceeds" in n or "needs" in n for n in e.notes)
     return e

@@ -27,7 +27,7 @@ from inferasim.search.select import (
 )
 from inferasim.search.space import Candidate, Space, build_space
 from inferasim.search.workload import WorkloadShape, shape_of
-from inferasim.spec import TuningSpec
+from inferasim.spec import SLO, TuningSpec
 
 # A harvest measures a handful of concurrencies at two lengths: about 20 minutes of the anchor
 # layout's GPUs, engine start-up included.
@@ -243,6 +243,46 @@ def _run_stage2(top: list[Estimate], w: WorkloadShape, workers: int, progress: P
     return top
 
 
+_DISAGG_JOB: tuple[list[Candidate], dict[tuple[str, str], FittedAnchor], WorkloadShape, SLO, int] | None = None
+
+
+def _disagg_job() -> list[Estimate]:
+    """In the forked process: the disaggregated candidates' stage-1 estimates, without their
+    FittedAnchor (the parent has it; no need to pickle it back)."""
+    assert _DISAGG_JOB is not None
+    cands, fitted_by, w, slo, max_gpus = _DISAGG_JOB
+    out = [operate(estimate_disagg(fitted_by[(c.engine, c.precision)], c, w), w, slo, max_gpus) for c in cands]
+    for e in out:
+        e.fitted = None  # type: ignore[assignment]
+    return out
+
+
+def _start_disagg(cands: list[Candidate], fitted_by: dict[tuple[str, str], FittedAnchor], w: WorkloadShape,
+                  slo: SLO, max_gpus: int) -> Callable[[], list[Estimate]]:
+    """Estimate `cands` in a forked process; returns the call that waits for the estimates."""
+    global _DISAGG_JOB
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    _DISAGG_JOB = (cands, fitted_by, w, slo, max_gpus)
+    pool = ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("fork"))
+    try:
+        fut = pool.submit(_disagg_job)  # forks here, with _DISAGG_JOB set
+    finally:
+        _DISAGG_JOB = None
+
+    def wait() -> list[Estimate]:
+        try:
+            out = fut.result()
+        finally:
+            pool.shutdown()
+        for e in out:
+            e.fitted = fitted_by[(e.candidate.engine, e.candidate.precision)]
+        return out
+
+    return wait
+
+
 def tune(spec: TuningSpec, anchor_dirs: list[Path] | None = None, progress: Progress | None = None,
          stage2_top: int = STAGE2_TOP, propose_with: tuple[str, str] | None = None,
          workers: int | None = None) -> TuneResult:
@@ -299,21 +339,31 @@ def tune(spec: TuningSpec, anchor_dirs: list[Path] | None = None, progress: Prog
         else:
             groups[(cand.engine, cand.precision, cand.layout)].append(cand)
     t1 = time.perf_counter()
-    estimates: list[Estimate] = []
-    total = len(groups)
-    for i, ((engine, precision, _lay), cands) in enumerate(groups.items(), 1):
-        estimates.extend(estimate_group(fitted_by[(engine, precision)], cands, w))
-        if progress:
-            progress("stage 1", i, total)
     per_kernel: dict[tuple[str, str], int] = defaultdict(int)
+    priced: list[Candidate] = []
     for cand in disagg:
         key = (cand.engine, cand.precision)
         if per_kernel[key] >= MAX_DISAGG_PER_KERNEL:
             continue
         per_kernel[key] += 1
-        estimates.append(estimate_disagg(fitted_by[key], cand, w))
-    for e in estimates:
-        operate(e, w, spec.objective.slo, spec.hardware.max_gpus)
+        priced.append(cand)
+    slo, max_gpus = spec.objective.slo, spec.hardware.max_gpus
+    # The disaggregated shapes (priced point by point, about a third of stage 1) go to a second
+    # core while this one sweeps the colocated groups; the list order is the same either way.
+    pending = _start_disagg(priced, fitted_by, w, slo, max_gpus) if workers > 1 and len(priced) > 8 else None
+    estimates: list[Estimate] = []
+    total = len(groups)
+    for i, ((engine, precision, _lay), cands) in enumerate(groups.items(), 1):
+        for e in estimate_group(fitted_by[(engine, precision)], cands, w):
+            estimates.append(operate(e, w, slo, max_gpus))
+        if progress:
+            progress("stage 1", i, total)
+    if pending is not None:
+        estimates.extend(pending())
+    else:
+        for cand in priced:
+            estimates.append(operate(estimate_disagg(fitted_by[(cand.engine, cand.precision)], cand, w), w, slo,
+                                     max_gpus))
     timings["stage1"] = time.perf_counter() - t1
     price = spec.hardware.price_per_gpu_hour
 
