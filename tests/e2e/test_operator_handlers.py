@@ -85,7 +85,9 @@ def test_reconcile_and_tick_directly(cluster: Any, ns: str) -> None:
     assert asyncio.run(reconcile.tick(kube.get_tuning(ns, "t1"), kube, settings)) == "Recommended"
     st = kube.get_tuning(ns, "t1")["status"]
     assert st["recommendation"]["anchor"] and st["anchors"]["harvesting"] == []
-    assert [c["status"] for c in st["conditions"]] == ["True", "True", "True"]
+    assert [(c["type"], c["status"]) for c in st["conditions"]] == [
+        ("WorkloadObserved", "True"), ("AnchorsReady", "True"), ("Priced", "False"), ("Recommended", "True")]
+    assert st["conditions"][2]["reason"] == "NoPrice"  # no spec price, no prices ConfigMap: unpriced, not failed
     assert asyncio.run(reconcile.tick(kube.get_tuning(ns, "t1"), kube, settings)) == "steady"
 
     # a spec change is a new generation: searched again, no second Job
