@@ -512,6 +512,9 @@ def _tune_table(result: Any) -> str:
 
 
 def _plot_pareto(result: Any, path: str) -> None:
+    """Throughput per GPU against tokens/s per user (every candidate's curve, the Pareto front, the
+    recommendation); with `hardware.pricePerGpuHour`, a second panel: $ per million output tokens
+    against the same interactivity."""
     try:
         import matplotlib
 
@@ -519,16 +522,35 @@ def _plot_pareto(result: Any, path: str) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         raise UsageError("--plot needs matplotlib: pip install 'inferasim[plot]'") from None
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    import numpy as np
+
+    from inferasim.search.select import cost_per_million_tokens
+
+    price = result.spec.hardware.price_per_gpu_hour
+    osl = result.workload.osl
+    if price is None:
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        cost_ax = None
+    else:
+        fig, (ax, cost_ax) = plt.subplots(1, 2, figsize=(13, 4.5))
     colors = {"vllm": "tab:blue", "sglang": "tab:orange", "atom": "tab:red"}
     step = max(len(result.ranked) // 3000, 1)  # every candidate's curve, thinned past 3,000 candidates
     for e in result.ranked[::step]:
-        per_gpu = e.curve_rate * result.workload.osl / e.candidate.gpus_per_replica
-        ax.plot(1.0 / e.curve_tpot, per_gpu, ".", color=colors.get(e.candidate.engine, "gray"), alpha=0.15, ms=3)
+        col = colors.get(e.candidate.engine, "gray")
+        per_gpu = e.curve_rate * osl / e.candidate.gpus_per_replica
+        ax.plot(1.0 / e.curve_tpot, per_gpu, ".", color=col, alpha=0.15, ms=3)
+        if cost_ax is not None:
+            # A GPU-hour buys 3600 x (tokens/s per GPU) tokens; points that serve nothing are left out.
+            ok = per_gpu > 0
+            cost_ax.plot(1.0 / e.curve_tpot[ok], price * 1e6 / (3600.0 * per_gpu[ok]), ".", color=col, alpha=0.15,
+                         ms=3)
     rec = result.recommendation
     if rec is not None and rec.slo_tpot > 0:
-        ax.plot([1.0 / rec.slo_tpot], [rec.per_gpu_at_slo(result.workload.osl)], "*", color="gold", ms=14,
+        ax.plot([1.0 / rec.slo_tpot], [rec.per_gpu_at_slo(osl)], "*", color="gold", ms=14,
                 markeredgecolor="black", label="recommendation (at the SLO)")
+        if cost_ax is not None and rec.max_rate_slo > 0:
+            cost_ax.plot([1.0 / rec.slo_tpot], [cost_per_million_tokens(rec, osl, price)], "*", color="gold", ms=14,
+                         markeredgecolor="black", label="recommendation (at the SLO)")
     xs = [p.tokens_per_user for p in result.pareto]
     ys = [p.throughput_per_gpu for p in result.pareto]
     ax.plot(xs, ys, "k-", lw=1.5, label="Pareto front")
@@ -538,6 +560,18 @@ def _plot_pareto(result: Any, path: str) -> None:
     ax.set_ylabel("tokens/s per GPU")
     ax.set_title(f"{result.model.name} on {result.gpu.name}")
     ax.legend(loc="upper right", fontsize=8)
+    if cost_ax is not None:
+        # Cost is price / throughput per GPU: the throughput front is the cost front.
+        front = [(x, price * 1e6 / (3600.0 * y)) for x, y in zip(xs, ys, strict=True) if y > 0]
+        if front:
+            cost_ax.plot(*np.array(front).T, "k-", lw=1.5, label="Pareto front")
+        for eng, col in colors.items():
+            cost_ax.plot([], [], ".", color=col, label=eng)
+        cost_ax.set_yscale("log")
+        cost_ax.set_xlabel("tokens/s per user (1 / TPOT)")
+        cost_ax.set_ylabel("$ per million output tokens")
+        cost_ax.set_title(f"cost at ${price:g} per GPU-hour")
+        cost_ax.legend(loc="upper left", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

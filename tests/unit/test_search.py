@@ -160,3 +160,29 @@ def test_tune_plot_writes_a_png(tmp_path: Path) -> None:
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("price", [None, 2.5])
+def test_tune_plot_adds_a_cost_panel_with_a_price(tmp_path: Path, price: float | None,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    from inferasim.cli import _plot_pareto
+
+    hw = {"gpu": "H100", "gpusPerNode": 8, "maxGPUs": 2}
+    if price is not None:
+        hw["pricePerGpuHour"] = price
+    result = tune(parse_spec(small_spec(hardware=hw)), workers=1, stage2_top=2)
+    figs = []
+    close = plt.close
+    monkeypatch.setattr(plt, "close", lambda fig=None: (figs.append(fig), close(fig)))
+    png = tmp_path / "pareto.png"
+    _plot_pareto(result, str(png))
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    axes = figs[0].axes
+    assert len(axes) == (1 if price is None else 2)
+    if price is not None:
+        cost = axes[1]
+        assert cost.get_ylabel() == "$ per million output tokens"
+        assert any(line.get_label() == "recommendation (at the SLO)" for line in cost.get_lines())
