@@ -18,7 +18,7 @@ in-flight count is one sample, so its errors are coarser).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -108,8 +108,10 @@ def prediction_error(config: ServingConfig | LiveDeployment, observed: ObservedW
     cost = layout_cost(fitted.model, fitted.gpu, layout, fitted.precision, fitted.kv_dtype)
     sched = engine_sched(fitted.engine, fitted.model, fitted.gpu, layout, fitted.precision, fitted.engine_version,
                          fitted.kv_dtype)
-    r = closed_loop(fitted.params, cost, sched, np.array([float(isl)]), np.array([float(osl)]), np.array([conc]),
-                    hit)
+    # Live traffic does not arrive in a benchmark's lock-stepped waves: the anchor's wave share
+    # (`burst`, a property of the benchmark harness that measured it) does not apply here.
+    live = replace(fitted.params, burst=0.0)
+    r = closed_loop(live, cost, sched, np.array([float(isl)]), np.array([float(osl)]), np.array([conc]), hit)
     ttft, tpot = float(r.ttft[0]), float(r.tpot[0])
     # Little's law with the predicted request latency: what `conc` requests in flight deliver.
     throughput = conc * osl / (ttft + max(osl - 1.0, 0.0) * tpot) * cfg.replicas

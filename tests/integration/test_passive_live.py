@@ -7,24 +7,28 @@ process with known step-time parameters.
    the store keeps both and uses the harvested one.
 3. The figure "passive vs harvested fit quality": median |error| of TPOT and TTFT predictions of
    each anchor against the emulator's own step model (its true parameters) at three layouts and
-   four points, printed.
+   four points, printed; all three without a benchmark's arrival waves (see live_predict).
 4. Drift: the emulator's parameters are changed through /_inferasim/params; the prediction error of
    the next window grows past the threshold, where before the change it was under it.
 
-Bounds and why: the passive fit sees only one (prompt, output) shape and three loads, so it is
-held to TPOT within 15% median (decode steps are what it identifies) and TTFT within 50% median
-(the traffic has 256-token prompts only, so the prefill FLOP efficiency at the grid's 2048-token
-prompts is the prior's, and TTFT also carries arrival waves the live model does not have); the harvested anchor is the
-reference, not asserted beyond its own fit.
+Bounds and why: the passive fit sees three loads, each phase with its own prompt length and
+lengths drawn +-25% per request (live traffic changes both over a day; identical lengths keep a
+closed loop in lockstep waves that no live model describes). Seen: passive TPOT 2.9% / TTFT 2.5%,
+harvested 3.4% / 5.4%; held to TPOT within 10% and TTFT within 15% median (Prometheus rates over
+4 s steps at 1 s scrapes are coarse). With one prompt length only, the prefill efficiency was the
+prior's and passive TTFT erred by ~40%; the harvested anchor is the reference, not asserted beyond
+its own fit.
 """
 
 from __future__ import annotations
 
 import asyncio
+import random
 import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +61,9 @@ MODEL, GPU, VERSION = "meta-llama/Llama-3.1-8B", "H100", "0.10.1"
 SPEEDUP = 5.0
 TRUTH = StepParams(t_fixed=6e-3, t_seq=3e-5, e_bw=0.65, e_kv=0.45, e_flops=0.45, e_attn=0.3, t_ttft=0.03)
 ISL, OSL = 256, 48
-PHASES = ((1, 8.0), (4, 8.0), (12, 8.0))  # (concurrency, real seconds): two windows each
+# (concurrency, real seconds, prompt tokens): two windows each. The prompt length differs by phase
+# so that the windows tell the prefill cost apart from the fixed per-request cost.
+PHASES = ((1, 8.0, 256), (4, 8.0, 2048), (12, 8.0, 768))
 STEP_S = 4
 SELECTOR = {"namespace": "it", "deployment": "emu"}
 THRESHOLD = 0.5  # drift threshold: t_fixed x4 more than doubles the inter-token latency
@@ -65,19 +71,25 @@ GRID = [(Layout(tp=tp), isl, osl, c) for tp in (1, 2, 4) for isl, osl, c in
         ((512, 128, 1), (512, 128, 8), (512, 128, 32), (2048, 64, 4))]
 
 
-def closed_loop_load(url: str, concurrency: int, seconds: float, isl: int = ISL, osl: int = OSL) -> int:
-    """`concurrency` clients, each sending its next request when the last one finished. Raw
-    keep-alive sockets (the harvester's client): httpx costs milliseconds of CPU per request, which
-    on a small loaded host caps the concurrency a Python client reaches well below 16."""
+def closed_loop_load(url: str, concurrency: int, seconds: float, isl: int = ISL, osl: int = OSL,
+                     spread: float = 0.25) -> int:
+    """`concurrency` clients, each sending its next request when the last one finished, with prompt
+    and output lengths drawn within +-`spread` of `isl`/`osl`, as live traffic has them. (With
+    identical lengths the clients stay in lockstep forever, every request queueing behind the whole
+    wave's prefill: a benchmark's pattern, not live traffic's, and not what a passive fit models.)
+    Raw keep-alive sockets (the harvester's client): httpx costs milliseconds of CPU per request,
+    which on a small loaded host caps the concurrency a Python client reaches well below 16."""
 
     async def run() -> int:
         deadline = time.monotonic() + seconds
-        payload = {"model": MODEL, "prompt": [7] * isl, "max_tokens": osl, "ignore_eos": True}
 
-        async def worker() -> int:
+        async def worker(seed: int) -> int:
+            rng = random.Random(seed)
             conn, n = RawConnection(url, 30.0), 0
             try:
                 while time.monotonic() < deadline:
+                    payload = {"model": MODEL, "prompt": [7] * round(isl * rng.uniform(1 - spread, 1 + spread)),
+                               "max_tokens": round(osl * rng.uniform(1 - spread, 1 + spread)), "ignore_eos": True}
                     body = b"".join([c async for c in conn.post_stream("/v1/completions", payload)])
                     assert b'"completion_tokens":' in body, body[:200]
                     n += 1
@@ -85,16 +97,20 @@ def closed_loop_load(url: str, concurrency: int, seconds: float, isl: int = ISL,
                 conn.close()
             return n
 
-        return sum(await asyncio.gather(*(worker() for _ in range(concurrency))))
+        return sum(await asyncio.gather(*(worker(1000 * concurrency + i) for i in range(concurrency))))
 
     return asyncio.run(run())
 
 
-def truth_predict(layout: Layout, isl: int, osl: int, conc: int) -> dict[str, float]:
+def live_predict(params: StepParams, layout: Layout, isl: int, osl: int, conc: int) -> dict[str, float]:
+    """Closed-loop TTFT/TPOT without a benchmark's arrival waves (`burst` 0): the step-time
+    parameters of the kernel set, which is what a passive fit can identify. The wave share is the
+    benchmark harness's, not the kernel set's; live traffic has none, and the drift check and the
+    search leave it out the same way."""
     model, gpu = get_model(MODEL), get_gpu(GPU)
     cost = layout_cost(model, gpu, layout, "bf16", "auto")
     sched = engine_sched("vllm", model, gpu, layout, "bf16", VERSION, "auto")
-    out = predict_points(TRUTH, cost, sched, [FitPoint(isl=isl, osl=osl, concurrency=conc)])
+    out = predict_points(replace(params, burst=0.0), cost, sched, [FitPoint(isl=isl, osl=osl, concurrency=conc)])
     return {k: float(v[0]) for k, v in out.items()}
 
 
@@ -102,7 +118,7 @@ def median_errors(anchor: Anchor) -> dict[str, float]:
     fitted = fitted_from_anchor(anchor)
     errs: dict[str, list[float]] = {"tpot": [], "ttft": []}
     for layout, isl, osl, conc in GRID:
-        pred, true = fitted.predict_layout(layout, isl, osl, conc), truth_predict(layout, isl, osl, conc)
+        pred, true = live_predict(fitted.params, layout, isl, osl, conc), live_predict(TRUTH, layout, isl, osl, conc)
         for m in errs:
             errs[m].append(abs(pred[m] / true[m] - 1.0))
     return {m: float(np.median(v)) for m, v in errs.items()}
@@ -143,7 +159,7 @@ def anchors(prom: Prometheus, emu: EmulatorProcess, manifest: Path,
             tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("anchors")
     t0 = time.time()
-    sent = [closed_loop_load(emu.url, conc, secs) for conc, secs in PHASES]
+    sent = [closed_loop_load(emu.url, conc, secs, isl=isl) for conc, secs, isl in PHASES]
     t_end = time.time()
     time.sleep(2.5)  # two more scrapes: the last step's increase is complete
     window = int(t_end - t0) // STEP_S * STEP_S
@@ -191,8 +207,8 @@ def test_passive_vs_harvested_fit_quality(anchors: dict[str, Any]) -> None:
         f"{harvested.fit.rms_log_error:.3f}): TPOT {h_err['tpot']:.1%}  TTFT {h_err['ttft']:.1%}",
     ]
     print("\n" + "\n".join(lines))
-    assert p_err["tpot"] < 0.15, lines
-    assert p_err["ttft"] < 0.50, lines
+    assert p_err["tpot"] < 0.10, lines
+    assert p_err["ttft"] < 0.15, lines
 
 
 def test_drift_grows_past_the_threshold_when_the_emulator_slows(anchors: dict[str, Any], prom: Prometheus,
@@ -219,5 +235,5 @@ def test_drift_grows_past_the_threshold_when_the_emulator_slows(anchors: dict[st
     finally:
         emu.set_params(TRUTH)
     print(f"  prediction error before {before:.1%}, after t_fixed x4 {after:.1%}")
-    # Before: TTFT is the loosest metric of the passive fit (see the bounds above), up to ~30%.
+    # Before: a few % (2.7% seen); after: the inter-token latency more than doubles (136% seen).
     assert before < THRESHOLD < after
