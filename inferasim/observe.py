@@ -284,13 +284,11 @@ class PrometheusClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def query(self, promql: str, at: float | None = None) -> list[dict[str, Any]]:
-        """The result vector of an instant query: [{"metric": {...}, "value": [ts, "1.5"]}, ...]."""
-        params = {"query": promql}
-        if at is not None:
-            params["time"] = f"{at:.3f}"
+    def _data(self, path: str, params: dict[str, str], what: str) -> dict[str, Any]:
+        """The `data` of a successful API answer; every failure an ObservationError with the query."""
+        promql = params["query"]
         try:
-            resp = self._client.get("/api/v1/query", params=params)
+            resp = self._client.get(path, params=params)
         except httpx.HTTPError as exc:
             raise ObservationError(f"Prometheus at {self.url} is unreachable: {type(exc).__name__}: {exc}",
                                    promql, reason="Unreachable") from None
@@ -303,9 +301,16 @@ class PrometheusClient:
         if not isinstance(body, dict) or body.get("status") != "success":
             err = body.get("error", "") if isinstance(body, dict) else ""
             kind = body.get("errorType", "") if isinstance(body, dict) else ""
-            raise ObservationError(f"Prometheus at {self.url} refused the query (HTTP {resp.status_code} {kind}: "
+            raise ObservationError(f"Prometheus at {self.url} refused the {what} (HTTP {resp.status_code} {kind}: "
                                    f"{err})", promql, reason="QueryError")
-        data = body.get("data") or {}
+        return body.get("data") or {}
+
+    def query(self, promql: str, at: float | None = None) -> list[dict[str, Any]]:
+        """The result vector of an instant query: [{"metric": {...}, "value": [ts, "1.5"]}, ...]."""
+        params = {"query": promql}
+        if at is not None:
+            params["time"] = f"{at:.3f}"
+        data = self._data("/api/v1/query", params, "query")
         rtype = data.get("resultType")
         if rtype == "scalar":
             return [{"metric": {}, "value": data.get("result")}]
@@ -319,23 +324,7 @@ class PrometheusClient:
     def query_range(self, promql: str, start: float, end: float, step: float) -> list[dict[str, Any]]:
         """The result matrix of a range query: [{"metric": {...}, "values": [[ts, "1.5"], ...]}, ...]."""
         params = {"query": promql, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
-        try:
-            resp = self._client.get("/api/v1/query_range", params=params)
-        except httpx.HTTPError as exc:
-            raise ObservationError(f"Prometheus at {self.url} is unreachable: {type(exc).__name__}: {exc}",
-                                   promql, reason="Unreachable") from None
-        try:
-            body = resp.json()
-        except ValueError:
-            raise ObservationError(f"Prometheus at {self.url} answered HTTP {resp.status_code} without JSON "
-                                   f"({resp.text[:120]!r})", promql,
-                                   reason="Unreachable" if resp.status_code >= 500 else "QueryError") from None
-        if not isinstance(body, dict) or body.get("status") != "success":
-            err = body.get("error", "") if isinstance(body, dict) else ""
-            kind = body.get("errorType", "") if isinstance(body, dict) else ""
-            raise ObservationError(f"Prometheus at {self.url} refused the range query (HTTP {resp.status_code} "
-                                   f"{kind}: {err})", promql, reason="QueryError")
-        data = body.get("data") or {}
+        data = self._data("/api/v1/query_range", params, "range query")
         if data.get("resultType") != "matrix" or not isinstance(data.get("result"), list):
             raise ObservationError(f"expected a range vector, Prometheus returned {data.get('resultType')!r}", promql)
         return data["result"]
