@@ -42,6 +42,7 @@ __all__ = [
     "observe",
     "observe_windows",
     "parse_duration",
+    "quantile_bound",
     "queries_for",
     "range_queries",
     "selector_matchers",
@@ -146,6 +147,27 @@ def drift(old: ObservedWorkload | Mapping[str, Any], new: ObservedWorkload) -> f
 # --------------------------------------------------------------------------------------------
 # PromQL per engine
 # --------------------------------------------------------------------------------------------
+
+
+def quantile_bound(engine: str, metric: Literal["ttft", "itl"], limit_s: float) -> float:
+    """The value to compare a Prometheus quantile (`histogram_quantile`) of the engine's `metric`
+    histogram with, for a limit `limit_s` on the true quantile: the first bucket bound at or above
+    `limit_s`.
+
+    histogram_quantile interpolates linearly inside the bucket that holds the quantile, so what it
+    reads is not the true quantile: a true ITL p90 of 13 ms in vLLM's (10, 25] ms bucket reads back
+    as up to 23.5 ms, and a check "p90 <= 13 ms x 1.25" would fail a deployment that meets its
+    prediction. With B the first bound >= limit, "read-back <= B" holds exactly when the true
+    quantile is <= B (the cumulative count at B reaches the quantile's rank or it does not), so the
+    check never fails a deployment within its limit, and catches any that is a bucket beyond it.
+    `limit_s` itself where the engine has no such histogram or the limit is past the last bucket.
+    """
+    from inferasim.catalog.engines import LATENCY_BUCKETS
+
+    if not limit_s > 0:
+        raise ValueError(f"a latency limit must be positive, got {limit_s!r}")
+    bounds = LATENCY_BUCKETS.get(engine, {}).get(metric, ())
+    return next((b for b in bounds if b >= limit_s * (1 - 1e-9)), limit_s)
 
 
 def selector_matchers(selector: Mapping[str, str]) -> str:

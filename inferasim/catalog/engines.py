@@ -25,6 +25,11 @@ from dataclasses import dataclass, field
 __all__ = [
     "ENGINES",
     "METRIC_PREFIX",
+    "LATENCY_BUCKETS",
+    "SGLANG_ITL_BUCKETS",
+    "SGLANG_TTFT_BUCKETS",
+    "VLLM_ITL_BUCKETS",
+    "VLLM_TTFT_BUCKETS",
     "DEFAULT_HOST",
     "VLLM_MLA_BLOCK_SIZES",
     "EngineDefaults",
@@ -767,6 +772,26 @@ _DEFAULT_PORT: dict[str, int] = {
 DEFAULT_HOST: dict[str, str | None] = {"vllm": None, "sglang": "127.0.0.1", "atom": "0.0.0.0"}
 
 METRIC_PREFIX: dict[str, str] = {"vllm": "vllm:", "sglang": "sglang:", "atom": "atom:"}
+
+# Bucket upper bounds of the latency histograms, in seconds (engine-facts.md: notes 1.2 for vLLM,
+# `vllm/v1/metrics` buckets, the same in V10 and V12; notes 2 for SGLang, collector.py). ATOM
+# exports no latency histograms. They matter beyond the emulator: a p90 read back from Prometheus
+# (histogram_quantile) is interpolated within these buckets, so it can only be compared with a
+# prediction at their resolution (see inferasim.observe.quantile_bound).
+VLLM_TTFT_BUCKETS: tuple[float, ...] = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
+    80.0, 160.0, 640.0, 2560.0)
+VLLM_ITL_BUCKETS: tuple[float, ...] = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+SGLANG_TTFT_BUCKETS: tuple[float, ...] = (
+    0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0, 80.0, 100.0, 200.0, 400.0)
+SGLANG_ITL_BUCKETS: tuple[float, ...] = (
+    0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030, 0.035, 0.040, 0.060, 0.080, 0.100, 0.200,
+    0.400, 0.600, 0.800, 1.0, 2.0, 4.0, 6.0, 8.0)
+LATENCY_BUCKETS: dict[str, dict[str, tuple[float, ...]]] = {
+    "vllm": {"ttft": VLLM_TTFT_BUCKETS, "itl": VLLM_ITL_BUCKETS},
+    "sglang": {"ttft": SGLANG_TTFT_BUCKETS, "itl": SGLANG_ITL_BUCKETS},
+}
 
 
 def launch_command(engine: str) -> list[str]:

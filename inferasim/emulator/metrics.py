@@ -28,14 +28,16 @@ from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from inferasim.catalog.engines import (  # noqa: F401 - re-exported: the emulator's bucket families
+    SGLANG_ITL_BUCKETS,
+    SGLANG_TTFT_BUCKETS,
+    VLLM_ITL_BUCKETS,
+    VLLM_TTFT_BUCKETS,
+)
+
 # -- bucket families -----------------------------------------------------------------------------
 
-# Notes 1.2 (Vnow buckets.py, same values in V10 and V12).
-VLLM_TTFT_BUCKETS: tuple[float, ...] = (
-    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
-    80.0, 160.0, 640.0, 2560.0)
-VLLM_ITL_BUCKETS: tuple[float, ...] = (
-    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+# TTFT and ITL buckets: inferasim.catalog.engines (the comparison of p90s with predictions needs them too).
 VLLM_REQUEST_LATENCY_BUCKETS: tuple[float, ...] = (
     0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0,
     960.0, 1920.0, 7680.0)
@@ -43,11 +45,6 @@ VLLM_REQUEST_LATENCY_BUCKETS: tuple[float, ...] = (
 VLLM_ITERATION_TOKEN_BUCKETS: tuple[float, ...] = (1.0,) + tuple(float(2 ** k) for k in range(3, 15))
 
 # Notes 2 (S collector.py).
-SGLANG_TTFT_BUCKETS: tuple[float, ...] = (
-    0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0, 80.0, 100.0, 200.0, 400.0)
-SGLANG_ITL_BUCKETS: tuple[float, ...] = (
-    0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030, 0.035, 0.040, 0.060, 0.080, 0.100, 0.200,
-    0.400, 0.600, 0.800, 1.0, 2.0, 4.0, 6.0, 8.0)
 SGLANG_E2E_BUCKETS: tuple[float, ...] = SGLANG_TTFT_BUCKETS + (600.0, 1200.0, 1800.0, 2400.0)
 
 

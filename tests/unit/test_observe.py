@@ -10,6 +10,7 @@ import math
 from collections.abc import Callable
 
 import httpx
+import numpy as np
 import pytest
 
 from inferasim.observe import (
@@ -284,3 +285,31 @@ def test_drift() -> None:
     assert drift(base, hit) == pytest.approx(0.30)
     assert not math.isnan(drift(base.model_copy(update={"prefix_hit_rate": None}), base))
     assert isinstance(ObservedWorkload.model_validate(base.model_dump(by_alias=True)), ObservedWorkload)
+
+
+def test_quantile_bound_is_the_bucket_a_read_back_quantile_can_reach() -> None:
+    from inferasim.catalog.engines import VLLM_ITL_BUCKETS
+    from inferasim.observe import quantile_bound
+
+    assert quantile_bound("vllm", "itl", 0.013 * 1.25) == 0.025
+    assert quantile_bound("vllm", "itl", 0.025) == 0.025  # a bound itself
+    assert quantile_bound("sglang", "itl", 0.013) == 0.015
+    assert quantile_bound("vllm", "ttft", 1e4) == 1e4  # past the last bucket
+    assert quantile_bound("atom", "itl", 0.02) == 0.02  # no histogram
+    with pytest.raises(ValueError, match="positive"):
+        quantile_bound("vllm", "itl", 0.0)
+
+    # What Prometheus' histogram_quantile reads back: cumulative `le` counts, linear inside the bucket.
+    def read_back(values: list[float], q: float = 0.9) -> float:
+        bounds = np.array(VLLM_ITL_BUCKETS)
+        counts = np.array([np.sum(np.array(values) <= b) for b in bounds], dtype=float)
+        rank = q * len(values)
+        i = int(np.searchsorted(counts, rank))
+        lo, below = (0.0, 0.0) if i == 0 else (bounds[i - 1], counts[i - 1])
+        return float(lo + (bounds[i] - lo) * (rank - below) / (counts[i] - below))
+
+    steady = [0.013] * 100  # exactly as predicted: 13 ms
+    assert read_back(steady) > 0.013 * 1.25  # a naive check would fail it ...
+    assert read_back(steady) <= quantile_bound("vllm", "itl", 0.013 * 1.25)  # ... the bound does not
+    slow = [0.03] * 100  # a bucket beyond: caught
+    assert read_back(slow) > quantile_bound("vllm", "itl", 0.013 * 1.25)
