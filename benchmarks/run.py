@@ -6,6 +6,8 @@
   to the time it takes just to read and score the file with an oracle predictor (the baseline:
   what the protocol costs without any modelling);
 - the vectorised step-time model against a per-step Python loop of the same model;
+- tune (issue 5): >= 5,000 candidates, the simulator on the best 50 with a 2,000-request multi-turn
+  workload: wall time against the 10 s budget, stage times and stage-1 candidates/s;
 - the accuracy figures of `inferasim validate` on the dev files.
 """
 
