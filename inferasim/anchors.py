@@ -516,6 +516,11 @@ def load_anchor(path: str | Path) -> Anchor:
 # Provenance ranks in the store (lower first): passive anchors only when nothing measured on purpose exists.
 _METHOD_RANK: dict[str, int] = {"passive": 1, "canary": 1}
 
+
+def method_rank(anchor: Anchor) -> int:
+    """0 for anchors measured on purpose, 1 for those taken from live traffic (passive, canary)."""
+    return _METHOD_RANK.get(anchor.provenance.method, 0)
+
 # Field weights for "nearest": a different model or engine is farther than a different build.
 _DISTANCE = {"model": 8, "engine": 4, "gpu": 4, "precision": 2}
 
@@ -587,7 +592,7 @@ class AnchorStore:
             order, _, anchor = item
             own = anchor.layout.to_layout()
             same = 0 if layout is not None and own == layout else 1
-            return (_METHOD_RANK.get(anchor.provenance.method, 0), same, own.gpus, -len(anchor.points),
+            return (method_rank(anchor), same, own.gpus, -len(anchor.points),
                     -len(anchor.steps), -order)
 
         return [(p, a) for _, p, a in sorted(matches, key=preference)]

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from inferasim.anchors import Anchor, AnchorStore
+from inferasim.anchors import Anchor, AnchorStore, method_rank
 from inferasim.catalog.gpus import GPU, get_gpu
 from inferasim.catalog.models import ModelSpec, get_model, normalize_precision, resolve_model_name
 from inferasim.predictor import FittedAnchor, benchmark_kv_dtype, fitted_from_anchor, unanchored
@@ -118,7 +118,9 @@ def _ms(v: float) -> float | None:
 
 def _anchor_for(store: AnchorStore, engine: str, model: ModelSpec, gpu: GPU, precision: str) -> Anchor | None:
     """The best stored anchor of (engine, model, GPU, precision), any engine version: the newest
-    measurements a user would deploy. Prefers more points."""
+    measurements a user would deploy. Anchors measured on purpose (public data, harvest, PyTorch)
+    come before those taken from live traffic (passive, canary), as in the store's own ranking, so
+    that a live fit never silently replaces a measurement; then more points, then the newest version."""
     hits = []
     for a in store.all():
         ks = a.kernel_set
@@ -134,7 +136,7 @@ def _anchor_for(store: AnchorStore, engine: str, model: ModelSpec, gpu: GPU, pre
             hits.append(a)
     if not hits:
         return None
-    return max(hits, key=lambda a: (len(a.points), a.kernel_set.engine_version))
+    return max(hits, key=lambda a: (-method_rank(a), len(a.points), a.kernel_set.engine_version))
 
 
 def _simulate_one(e: Estimate, w: WorkloadShape) -> dict[str, Any] | None:

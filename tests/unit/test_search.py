@@ -186,3 +186,31 @@ def test_tune_plot_adds_a_cost_panel_with_a_price(tmp_path: Path, price: float |
         cost = axes[1]
         assert cost.get_ylabel() == "$ per million output tokens"
         assert any(line.get_label() == "recommendation (at the SLO)" for line in cost.get_lines())
+
+
+def test_tune_prefers_a_measured_anchor_over_live_ones_with_more_points(tmp_path: Path) -> None:
+    """A passive or canary anchor (live traffic) never silently replaces a harvested one in the
+    search, however many points it has; alone, it is used."""
+    from inferasim.anchors import AnchorStore, BenchPoint, load_anchor
+    from inferasim.search.tune import _anchor_for
+
+    src = next((Path(__file__).resolve().parents[2] / "anchors").glob("vllm-*.json"))
+    measured = load_anchor(src)
+    ks = measured.kernel_set
+    model, gpu = get_model(ks.model), get_gpu(ks.gpu)
+    from inferasim.catalog.models import normalize_precision
+
+    precision = normalize_precision(ks.precision or "auto")
+    many = [BenchPoint(isl=100 + i, osl=50, concurrency=1 + i, tpot_ms=10.0 + i, row_id=f"w{i}")
+            for i in range(len(measured.points) + 5)]
+    live = {m: measured.model_copy(deep=True, update={"points": many}) for m in ("passive", "canary")}
+    for m, a in live.items():
+        a.provenance = a.provenance.model_copy(update={"method": m})
+    store = AnchorStore(tmp_path)
+    store.save(live["passive"])
+    store.save(live["canary"])
+    assert _anchor_for(store, ks.engine, model, gpu, precision).provenance.method in ("passive", "canary")
+    store.save(measured)
+    assert len(store) == 3
+    got = _anchor_for(store, ks.engine, model, gpu, precision)
+    assert got.provenance.method == measured.provenance.method and len(got.points) == len(measured.points)
