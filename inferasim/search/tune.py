@@ -185,11 +185,6 @@ def _apply(e: Estimate, d: dict[str, Any] | None) -> Estimate:
     return e
 
 
-def _stage2(e: Estimate, w: WorkloadShape) -> Estimate:
-    """Refine one candidate with the discrete-event simulator (in this process)."""
-    return _apply(e, _simulate_one(e, w))
-
-
 # What the stage-2 worker processes simulate: set before they are forked, so that each task
 # carries an index only (no Estimate, FittedAnchor or workload pickled per task).
 _JOBS: tuple[list[Estimate], WorkloadShape] | None = None
@@ -228,21 +223,26 @@ def _run_stage2(top: list[Estimate], w: WorkloadShape, workers: int, progress: P
                 futures = [pool.submit(_worker_job, i) for i in range(len(top))]
                 for n, fut in enumerate(as_completed(futures), 1):
                     i, d = fut.result()
-                    # Refine a copy, as when the estimate itself went to the worker and came back:
-                    # the stage-1 objects (the Pareto front's input) stay as they were.
-                    e = copy.copy(top[i])
-                    e.notes = list(e.notes)
-                    out[i] = _apply(e, d)
+                    out[i] = _apply(_copy(top[i]), d)
                     if progress:
                         progress("stage 2", n, len(top))
         finally:
             _JOBS = None
         return out
+    refined = []
     for i, e in enumerate(top, 1):
-        _stage2(e, w)
+        refined.append(_apply(_copy(e), _simulate_one(e, w)))
         if progress:
             progress("stage 2", i, len(top))
-    return top
+    return refined
+
+
+def _copy(e: Estimate) -> Estimate:
+    """Stage 2 refines a copy: the stage-1 objects stay as they were, so that the Pareto front is
+    drawn from one model over the whole space, whether stage 2 ran in this process or in workers."""
+    out = copy.copy(e)
+    out.notes = list(e.notes)
+    return out
 
 
 _DISAGG_JOB: tuple[list[Candidate], dict[tuple[str, str], FittedAnchor], WorkloadShape, SLO, int] | None = None

@@ -214,3 +214,17 @@ def test_tune_prefers_a_measured_anchor_over_live_ones_with_more_points(tmp_path
     assert len(store) == 3
     got = _anchor_for(store, ks.engine, model, gpu, precision)
     assert got.provenance.method == measured.provenance.method and len(got.points) == len(measured.points)
+
+
+def test_stage2_in_workers_or_in_process_gives_the_same_result() -> None:
+    """Stage 2 refines copies in both paths, so the Pareto front (stage 1 over the whole space),
+    the ranking and the refined figures do not depend on how many processes ran it."""
+    spec = parse_spec(small_spec(workload={"static": {
+        "kind": "multi-turn", "sessionsPerSecond": 1.0, "turns": 3, "thinkTimeS": 5, "inputTokens": 800,
+        "userTokensPerTurn": 100, "outputTokens": 128, "numRequests": 150}}))
+    one, two = tune(spec, stage2_top=6, workers=1), tune(spec, stage2_top=6, workers=2)
+    assert sum(e.stage == 2 for e in one.ranked) == 6
+    a, b = one.as_dict(), two.as_dict()
+    for d in (a, b):
+        d.pop("timings_s")
+    assert a == b
