@@ -127,6 +127,9 @@ class Confirmation(_Model):
 class Retune(_Model):
     every: str | None = Field(None, description="Re-tune period, e.g. 24h.")
     drift_threshold: float = Field(0.25, gt=0, description="Re-tune when the workload moves this much.")
+    prediction_error_threshold: float = Field(
+        0.25, gt=0, description="PredictionDrift when observed TTFT, ITL or throughput of the running "
+                                "configuration is off its anchor's prediction by more than this fraction.")
 
 
 class SearchSpace(_Model):

@@ -25,11 +25,30 @@ HARVEST_GPU_SECONDS = Counter("inferasim_harvest_gpu_seconds_total",
 CANARY_ERROR = Histogram("inferasim_canary_prediction_error",
                          "Measured / predicted ITL p90 - 1 of measured canaries.",
                          buckets=(-0.5, -0.25, -0.1, -0.05, 0, 0.05, 0.1, 0.25, 0.5, 1.0), registry=REGISTRY)
+PREDICTION_ERROR = Gauge("inferasim_prediction_error",
+                         "Observed / predicted - 1 of the running configuration over the last window, by metric "
+                         "(ttft, itl, throughput).", ["namespace", "tuning", "metric"], registry=REGISTRY)
+PASSIVE_FITS = Counter("inferasim_passive_fits_total", "Passive anchor fits from live traffic, by result.", ["result"],
+                       registry=REGISTRY)
 RECONCILES = Counter("inferasim_reconciles_total", "Reconcile runs, by trigger and result.", ["trigger", "result"],
                      registry=REGISTRY)
 
 _phases: dict[str, str] = {}
+_errors: dict[str, set[tuple[str, str, str]]] = {}  # uid -> label sets of PREDICTION_ERROR
 _lock = threading.Lock()
+
+
+def set_prediction_error(uid: str, namespace: str, tuning: str, relative: dict[str, float]) -> None:
+    """Publish the relative errors of one check; metrics not observed this time are removed (a
+    stale number would read as a measurement)."""
+    with _lock:
+        old = _errors.get(uid, set())
+        new = {(namespace, tuning, m) for m in relative}
+        for labels in old - new:
+            PREDICTION_ERROR.remove(*labels)
+        for m, v in relative.items():
+            PREDICTION_ERROR.labels(namespace=namespace, tuning=tuning, metric=m).set(v)
+        _errors[uid] = new
 
 
 def set_phase(uid: str, phase: str) -> None:
@@ -41,6 +60,8 @@ def set_phase(uid: str, phase: str) -> None:
 def forget(uid: str) -> None:
     with _lock:
         _phases.pop(uid, None)
+        for labels in _errors.pop(uid, set()):
+            PREDICTION_ERROR.remove(*labels)
         _publish()
 
 

@@ -24,7 +24,7 @@ PHASES = ("Pending", "Observing", "Harvesting", "Searching", "Recommended", "Con
           "Failed")
 Phase = Literal["Pending", "Observing", "Harvesting", "Searching", "Recommended", "Confirming", "Confirmed",
                 "Invalid", "Failed"]
-CONDITION_TYPES = ("WorkloadObserved", "AnchorsReady", "Recommended", "Confirmed", "Priced")
+CONDITION_TYPES = ("WorkloadObserved", "AnchorsReady", "Recommended", "Confirmed", "Priced", "PredictionDrift")
 SHORTLIST_SIZE = 5
 HISTORY_SIZE = 10
 
@@ -41,7 +41,7 @@ class _Wire(BaseModel):
 
 
 class Condition(_Wire):
-    type: Literal["WorkloadObserved", "AnchorsReady", "Recommended", "Confirmed", "Priced"]
+    type: Literal["WorkloadObserved", "AnchorsReady", "Recommended", "Confirmed", "Priced", "PredictionDrift"]
     status: Literal["True", "False", "Unknown"]
     reason: str = Field(description="CamelCase reason, e.g. MetricsAvailable, MissingSeries, SearchComplete.")
     message: str = Field("", description="Human-readable detail (the failing query, counts, durations).")
@@ -60,6 +60,7 @@ class LayoutStatus(_Wire):
 class AnchorRef(_Wire):
     key: str = Field(description="engine/precision the anchor serves.")
     id: str = Field(description="Anchor id: kernel-set key and layout label.")
+    provenance: str = Field("", description="How it was measured: harvest, public, passive (live traffic), canary.")
 
 
 class MissingAnchor(_Wire):
@@ -181,6 +182,44 @@ class SearchStats(_Wire):
     workload: str = Field("", description="The workload searched for, in words.")
 
 
+class PassiveAnchorStatus(_Wire):
+    """The passive anchor of the target Deployment's kernel set, fitted from its own Prometheus series."""
+
+    state: Literal["Fitted", "NotIdentifiable", "ObservationFailed", "Unreadable", "Waiting"] = "Waiting"
+    message: str = Field("", description="What the fit found, or what is missing for one.")
+    anchor: str = Field("", description="ServingAnchor (provenance passive) holding the fit.")
+    anchor_id: str = Field("", description="Anchor id: kernel-set key and layout label.")
+    deployment: str = Field("", description="namespace/name of the live Deployment it was fitted on.")
+    kernel_set: str = Field("", description="The running kernel set, in words.")
+    window: str = Field("", description="ISO 8601 interval of the windows used.")
+    windows: int | None = Field(None, ge=0, description="Observation windows used as fit points.")
+    rms_log_error: float | None = Field(None, ge=0, description="Fit residual (rms of log errors).")
+    fitted_at: str = ""
+    since: str = Field("", description="A change was detected then: refits read only windows after it.")
+
+
+class MetricValues(_Wire):
+    ttft_ms: float | None = Field(None, description="Mean time to first token.")
+    itl_ms: float | None = Field(None, description="Mean inter-token latency.")
+    throughput: float | None = Field(None, description="Output tokens/s, all replicas.")
+
+
+class PredictionErrorStatus(_Wire):
+    """Observed against predicted for the running configuration, over a recent window."""
+
+    observed: MetricValues = Field(default_factory=MetricValues)
+    predicted: MetricValues = Field(default_factory=MetricValues)
+    relative: MetricValues = Field(default_factory=MetricValues, description="observed / predicted - 1.")
+    worst: float | None = Field(None, ge=0, description="Largest |relative error|.")
+    threshold: float | None = Field(None, gt=0, description="retune.predictionErrorThreshold.")
+    anchor: str = Field("", description="Id of the anchor the prediction was made with.")
+    provenance: str = Field("", description="Its provenance method (harvest, passive, ...).")
+    concurrency: float | None = Field(None, ge=0, description="Requests in flight per replica in the window.")
+    window: str = Field("", description="ISO 8601 interval observed.")
+    checked_at: str = ""
+    message: str = Field("", description="Why no error could be computed, when none was.")
+
+
 class TuningStatus(_Wire):
     """The ServingTuning status, as the operator writes it (merge-patched on /status)."""
 
@@ -195,6 +234,8 @@ class TuningStatus(_Wire):
     history: list[HistoryEntry] = Field(default_factory=list, max_length=HISTORY_SIZE)
     search: SearchStats | None = None
     confirmation: ConfirmationStatus | None = None
+    passive_anchor: PassiveAnchorStatus | None = None
+    prediction_error: PredictionErrorStatus | None = None
     last_tune_time: str = ""
     retries: int = Field(0, ge=0, description="Consecutive failed observations (backoff).")
 
@@ -204,6 +245,7 @@ class AnchorStatus(_Wire):
 
     harvested_by: str = Field("", description="namespace/name of the ServingTuning whose Job measured it.")
     canary: str = Field("", description="namespace/name of the canary Deployment it was measured on.")
+    deployment: str = Field("", description="namespace/name of the live Deployment a passive anchor was fitted on.")
     job: str = ""
     imported_at: str = ""
 

@@ -23,7 +23,8 @@ from typing import Any
 import kopf
 import yaml
 
-from inferasim.anchors import Anchor
+from inferasim.anchors import Anchor, AnchorStore
+from inferasim.live import search_view
 from inferasim.observe import ObservationError, ObservedWorkload, drift, observe
 from inferasim.spec import SpecError, TuningSpec, WorkloadSource, parse_spec
 from inferasim_operator import metrics
@@ -45,6 +46,7 @@ from inferasim_operator.models import (
     LABEL_TUNING,
     MANAGER,
     SHORTLIST_SIZE,
+    AnchorRef,
     Candidate,
     Condition,
     Harvest,
@@ -96,6 +98,14 @@ class Settings:
     # GPU prices ($/GPU-hour per GPU type) for tunings whose spec gives none.
     price_config_map: str = "inferasim-gpu-prices"
     operator_namespace: str = "inferasim-system"
+    # Passive anchors: the range of the target's series fitted, one window per step.
+    passive_window_s: float = 3600.0
+    passive_step_s: float = 60.0
+    # Prediction error: the recent range compared with the prediction at each drift check.
+    prediction_window_s: float = 300.0
+    # Engine seconds per wall second: 1 for real engines; an emulator's --speedup where emulators
+    # play the engines (their histograms record engine seconds, Prometheus rates are per wall second).
+    engine_speedup: float = 1.0
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
@@ -128,6 +138,10 @@ class Settings:
         s.backoff_max_s = num("INFERASIM_BACKOFF_MAX_S", s.backoff_max_s, s.backoff_base_s)
         s.price_config_map = env.get("INFERASIM_PRICE_CONFIGMAP", s.price_config_map)
         s.operator_namespace = env.get("INFERASIM_OPERATOR_NAMESPACE") or s.operator_namespace
+        s.passive_step_s = num("INFERASIM_PASSIVE_STEP_S", s.passive_step_s, 1)
+        s.passive_window_s = num("INFERASIM_PASSIVE_WINDOW_S", s.passive_window_s, 3 * s.passive_step_s)
+        s.prediction_window_s = num("INFERASIM_PREDICTION_WINDOW_S", s.prediction_window_s, 1)
+        s.engine_speedup = num("INFERASIM_ENGINE_SPEEDUP", s.engine_speedup, 1e-6)
         return s
 
 
@@ -172,7 +186,8 @@ def set_condition(conditions: list[dict[str, Any]], type_: str, status: str, rea
     new = dump(Condition(type=type_, status=status, reason=reason, message=message[:1024],
                          last_transition_time=when or now_iso(), observed_generation=generation))
     out = [c for c in conditions if c.get("type") != type_] + [new]
-    order = {"WorkloadObserved": 0, "AnchorsReady": 1, "Priced": 2, "Recommended": 3, "Confirmed": 4}
+    order = {"WorkloadObserved": 0, "AnchorsReady": 1, "Priced": 2, "Recommended": 3, "Confirmed": 4,
+             "PredictionDrift": 5}
     return sorted(out, key=lambda c: order.get(c.get("type", ""), 9))
 
 
@@ -259,18 +274,36 @@ def render_name(spec: TuningSpec, tuning_name: str) -> str:
 _anchor_sync_lock = asyncio.Lock()
 
 
-def _sync_anchor_files(kube: Kube, cache: Path) -> int:
+_shipped: dict[tuple[str, ...], list[Anchor]] = {}
+
+
+def shipped_anchors(dirs: list[str]) -> list[Anchor]:
+    """The anchors of the shipped folders (read once: they do not change while the operator runs)."""
+    key = tuple(dirs)
+    if key not in _shipped:
+        _shipped[key] = AnchorStore(*dirs).all()
+    return _shipped[key]
+
+
+def _sync_anchor_files(kube: Kube, cache: Path, shipped: list[str] | None = None) -> int:
     cache.mkdir(parents=True, exist_ok=True)
-    wanted: dict[str, str] = {}
+    found: list[tuple[str, Anchor]] = []
     for obj in kube.list_anchors():
         try:
             anchor = Anchor.model_validate(obj.get("spec") or {})
         except ValueError as exc:
             log.warning("ServingAnchor %s is not a valid anchor, skipped: %s", obj["metadata"]["name"], exc)
             continue
-        # Named after the object, not anchor.filename(): a canary anchor and the harvested anchor of
-        # the same kernel set and layout share a filename, and the store keeps both.
-        wanted[f"{obj['metadata']['name']}.json"] = anchor.model_dump_json(indent=2) + "\n"
+        found.append((obj["metadata"]["name"], anchor))
+    # A passive anchor stays a ServingAnchor beside a harvested one, but the search (which picks by
+    # point count) must not see it there: live traffic never silently overrides a harvest.
+    keep = {id(a) for a in search_view([a for _, a in found], shipped_anchors(shipped or []))}
+    wanted: dict[str, str] = {}
+    for name, anchor in found:
+        if id(anchor) in keep:
+            # Named after the object, not anchor.filename(): a canary anchor and the harvested anchor
+            # of the same kernel set and layout share a filename, and the store keeps both.
+            wanted[f"{name}.json"] = anchor.model_dump_json(indent=2) + "\n"
     for name, text in wanted.items():
         path = cache / name
         if not path.exists() or path.read_text() != text:
@@ -285,7 +318,7 @@ def _sync_anchor_files(kube: Kube, cache: Path) -> int:
 
 async def sync_anchors(kube: Kube, settings: Settings) -> int:
     async with _anchor_sync_lock:
-        return await asyncio.to_thread(_sync_anchor_files, kube, Path(settings.anchor_cache))
+        return await asyncio.to_thread(_sync_anchor_files, kube, Path(settings.anchor_cache), settings.anchor_dirs)
 
 
 def anchor_dirs(settings: Settings) -> list[str]:
@@ -679,8 +712,14 @@ async def _reconcile(body: dict[str, Any], book: StatusBook, kube: Kube, setting
     # 2. the workload
     workload, observed = await _observe(spec, book, body, settings, has_rec)
 
-    # 3. anchors: the cluster's ServingAnchors next to the shipped ones
+    # 3. anchors: the cluster's ServingAnchors next to the shipped ones, and the live target's own
+    #    passive anchor (its kernel set then needs no harvest Job)
     n_cluster = await sync_anchors(kube, settings)
+    if spec.workload.prometheus is not None:
+        from inferasim_operator.passive import ensure_passive_anchor
+
+        if await ensure_passive_anchor(body, spec, book, kube, settings):
+            n_cluster = await sync_anchors(kube, settings)
 
     # 4. the search, in a child process with a time limit
     if not has_rec:
@@ -737,7 +776,9 @@ async def _reconcile(body: dict[str, Any], book: StatusBook, kube: Kube, setting
     # 5. missing anchors: harvest within the budget
     harvesting, missing, imported = await plan_harvests(body, spec, payload["missing_anchors"], book, kube, settings)
     anchors = dict(book.get("anchors") or {})
-    anchors["used"] = [{"key": k, "id": v} for k, v in sorted(payload["anchors_used"].items())]
+    provenance = payload.get("anchors_provenance") or {}
+    anchors["used"] = [dump(AnchorRef(key=k, id=v, provenance=provenance.get(k, "")))
+                       for k, v in sorted(payload["anchors_used"].items())]
     anchors["missing"] = [dump(m) for m in missing]
     anchors["harvesting"] = [dump(h) for h in harvesting]
     book.set(anchors=anchors)
@@ -755,8 +796,9 @@ async def _reconcile(body: dict[str, Any], book: StatusBook, kube: Kube, setting
                        "; ".join(f"{m.engine}/{m.precision} on {m.gpu}: {m.reason}" for m in missing))
     else:
         book.condition("AnchorsReady", "True", "Available",
-                       f"{len(payload['anchors_used'])} anchor(s) ({n_cluster} in the cluster, "
-                       f"{len(settings.anchor_dirs)} shipped folder(s))")
+                       f"{len(payload['anchors_used'])} anchor(s): "
+                       + ", ".join(f"{u['key']} {u.get('provenance') or 'unknown'}" for u in anchors["used"])
+                       + f" ({n_cluster} in the cluster, {len(settings.anchor_dirs)} shipped folder(s))")
 
     # 6. the recommendation, and its ConfigMap for GitOps
     window_s = parse_duration(spec.confirmation.window, "confirmation.window") or 0.0
@@ -966,4 +1008,8 @@ async def _check_drift(body: dict[str, Any], uid: str, spec: TuningSpec, kube: K
             book = StatusBook(body, kube)
             book.condition("WorkloadObserved", "True", "MetricsAvailable", now.describe())
             await book.flush()
-    return f"steady (drift {moved:.0%})"
+    # The workload is steady: is the running configuration still what its anchors predict?
+    from inferasim_operator.passive import check_prediction
+
+    done = await check_prediction(body, uid, spec, kube, settings)
+    return done if not done.startswith("prediction: ") else f"steady (drift {moved:.0%}; {done})"

@@ -68,6 +68,12 @@ def search_payload(spec: dict[str, Any], anchor_dirs: list[str], name: str, name
         "candidates": full["space"]["candidates"], "workload": full["workload"], "timings": full["timings_s"],
         "manifest": "", "container": None, "render_error": "", "shortlist_deployments": [],
     }
+    # How each anchor used was measured (harvest, public, passive, canary): the status shows it.
+    from inferasim.anchors import AnchorStore
+    from inferasim.live import used_provenance
+
+    stored = AnchorStore(*anchor_dirs).all()
+    out["anchors_provenance"] = {k: used_provenance(stored, v) for k, v in full["anchors_used"].items()}
     rec = result.recommendation
     if rec is not None:
         try:
