@@ -141,9 +141,15 @@ async def read_target(spec: TuningSpec, namespace: str, kube: Kube) -> tuple[Liv
     if dep is None:
         return None, f"Deployment {namespace}/{spec.target.name} not found"
     try:
-        return await asyncio.to_thread(read_live, dep, gpu=spec.hardware.gpu), ""
+        return await asyncio.to_thread(read_live, dep), ""
     except DeploymentError as exc:
-        return None, f"Deployment {namespace}/{spec.target.name}: {exc}"
+        first = exc
+    # A manifest that does not name its GPU (no product label in the node selector or affinity)
+    # runs on the tuning's hardware; the manifest's own GPU, when it names one, always wins.
+    try:
+        return await asyncio.to_thread(read_live, dep, gpu=spec.hardware.gpu), ""
+    except DeploymentError:
+        return None, f"Deployment {namespace}/{spec.target.name}: {first}"
 
 
 async def fit_and_store(body: dict[str, Any], spec: TuningSpec, book: Any, kube: Kube, settings: Any,

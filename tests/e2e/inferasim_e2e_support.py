@@ -381,3 +381,80 @@ class Load:
         self._stop.set()
         for t in self._threads:
             t.join(timeout=70)
+
+
+class PhasedLoad:
+    """Closed-loop traffic whose load changes over time, as a live deployment's does: ``phases`` of
+    (clients, seconds, prompt tokens), cycled until stop(). Prompt and output lengths are drawn
+    within +-``spread`` per request: identical lengths keep a closed loop in lockstep waves that no
+    live model describes, and one prompt length leaves the prefill cost unidentified. Raw keep-alive
+    sockets (the harvester's client): httpx costs milliseconds of CPU per request, which on a small
+    loaded host caps the concurrency a Python client reaches."""
+
+    def __init__(self, url: str, model: str, phases: list[tuple[int, float, int]], output_tokens: int = 48,
+                 spread: float = 0.25, seed: int = 0) -> None:
+        self.url, self.model, self.phases = url, model, phases
+        self.osl, self.spread, self.seed = output_tokens, spread, seed
+        self.sent = 0
+        self.errors = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._main, daemon=True)
+        self._t0 = 0.0
+
+    def phase(self) -> tuple[int, int]:
+        """(clients, prompt tokens) now."""
+        cycle = sum(s for _, s, _ in self.phases)
+        t = (time.monotonic() - self._t0) % cycle
+        for clients, seconds, isl in self.phases:
+            if t < seconds:
+                return clients, isl
+            t -= seconds
+        return self.phases[-1][0], self.phases[-1][2]
+
+    def start(self) -> PhasedLoad:
+        self._t0 = time.monotonic()
+        self._thread.start()
+        return self
+
+    def _main(self) -> None:
+        import asyncio
+
+        asyncio.run(self._run())
+
+    async def _run(self) -> None:
+        import asyncio
+        import random
+
+        from inferasim.harvest.rawhttp import RawConnection
+
+        async def worker(i: int) -> None:
+            rng = random.Random(1000 * self.seed + i)
+            conn: RawConnection | None = None
+            while not self._stop.is_set():
+                clients, isl = self.phase()
+                if i >= clients:
+                    await asyncio.sleep(0.05)
+                    continue
+                conn = conn or RawConnection(self.url, 30.0)
+                lo, hi = 1 - self.spread, 1 + self.spread
+                payload = {"model": self.model, "prompt": [7] * round(isl * rng.uniform(lo, hi)),
+                           "max_tokens": round(self.osl * rng.uniform(lo, hi)), "ignore_eos": True}
+                try:
+                    body = b"".join([c async for c in conn.post_stream("/v1/completions", payload)])
+                    ok = b'"completion_tokens":' in body
+                    self.sent += int(ok)
+                    self.errors += int(not ok)
+                except Exception:  # noqa: BLE001 - counted; a new connection next time
+                    self.errors += 1
+                    conn.close()
+                    conn = None
+                    await asyncio.sleep(0.1)
+            if conn is not None:
+                conn.close()
+
+        n = max(c for c, _, _ in self.phases)
+        await asyncio.gather(*(worker(i) for i in range(n)))
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=60)

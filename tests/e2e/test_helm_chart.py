@@ -79,6 +79,9 @@ def test_default_render_is_least_privilege_and_consistent() -> None:
     assert env["INFERASIM_PRICE_CONFIGMAP"] == "inferasim-gpu-prices"
     assert env["INFERASIM_OPERATOR_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
     assert env["INFERASIM_METRICS_PORT"] == str(ports["metrics"])
+    # passive anchors and prediction error: the operator's defaults, settable through values
+    assert (env["INFERASIM_PASSIVE_WINDOW_S"], env["INFERASIM_PASSIVE_STEP_S"],
+            env["INFERASIM_PREDICTION_WINDOW_S"]) == ("3600", "60", "300")
     assert container["livenessProbe"]["httpGet"]["port"] == "health"
     assert f"--liveness=http://0.0.0.0:{ports['health']}/healthz" in container["args"]
     # No image tag in values: the chart's appVersion.
