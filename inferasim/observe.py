@@ -42,6 +42,7 @@ __all__ = [
     "observe",
     "observe_windows",
     "parse_duration",
+    "quantile_agrees",
     "quantile_bound",
     "queries_for",
     "range_queries",
@@ -168,6 +169,23 @@ def quantile_bound(engine: str, metric: Literal["ttft", "itl"], limit_s: float) 
         raise ValueError(f"a latency limit must be positive, got {limit_s!r}")
     bounds = LATENCY_BUCKETS.get(engine, {}).get(metric, ())
     return next((b for b in bounds if b >= limit_s * (1 - 1e-9)), limit_s)
+
+
+def quantile_agrees(engine: str, metric: Literal["ttft", "itl"], read_back_s: float, predicted_s: float,
+                    tolerance: float) -> bool:
+    """Whether a quantile read back from the engine's histogram is consistent with a true quantile
+    within `tolerance` of `predicted_s`, at the histogram's resolution: the read-back must lie
+    between the last bucket bound at or below predicted x (1 - tolerance) and the first at or above
+    predicted x (1 + tolerance) (see quantile_bound; the same argument bounds it from below). A
+    deployment whose true quantile is in the band always agrees; one a bucket outside never does."""
+    if not (predicted_s > 0 and 0 <= tolerance < 1):
+        raise ValueError(f"need a positive prediction and a tolerance in [0, 1), got {predicted_s!r}, {tolerance!r}")
+    from inferasim.catalog.engines import LATENCY_BUCKETS
+
+    low = predicted_s * (1 - tolerance)
+    bounds = LATENCY_BUCKETS.get(engine, {}).get(metric, ())
+    floor = max((b for b in bounds if b <= low * (1 + 1e-9)), default=0.0) if bounds else low
+    return floor <= read_back_s <= quantile_bound(engine, metric, predicted_s * (1 + tolerance))
 
 
 def selector_matchers(selector: Mapping[str, str]) -> str:

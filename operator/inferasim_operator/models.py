@@ -159,6 +159,9 @@ class Canary(_Wire):
     measured_itl_p90_ms: float | None = None
     measured_request_rate: float | None = None
     prediction_error: float | None = Field(None, description="Measured / predicted ITL p90 - 1.")
+    agrees: bool | None = Field(None, description=(
+        "Whether the measured ITL p90 is within the tolerance of the prediction at the resolution of the "
+        "engine's histogram buckets (the p90 is read back by histogram_quantile)."))
     measured_itl_mean_ms: float | None = Field(None, description="Mean inter-token latency over the window.")
     measured_ttft_mean_ms: float | None = Field(None, description="Mean time to first token over the window.")
     measured_in_flight: float | None = Field(None, description="Mean requests in flight (running + waiting).")

@@ -313,3 +313,18 @@ def test_quantile_bound_is_the_bucket_a_read_back_quantile_can_reach() -> None:
     assert read_back(steady) <= quantile_bound("vllm", "itl", 0.013 * 1.25)  # ... the bound does not
     slow = [0.03] * 100  # a bucket beyond: caught
     assert read_back(slow) > quantile_bound("vllm", "itl", 0.013 * 1.25)
+
+
+def test_quantile_agrees_at_the_histograms_resolution() -> None:
+    from inferasim.observe import quantile_agrees
+
+    # vLLM ITL buckets ... 0.01, 0.025, 0.05 ...: a true 13 ms p90 reads back anywhere in (10, 25] ms.
+    assert quantile_agrees("vllm", "itl", 0.0235, 0.013, 0.25)
+    assert quantile_agrees("vllm", "itl", 0.0101, 0.013, 0.25)
+    assert not quantile_agrees("vllm", "itl", 0.030, 0.013, 0.25)  # a bucket above
+    assert not quantile_agrees("sglang", "itl", 0.0235, 0.013, 0.25)  # SGLang's finer buckets: 20-25 ms is out
+    assert quantile_agrees("sglang", "itl", 0.0145, 0.013, 0.25)
+    assert not quantile_agrees("sglang", "itl", 0.0075, 0.013, 0.25)  # below 0.75 x 13 ms = 9.75 -> floor 8 ms
+    assert quantile_agrees("atom", "itl", 0.0125, 0.013, 0.25) and not quantile_agrees("atom", "itl", 0.02, 0.013, 0.25)
+    with pytest.raises(ValueError):
+        quantile_agrees("vllm", "itl", 0.01, 0.0, 0.25)

@@ -158,6 +158,13 @@ def test_canary_and_analysis_template(payload: dict[str, Any]) -> None:
     m = t["spec"]["metrics"][1]
     assert "vllm:inter_token_latency_seconds_bucket" in m["provider"]["prometheus"]["query"]
     assert m["successCondition"].startswith("result[0] <= ")
+    # The limit is the bucket bound a deployment within the tolerance can read back, never below it.
+    from inferasim.catalog.engines import VLLM_ITL_BUCKETS
+
+    limit = float(m["successCondition"].split("<=")[1])
+    pred_s = payload["recommendation"]["predicted"]["itl_p90_ms"] / 1e3
+    assert limit >= pred_s * (1 + confirm.TOLERANCE)
+    assert limit in VLLM_ITL_BUCKETS or limit == pytest.approx(pred_s * (1 + confirm.TOLERANCE), rel=1e-5)
 
 
 def test_search_time_limit_kills_the_child() -> None:
