@@ -309,6 +309,9 @@ class PrometheusClient:
 
     def __init__(self, url: str, *, timeout: float = 10.0, headers: Mapping[str, str] | None = None,
                  transport: httpx.BaseTransport | None = None) -> None:
+        if url == "":
+            raise ObservationError("workload.prometheus.url is empty: give the Prometheus HTTP API URL (in the "
+                                   "operator, the chart value prometheus.url is the default)", reason="BadSelector")
         if not isinstance(url, str) or not re.match(r"^https?://[^/\s]+", url):
             raise ObservationError(f"workload.prometheus.url: {url!r} is not an http(s) URL", reason="BadSelector")
         self.url = url.rstrip("/")

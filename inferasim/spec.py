@@ -84,7 +84,9 @@ class StaticWorkload(_Model):
 
 
 class PrometheusWorkload(_Model):
-    url: str = Field(description="Prometheus HTTP API base URL.")
+    url: str = Field("", description=(
+        "Prometheus HTTP API base URL. Empty: the operator's default (chart value prometheus.url); "
+        "the CLI needs it."))
     selector: dict[str, str] = Field(default_factory=dict, description="Label matchers of the target's series.")
     window: str = Field("1h", description="Range of the rate() windows, e.g. 5m, 6h.")
 

@@ -121,10 +121,14 @@ def harvest_args(target: HarvestTarget, image: str, endpoint: str, budget_s: int
 
 
 def build_job(target: HarvestTarget, policy: HarvestPolicy, limits: JobLimits, *, namespace: str, tuning: str,
-              harvester_image: str, extra_harvest_args: list[str] | None = None) -> dict[str, Any]:
-    """The Job manifest (owner references are added by the caller with kopf.adopt)."""
+              harvester_image: str, extra_harvest_args: list[str] | None = None,
+              engine_images: dict[tuple[str, str], str] | None = None) -> dict[str, Any]:
+    """The Job manifest (owner references are added by the caller with kopf.adopt). The engine
+    image: the tuning's harvest.images, else the operator's per-vendor `engine_images` (chart value
+    engineImages), else the catalog's image for the GPU."""
     gpu = get_gpu(target.gpu)
-    image = policy.images.get(target.engine) or default_image(target.engine, gpu.vendor, gpu.name)
+    image = (policy.images.get(target.engine) or (engine_images or {}).get((gpu.vendor, target.engine))
+             or default_image(target.engine, gpu.vendor, gpu.name))
     cfg = ServingConfig(engine=target.engine, model=target.model, gpu=gpu.name, layout=target.layout,
                         precision=target.precision, kv_cache_dtype=benchmark_kv_dtype(target.precision), image=image)
     # The engine container exactly as a recommended Deployment would run it (flags, env, GPUs).

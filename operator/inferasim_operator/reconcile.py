@@ -106,6 +106,11 @@ class Settings:
     # Engine seconds per wall second: 1 for real engines; an emulator's --speedup where emulators
     # play the engines (their histograms record engine seconds, Prometheus rates are per wall second).
     engine_speedup: float = 1.0
+    # Prometheus of tunings whose spec leaves workload.prometheus.url empty (chart: prometheus.url).
+    prometheus_url: str = ""
+    # Engine images of harvest Jobs per (GPU vendor, engine) where a tuning's harvest.images names
+    # none (chart: engineImages); otherwise the catalog's image for the GPU.
+    engine_images: dict[tuple[str, str], str] = field(default_factory=dict)
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
@@ -137,12 +142,33 @@ class Settings:
         s.backoff_base_s = num("INFERASIM_BACKOFF_BASE_S", s.backoff_base_s, 0.1)
         s.backoff_max_s = num("INFERASIM_BACKOFF_MAX_S", s.backoff_max_s, s.backoff_base_s)
         s.price_config_map = env.get("INFERASIM_PRICE_CONFIGMAP", s.price_config_map)
+        s.prometheus_url = env.get("INFERASIM_PROMETHEUS_URL", s.prometheus_url).strip()
+        s.engine_images = parse_engine_images(env.get("INFERASIM_ENGINE_IMAGES", ""))
         s.operator_namespace = env.get("INFERASIM_OPERATOR_NAMESPACE") or s.operator_namespace
         s.passive_step_s = num("INFERASIM_PASSIVE_STEP_S", s.passive_step_s, 1)
         s.passive_window_s = num("INFERASIM_PASSIVE_WINDOW_S", s.passive_window_s, 3 * s.passive_step_s)
         s.prediction_window_s = num("INFERASIM_PREDICTION_WINDOW_S", s.prediction_window_s, 1)
         s.engine_speedup = num("INFERASIM_ENGINE_SPEEDUP", s.engine_speedup, 1e-6)
         return s
+
+
+def parse_engine_images(text: str) -> dict[tuple[str, str], str]:
+    """`amd/vllm=IMAGE,nvidia/sglang=IMAGE,...` (INFERASIM_ENGINE_IMAGES; empty images are skipped:
+    the catalog's choice for the GPU stays)."""
+    from inferasim.catalog.engines import ENGINES
+
+    out: dict[tuple[str, str], str] = {}
+    for item in (t.strip() for t in text.split(",")):
+        if not item:
+            continue
+        key, sep, image = item.partition("=")
+        vendor, slash, engine = key.strip().partition("/")
+        if not sep or not slash or vendor not in ("amd", "nvidia") or engine not in ENGINES:
+            raise ValueError(f"INFERASIM_ENGINE_IMAGES: {item!r} is not VENDOR/ENGINE=IMAGE with vendor amd or "
+                             f"nvidia and engine one of {', '.join(ENGINES)}")
+        if image.strip():
+            out[(vendor, engine)] = image.strip()
+    return out
 
 
 def backoff(settings: Settings, retries: int) -> float:
@@ -248,9 +274,16 @@ def post_event(body: dict[str, Any], type_: str, reason: str, message: str) -> N
 # --------------------------------------------------------------------------------------------
 
 
-def parse_tuning_spec(spec: dict[str, Any]) -> TuningSpec:
-    """The spec as the operator accepts it: TuningSpec plus the operator's own rules."""
+def parse_tuning_spec(spec: dict[str, Any], default_prometheus_url: str = "") -> TuningSpec:
+    """The spec as the operator accepts it: TuningSpec plus the operator's own rules. An empty
+    `workload.prometheus.url` is the operator's default Prometheus (`default_prometheus_url`)."""
     parsed = parse_spec(json.loads(json.dumps(dict(spec))))
+    prom = parsed.workload.prometheus
+    if prom is not None and not prom.url:
+        if not default_prometheus_url:
+            raise SpecError("workload.prometheus.url: empty, and the operator has no default Prometheus (set the "
+                            "chart value prometheus.url, env INFERASIM_PROMETHEUS_URL, or give the URL here)")
+        prom.url = default_prometheus_url
     if parsed.target is None:
         raise SpecError("target: required (the Deployment whose workload is tuned)")
     if parsed.workload.trace is not None:
@@ -512,7 +545,8 @@ async def plan_harvests(body: dict[str, Any], spec: TuningSpec, missing: list[di
             continue
         try:
             job = build_job(target, spec.harvest, limits, namespace=book.namespace, tuning=book.name,
-                            harvester_image=settings.harvester_image, extra_harvest_args=settings.harvest_extra_args)
+                            harvester_image=settings.harvester_image, extra_harvest_args=settings.harvest_extra_args,
+                            engine_images=settings.engine_images)
         except ValueError as exc:
             entry.reason = f"cannot harvest: {exc}"
             missing_out.append(entry)
@@ -699,7 +733,7 @@ async def _reconcile(body: dict[str, Any], book: StatusBook, kube: Kube, setting
     gen = book.generation
     # 1. the spec
     try:
-        spec = parse_tuning_spec(body.get("spec") or {})
+        spec = parse_tuning_spec(body.get("spec") or {}, settings.prometheus_url)
     except SpecError as exc:
         book.set(phase="Invalid", observedGeneration=gen, message=f"invalid spec: {exc}")
         book.condition("Recommended", "False", "InvalidSpec", str(exc))
@@ -928,7 +962,7 @@ async def _tick(body: dict[str, Any], uid: str, phase: str, kube: Kube, settings
         return await reconcile(body, kube, settings, trigger="timer", force=True,
                                reason=f"harvest finished ({imported} anchor(s), {failed} failed)")
     try:
-        spec = parse_tuning_spec(body.get("spec") or {})
+        spec = parse_tuning_spec(body.get("spec") or {}, settings.prometheus_url)
     except SpecError:
         return "idle"
     status = body.get("status") or {}

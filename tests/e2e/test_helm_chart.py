@@ -88,6 +88,15 @@ def test_default_render_is_least_privilege_and_consistent() -> None:
     app_version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
     assert container["image"].endswith(f":{app_version}")
     assert env["INFERASIM_HARVESTER_IMAGE"] == container["image"]
+    # The chart's engine images reach the operator as its own parser reads them.
+    from inferasim_operator.reconcile import Settings
+
+    settings = Settings.from_env({"INFERASIM_ENGINE_IMAGES": env["INFERASIM_ENGINE_IMAGES"],
+                                  "INFERASIM_PROMETHEUS_URL": env["INFERASIM_PROMETHEUS_URL"]})
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert settings.engine_images == {(v, e): img for v, engines in values["engineImages"].items()
+                                      for e, img in engines.items() if img}
+    assert ("amd", "vllm") in settings.engine_images and settings.prometheus_url == ""
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
     svc = objs["Service"]
@@ -103,6 +112,8 @@ def test_values_change_what_is_rendered() -> None:
         "image": {"repository": "registry.example/inferasim-operator", "tag": "1.2.3"},
         "operator": {"stage2Top": 20, "harvesterImage": "registry.example/harvester:9"},
         "prices": {"configMap": "gpu-prices", "gpus": {"MI355X": 2.5, "H200": "3.1"}},
+        "prometheus": {"url": "http://prometheus.monitoring:9090"},
+        "engineImages": {"amd": {"vllm": "reg/vllm-rocm:2", "sglang": "reg/sglang-rocm:2", "atom": ""}},
     }, namespace="ops"))
     prices = objs["ConfigMap"]
     assert prices["metadata"]["name"] == "gpu-prices" and prices["metadata"]["namespace"] == "ops"
@@ -116,6 +127,11 @@ def test_values_change_what_is_rendered() -> None:
     assert container["image"] == "registry.example/inferasim-operator:1.2.3"
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["INFERASIM_PRICE_CONFIGMAP"] == "gpu-prices"
+    assert env["INFERASIM_PROMETHEUS_URL"] == "http://prometheus.monitoring:9090"
+    # Helm merges maps: the NVIDIA defaults stay, AMD's ATOM falls back to the catalog's image.
+    assert sorted(env["INFERASIM_ENGINE_IMAGES"].split(",")) == [
+        "amd/sglang=reg/sglang-rocm:2", "amd/vllm=reg/vllm-rocm:2", "nvidia/sglang=lmsysorg/sglang:v0.5.17",
+        "nvidia/vllm=vllm/vllm-openai:v0.27.1"]
     assert env["INFERASIM_STAGE2_TOP"] == "20" and env["INFERASIM_HARVESTER_IMAGE"] == "registry.example/harvester:9"
     mon = objs["ServiceMonitor"]
     assert mon["metadata"]["labels"]["release"] == "kube-prometheus"

@@ -328,3 +328,10 @@ def test_quantile_agrees_at_the_histograms_resolution() -> None:
     assert quantile_agrees("atom", "itl", 0.0125, 0.013, 0.25) and not quantile_agrees("atom", "itl", 0.02, 0.013, 0.25)
     with pytest.raises(ValueError):
         quantile_agrees("vllm", "itl", 0.01, 0.0, 0.25)
+
+
+def test_an_empty_prometheus_url_says_where_the_default_comes_from() -> None:
+    from inferasim.observe import PrometheusClient
+
+    with pytest.raises(ObservationError, match=r"workload\.prometheus\.url is empty.*prometheus\.url"):
+        PrometheusClient("")

@@ -187,3 +187,43 @@ def test_harvest_pod_gives_up_on_an_engine_that_never_starts(tmp_path: Path) -> 
 def test_layout_labels_used_in_names() -> None:
     assert Layout(tp=4, moe_ep=4).label() == "tp4-ep4"
     assert target(harvest_layout={"tp": 4, "moe_ep": 4}).job_name.endswith("-tp4-ep4")
+
+
+def test_engine_image_precedence_spec_then_operator_then_catalog() -> None:
+    from inferasim_operator.reconcile import parse_engine_images
+
+    from inferasim.catalog.engines import default_image
+
+    images = parse_engine_images("amd/vllm=reg/vllm-rocm:9, nvidia/sglang=reg/sglang:9,amd/sglang=")
+    assert images == {("amd", "vllm"): "reg/vllm-rocm:9", ("nvidia", "sglang"): "reg/sglang:9"}
+    for bad in ("vllm=x", "intel/vllm=x", "amd/trtllm=x", "amd/vllm"):
+        with pytest.raises(ValueError, match="INFERASIM_ENGINE_IMAGES"):
+            parse_engine_images(bad)
+
+    def image(policy: HarvestPolicy, **over: object) -> str:
+        t = target(**over)
+        lim = job_limits(t, policy, 4)
+        assert lim is not None
+        job = build_job(t, policy, lim, namespace="a", tuning="b", harvester_image="op:1", engine_images=images)
+        return job["spec"]["template"]["spec"]["containers"][0]["image"]
+
+    plain = HarvestPolicy(allowed=True, max_gpu_hours=4)
+    assert image(plain) == "reg/vllm-rocm:9"  # MI300X: the operator's AMD vLLM image
+    assert image(HarvestPolicy(allowed=True, max_gpu_hours=4, images={"vllm": "mine:1"})) == "mine:1"
+    # No operator image for SGLang on AMD: the catalog's per-GPU choice.
+    assert image(plain, engine="sglang") == default_image("sglang", "amd", "MI300X")
+
+
+def test_chart_engine_images_are_the_catalogs() -> None:
+    """The chart's defaults (values.yaml engineImages) are the catalog's images, so that installing
+    the chart changes nothing until a user sets them."""
+    import yaml
+
+    from inferasim.catalog.engines import default_image
+
+    values = yaml.safe_load((REPO / "charts" / "inferasim-operator" / "values.yaml").read_text())
+    for vendor, engines in values["engineImages"].items():
+        for engine, img in engines.items():
+            if img:
+                assert img == default_image(engine, vendor, "MI300X" if vendor == "amd" else "H100"), (vendor, engine)
+    assert set(values["engineImages"]["amd"]) == {"vllm", "sglang", "atom"}

@@ -67,6 +67,17 @@ def test_operator_spec_rules(change: dict[str, Any], field: str) -> None:
         reconcile.parse_tuning_spec(spec)
 
 
+def test_empty_prometheus_url_is_the_operators_default() -> None:
+    prom_spec = {**SPEC, "workload": {"prometheus": {"selector": {"deployment": "chat"}, "window": "5m"}}}
+    spec = reconcile.parse_tuning_spec(prom_spec, "http://prometheus.monitoring:9090")
+    assert spec.workload.prometheus is not None and spec.workload.prometheus.url == "http://prometheus.monitoring:9090"
+    given = {**SPEC, "workload": {"prometheus": {"url": "http://mine:9090"}}}
+    assert reconcile.parse_tuning_spec(given, "http://other:9090").workload.prometheus.url == "http://mine:9090"
+    with pytest.raises(SpecError, match=r"workload\.prometheus\.url.*prometheus\.url"):
+        reconcile.parse_tuning_spec(prom_spec)
+    assert reconcile.Settings.from_env({"INFERASIM_PROMETHEUS_URL": " http://p:9090 "}).prometheus_url == "http://p:9090"
+
+
 def test_render_name() -> None:
     spec = reconcile.parse_tuning_spec(SPEC)
     assert reconcile.render_name(spec, "t") == "chat"

@@ -30,3 +30,16 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "inferasim-operator.image" -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
 {{- end -}}
+
+{{/* engineImages as VENDOR/ENGINE=IMAGE,... (INFERASIM_ENGINE_IMAGES); empty images are left out. */}}
+{{- define "inferasim-operator.engineImages" -}}
+{{- $out := list -}}
+{{- range $vendor, $engines := .Values.engineImages -}}
+{{- range $engine, $image := $engines -}}
+{{- if $image -}}
+{{- $out = append $out (printf "%s/%s=%s" $vendor $engine $image) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- join "," $out -}}
+{{- end -}}
