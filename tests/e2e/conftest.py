@@ -28,8 +28,8 @@ from inferasim_e2e_support import (  # noqa: E402
     Prometheus,
     api_client,
     control_plane_missing,
-    prometheus_binary,
     register_gpu_node,
+    running_prometheus,
     service_account_kubeconfig,
     skip_or_fail,
     wait_until,
@@ -157,11 +157,5 @@ def gpu_node(cluster: Cluster) -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def prometheus() -> Iterator[Prometheus]:
-    if not prometheus_binary():
-        skip_or_fail("prometheus is not installed (apt-get install prometheus, or make test-deps)")
-    p = Prometheus(Path(tempfile.mkdtemp(prefix="inferasim-prom-")))
-    p.start()
-    try:
+    with running_prometheus("inferasim-prom-") as p:
         yield p
-    finally:
-        p.stop()

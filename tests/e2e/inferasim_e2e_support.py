@@ -16,7 +16,8 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -338,6 +339,20 @@ class Prometheus:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(timeout=10)
+
+
+@contextmanager
+def running_prometheus(prefix: str) -> Iterator[Prometheus]:
+    """A started Prometheus in a fresh temp dir, stopped afterwards; skips (or fails under
+    INFERASIM_REQUIRE_E2E=1) when the binary is missing."""
+    if not prometheus_binary():
+        skip_or_fail("prometheus is not installed (apt-get install prometheus, or make test-deps)")
+    p = Prometheus(Path(tempfile.mkdtemp(prefix=prefix)))
+    p.start()
+    try:
+        yield p
+    finally:
+        p.stop()
 
 
 # --------------------------------------------------------------------------------------------

@@ -13,7 +13,6 @@ p90 reads back as up to 23.5 ms, and a naive limit of 13 ms x 1.25 would fail a 
 from __future__ import annotations
 
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -23,7 +22,7 @@ from typing import Any
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
-from inferasim_e2e_support import PhasedLoad, Prometheus, prometheus_binary, skip_or_fail  # noqa: E402
+from inferasim_e2e_support import PhasedLoad, Prometheus, running_prometheus  # noqa: E402
 
 from inferasim.catalog.gpus import get_gpu  # noqa: E402
 from inferasim.catalog.models import get_model  # noqa: E402
@@ -44,14 +43,8 @@ WINDOW = "6s"  # the template's rate() window: only the last few seconds of traf
 
 @pytest.fixture(scope="module")
 def prom() -> Iterator[Prometheus]:
-    if not prometheus_binary():
-        skip_or_fail("prometheus is not installed (apt-get install prometheus, or make test-deps)")
-    p = Prometheus(Path(tempfile.mkdtemp(prefix="inferasim-prom-argo-")))
-    p.start()
-    try:
+    with running_prometheus("inferasim-prom-argo-") as p:
         yield p
-    finally:
-        p.stop()
 
 
 @pytest.fixture(scope="module")

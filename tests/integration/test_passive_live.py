@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import random
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -36,7 +35,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
-from inferasim_e2e_support import Prometheus, prometheus_binary, skip_or_fail  # noqa: E402
+from inferasim_e2e_support import Prometheus, running_prometheus  # noqa: E402
 
 from inferasim.anchors import Anchor, AnchorStore, load_anchor  # noqa: E402
 from inferasim.catalog.gpus import get_gpu  # noqa: E402
@@ -126,14 +125,8 @@ def median_errors(anchor: Anchor) -> dict[str, float]:
 
 @pytest.fixture(scope="module")
 def prom() -> Iterator[Prometheus]:
-    if not prometheus_binary():
-        skip_or_fail("prometheus is not installed (apt-get install prometheus, or make test-deps)")
-    p = Prometheus(Path(tempfile.mkdtemp(prefix="inferasim-prom-passive-")))
-    p.start()
-    try:
+    with running_prometheus("inferasim-prom-passive-") as p:
         yield p
-    finally:
-        p.stop()
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,6 @@ names) and a plain prometheus_client server exposing vLLM-named series."""
 from __future__ import annotations
 
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -15,7 +14,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
-from inferasim_e2e_support import Load, Prometheus, prometheus_binary, skip_or_fail  # noqa: E402
+from inferasim_e2e_support import Load, Prometheus, running_prometheus  # noqa: E402
 
 from inferasim.observe import ObservationError, observe  # noqa: E402
 
@@ -25,14 +24,8 @@ MODEL, GPU = "meta-llama/Meta-Llama-3-8B", "MI300X"
 
 @pytest.fixture(scope="module")
 def prom() -> Iterator[Prometheus]:
-    if not prometheus_binary():
-        skip_or_fail("prometheus is not installed (apt-get install prometheus, or make test-deps)")
-    p = Prometheus(Path(tempfile.mkdtemp(prefix="inferasim-prom-it-")))
-    p.start()
-    try:
+    with running_prometheus("inferasim-prom-it-") as p:
         yield p
-    finally:
-        p.stop()
 
 
 def text_format_server(reg: object) -> ThreadingHTTPServer:
