@@ -186,7 +186,7 @@ def test_httpx_async_streaming_client(emu_proc: EmulatorProcess) -> None:
 
 
 def test_openai_package_client(emu_proc: EmulatorProcess) -> None:
-    openai = pytest.importorskip("openai")
+    import openai
     client = openai.OpenAI(base_url=emu_proc.url + "/v1", api_key="unused", timeout=30.0, max_retries=0)
     assert [m.id for m in client.models.list()] == [MODEL]
     out = client.completions.create(model=MODEL, prompt="hello there", max_tokens=5, extra_body={"ignore_eos": True})
