@@ -37,6 +37,11 @@ if TYPE_CHECKING:
 
 MIN_WINDOWS = 3
 MIN_BATCH_SPREAD = 2.0
+# Prompt lengths must span this factor across windows for the prefill efficiencies (e_flops,
+# e_attn) to be fitted: at one prompt length the prefill time and the per-request TTFT overhead
+# add up to one number. Below it they keep the GPU family's defaults, and the anchor says so.
+MIN_PROMPT_SPREAD = 1.5
+PREFILL_PARAMS = ("e_flops", "e_attn")
 MAX_RMS_LOG = 0.25
 
 
@@ -114,8 +119,17 @@ def fit_passive(kernel_set: KernelSet, model: ModelSpec, gpu: GPU, layout: Layou
                        concurrency=max(int(round(w.in_flight)), 1), ttft=w.ttft_s, tpot=w.itl_s) for w in win]
     # Live traffic is not a lock-stepped benchmark: no arrival waves.
     prior = replace(default_params(gpu, kernel_set.engine), burst=0.0)
-    result = fit_params(cost, sched, points, prior, free=("t_fixed", "t_seq", "e_bw", "e_kv", "e_flops",
-                                                          "e_attn", "moe_skew", "t_ttft"))
+    free = ("t_fixed", "t_seq", "e_bw", "e_kv", "e_flops", "e_attn", "moe_skew", "t_ttft")
+    prompts = np.array([w.prompt_tokens for w in win])
+    prompt_spread = float(prompts.max() / max(prompts.min(), 1e-9))
+    unidentified = ""
+    if prompt_spread < MIN_PROMPT_SPREAD:
+        free = tuple(f for f in free if f not in PREFILL_PARAMS)
+        unidentified = (f"prefill efficiency ({', '.join(PREFILL_PARAMS)}) not identified: mean prompt lengths "
+                        f"spanned {prompts.min():.0f}-{prompts.max():.0f} tokens ({prompt_spread:.2f}x; "
+                        f"{MIN_PROMPT_SPREAD:g}x needed), the GPU family's defaults are kept; TTFT at other "
+                        "prompt lengths is extrapolated. ")
+    result = fit_params(cost, sched, points, prior, free=free)
     params = result.params
     if result.rms_log_error > MAX_RMS_LOG:
         raise NotIdentifiable(f"the windows do not fit one step-time model (rms log error "
@@ -129,11 +143,11 @@ def fit_passive(kernel_set: KernelSet, model: ModelSpec, gpu: GPU, layout: Layou
         params={**params.as_dict(), "burst": 0.0},
         fit=FitReport(n_points=result.n_points, rms_log_error=result.rms_log_error,
                       max_abs_log_error=result.max_abs_log_error, per_metric=result.per_metric_mape,
-                      converged=result.converged, message=result.message),
+                      converged=result.converged, message=(unidentified + result.message)[:500]),
         provenance=Provenance(method="passive", source=source,
                               measured_at=f"{_iso(min(w.start for w in win))}/{_iso(max(w.end for w in win))}",
                               measured_by="inferasim passive fit", rows=[b.row_id for b in bench],
-                              notes="queries: " + " | ".join(queries or [])),
+                              notes=unidentified + "queries: " + " | ".join(queries or [])),
     )
 
 

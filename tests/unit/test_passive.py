@@ -63,3 +63,21 @@ def test_no_load_spread_is_refused_with_what_is_missing() -> None:
     with pytest.raises(NotIdentifiable, match="usable windows"):
         few = [replace(w, requests=3) for w in windows([2, 20, 80], layout)]
         fit_passive(ks(), get_model(MODEL), get_gpu(GPU_NAME), layout, few, "x")
+
+
+def test_one_prompt_length_keeps_the_prefill_defaults_and_says_so() -> None:
+    """At one prompt length, prefill time and the per-request TTFT overhead are one number: the
+    prefill efficiencies stay at the GPU family's defaults and the anchor names what is missing;
+    with prompt lengths that vary, they are fitted."""
+    from inferasim.steptime import default_params
+
+    layout = Layout(tp=2)
+    same = [replace(w, prompt_tokens=1000.0) for w in windows([2, 6, 16, 40, 90], layout)]
+    prior = default_params(get_gpu(GPU_NAME), "vllm")
+    a = fit_passive(ks(), get_model(MODEL), get_gpu(GPU_NAME), layout, same, "x")
+    assert a.params["e_flops"] == pytest.approx(prior.e_flops) and a.params["e_attn"] == pytest.approx(prior.e_attn)
+    assert "prefill efficiency (e_flops, e_attn) not identified" in a.provenance.notes
+    assert "not identified" in a.fit.message
+    varied = fit_passive(ks(), get_model(MODEL), get_gpu(GPU_NAME), layout, windows([2, 6, 16, 40, 90], layout), "x")
+    assert "not identified" not in varied.provenance.notes
+    assert varied.params["e_flops"] != pytest.approx(prior.e_flops)
