@@ -43,12 +43,33 @@ class SLO(_Model):
     itl_p99_ms: float | None = Field(None, gt=0)
 
 
+# Shorthands of `objective` (no SLO: give the object form for one).
+OBJECTIVE_SHORTHANDS: dict[str, dict[str, str]] = {
+    "max-throughput-per-gpu": {"maximize": "throughputPerGPU"},
+    "max-goodput": {"maximize": "goodput"},
+    "min-gpus": {"minimize": "gpus"},
+    "min-cost": {"minimize": "costPerMillionTokens"},
+}
+
+
 class Objective(_Model):
     maximize: Literal["throughputPerGPU", "goodput"] | None = Field(
         "throughputPerGPU", description="What to maximize under the SLO.")
     minimize: Literal["gpus", "costPerMillionTokens"] | None = Field(
         None, description="Or what to minimize while serving the workload's rate within the SLO.")
     slo: SLO = Field(default_factory=SLO)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, data: Any) -> Any:
+        # `objective: min-cost` in a SPEC.yaml (the CLI; the CRD keeps the object form, whose
+        # schema the API server checks, and spells the SLO there).
+        if isinstance(data, str):
+            if data not in OBJECTIVE_SHORTHANDS:
+                raise ValueError(f"objective {data!r} is not one of {', '.join(OBJECTIVE_SHORTHANDS)} (or give "
+                                 "maximize/minimize and slo)")
+            return dict(OBJECTIVE_SHORTHANDS[data])
+        return data
 
     @model_validator(mode="after")
     def _one_goal(self) -> Objective:

@@ -228,3 +228,11 @@ def test_stage2_in_workers_or_in_process_gives_the_same_result() -> None:
     for d in (a, b):
         d.pop("timings_s")
     assert a == b
+
+
+def test_objective_shorthands() -> None:
+    spec = parse_spec(small_spec(objective="min-cost"))
+    assert spec.objective.minimize == "costPerMillionTokens" and spec.objective.maximize is None
+    assert parse_spec(small_spec(objective="max-goodput")).objective.maximize == "goodput"
+    with pytest.raises(SpecError, match="objective.*min-cost"):
+        parse_spec(small_spec(objective="cheapest"))
