@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -473,3 +474,94 @@ class PhasedLoad:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=60)
+
+
+# --------------------------------------------------------------------------------------------
+# the operator, running in a namespace of its own for one test module
+# --------------------------------------------------------------------------------------------
+
+GROUP, VERSION, PLURAL = "inferasim.io", "v1alpha1", "servingtunings"
+
+
+@dataclass
+class OperatorEnv:
+    """A test namespace with an operator process watching it."""
+
+    ns: str
+    api: Any
+    op: OperatorProcess
+    tmp: Path
+
+    @property
+    def custom(self) -> Any:
+        from kubernetes import client
+
+        return client.CustomObjectsApi(self.api)
+
+    @property
+    def core(self) -> Any:
+        from kubernetes import client
+
+        return client.CoreV1Api(self.api)
+
+    @property
+    def batch(self) -> Any:
+        from kubernetes import client
+
+        return client.BatchV1Api(self.api)
+
+    @property
+    def apps(self) -> Any:
+        from kubernetes import client
+
+        return client.AppsV1Api(self.api)
+
+    def tuning(self, name: str) -> dict[str, Any]:
+        return self.custom.get_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, name)
+
+    def status(self, name: str) -> dict[str, Any]:
+        return self.tuning(name).get("status") or {}
+
+    def condition(self, name: str, type_: str) -> dict[str, Any] | None:
+        return next((c for c in self.status(name).get("conditions") or [] if c["type"] == type_), None)
+
+    def apply_tuning(self, name: str, spec: dict[str, Any]) -> dict[str, Any]:
+        body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ServingTuning",
+                "metadata": {"name": name, "namespace": self.ns}, "spec": spec}
+        return self.custom.create_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, body)
+
+
+@contextmanager
+def operator_in_namespace(api: Any, kubeconfig: Path, prefix: str, env: dict[str, str],
+                          log_lines: int = 80) -> Iterator[OperatorEnv]:
+    """A fresh namespace `<prefix>-<hex>` and an operator watching only it, with test settings (no
+    shipped anchors, a 1 s timer, 3 stage-2 candidates, short backoff) updated by `env`; on exit the
+    operator stops, its log tail is printed, and the namespace is deleted."""
+    import uuid
+
+    from kubernetes import client
+
+    ns = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    core = client.CoreV1Api(api)
+    core.create_namespace({"metadata": {"name": ns}})
+    tmp = Path(tempfile.mkdtemp(prefix=f"inferasim-{prefix}-"))
+    (tmp / "anchors").mkdir()
+    settings = {
+        "INFERASIM_ANCHOR_DIRS": str(tmp / "anchors"), "INFERASIM_ANCHOR_CACHE": str(tmp / "anchor-cache"),
+        "INFERASIM_TIMER_SECONDS": "1", "INFERASIM_DRIFT_CHECK_SECONDS": "3600", "INFERASIM_STAGE2_TOP": "3",
+        "INFERASIM_SEARCH_TIMEOUT_S": "240", "INFERASIM_BACKOFF_BASE_S": "1", "INFERASIM_BACKOFF_MAX_S": "5",
+        "INFERASIM_METRICS_PORT": str(free_port()), "INFERASIM_METRICS_ADDR": "127.0.0.1",
+        "INFERASIM_OPERATOR_NAMESPACE": ns,  # the prices ConfigMap is looked up here
+        **env,
+    }
+    op = OperatorProcess(kubeconfig, [ns], settings, tmp / "operator.log")
+    op.start()
+    try:
+        yield OperatorEnv(ns, api, op, tmp)
+    finally:
+        op.stop()
+        print(f"\n--- operator log (tail) ---\n{op.tail(log_lines)}")
+        try:
+            core.delete_namespace(ns)
+        except client.ApiException:
+            pass

@@ -13,11 +13,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import tempfile
 import time
-import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,18 +22,21 @@ import httpx
 import pytest
 import yaml
 from inferasim_e2e_support import (
+    GROUP,
+    PLURAL,
+    VERSION,
     Load,
-    OperatorProcess,
+    OperatorEnv,
     Prometheus,
     free_port,
     kubelet_finish,
     kubelet_run,
+    operator_in_namespace,
     wait_until,
 )
 
 pytestmark = pytest.mark.e2e
 
-GROUP, VERSION, PLURAL = "inferasim.io", "v1alpha1", "servingtunings"
 MODEL, GPU = "meta-llama/Meta-Llama-3-8B", "MI300X"
 SPEEDUP = 20.0
 # A short harvest plan for the emulated engine; the fit-quality gate is loosened because a loaded
@@ -44,90 +44,26 @@ SPEEDUP = 20.0
 HARVEST_ARGS = f"--speedup {SPEEDUP:g} --plan 512x128@1,4,16;2048x64@4 --max-rms-log-error 1.5 --quiet"
 
 
-@dataclass
-class Env:
-    ns: str
-    api: Any
-    op: OperatorProcess
-    tmp: Path
-
-    @property
-    def custom(self) -> Any:
-        from kubernetes import client
-
-        return client.CustomObjectsApi(self.api)
-
-    @property
-    def core(self) -> Any:
-        from kubernetes import client
-
-        return client.CoreV1Api(self.api)
-
-    @property
-    def batch(self) -> Any:
-        from kubernetes import client
-
-        return client.BatchV1Api(self.api)
-
-    @property
-    def apps(self) -> Any:
-        from kubernetes import client
-
-        return client.AppsV1Api(self.api)
-
-    def tuning(self, name: str) -> dict[str, Any]:
-        return self.custom.get_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, name)
-
-    def status(self, name: str) -> dict[str, Any]:
-        return self.tuning(name).get("status") or {}
-
-    def condition(self, name: str, type_: str) -> dict[str, Any] | None:
-        return next((c for c in self.status(name).get("conditions") or [] if c["type"] == type_), None)
-
-    def apply_tuning(self, name: str, spec: dict[str, Any]) -> dict[str, Any]:
-        body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ServingTuning",
-                "metadata": {"name": name, "namespace": self.ns}, "spec": spec}
-        return self.custom.create_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, body)
+Env = OperatorEnv
 
 
 @pytest.fixture(scope="module")
 def env(cluster: Any, operator_kubeconfig: Path, gpu_node: str) -> Iterator[Env]:
     from kubernetes import client
 
-    ns = f"e2e-{uuid.uuid4().hex[:6]}"
-    core = client.CoreV1Api(cluster.api)
-    core.create_namespace({"metadata": {"name": ns}})
-    tmp = Path(tempfile.mkdtemp(prefix="inferasim-e2e-"))
-    (tmp / "anchors").mkdir()
-    op_env = {
-        # No shipped anchors: the model/GPU pair below must be harvested.
-        "INFERASIM_ANCHOR_DIRS": str(tmp / "anchors"), "INFERASIM_ANCHOR_CACHE": str(tmp / "anchor-cache"),
-        "INFERASIM_TIMER_SECONDS": "1", "INFERASIM_DRIFT_CHECK_SECONDS": "3600", "INFERASIM_STAGE2_TOP": "3",
-        "INFERASIM_SEARCH_TIMEOUT_S": "240", "INFERASIM_BACKOFF_BASE_S": "1", "INFERASIM_BACKOFF_MAX_S": "5",
-        "INFERASIM_HARVEST_ARGS": HARVEST_ARGS, "INFERASIM_HARVESTER_IMAGE": "inferasim-operator:e2e",
-        "INFERASIM_METRICS_PORT": str(free_port()), "INFERASIM_METRICS_ADDR": "127.0.0.1",
-        # GPU prices: the ConfigMap inferasim-gpu-prices in this namespace (the test creates it)
-        "INFERASIM_OPERATOR_NAMESPACE": ns,
-    }
-    op = OperatorProcess(operator_kubeconfig, [ns], op_env, tmp / "operator.log")
-    op.start()
-    e = Env(ns, cluster.api, op, tmp)
-    try:
-        yield e
-    finally:
-        op.stop()
-        print(f"\n--- operator log (tail) ---\n{op.tail(80)}")
+    # No shipped anchors: the model/GPU pair below must be harvested. GPU prices: the ConfigMap
+    # inferasim-gpu-prices in the test namespace (the test creates it).
+    settings = {"INFERASIM_HARVEST_ARGS": HARVEST_ARGS, "INFERASIM_HARVESTER_IMAGE": "inferasim-operator:e2e"}
+    with operator_in_namespace(cluster.api, operator_kubeconfig, "e2e", settings) as e:
         try:
-            core.delete_namespace(ns)
-        except client.ApiException:
-            pass
-        for a in client.CustomObjectsApi(cluster.api).list_cluster_custom_object(GROUP, VERSION,
-                                                                                 "servinganchors")["items"]:
-            notes = a["metadata"].get("annotations") or {}
-            if any(notes.get(k, "").startswith(ns + "/") for k in ("inferasim.io/harvested-by",
-                                                                    "inferasim.io/measured-by")):
-                client.CustomObjectsApi(cluster.api).delete_cluster_custom_object(GROUP, VERSION, "servinganchors",
-                                                                                   a["metadata"]["name"])
+            yield e
+        finally:
+            custom = client.CustomObjectsApi(cluster.api)
+            for a in custom.list_cluster_custom_object(GROUP, VERSION, "servinganchors")["items"]:
+                notes = a["metadata"].get("annotations") or {}
+                if any(notes.get(k, "").startswith(e.ns + "/") for k in ("inferasim.io/harvested-by",
+                                                                          "inferasim.io/measured-by")):
+                    custom.delete_cluster_custom_object(GROUP, VERSION, "servinganchors", a["metadata"]["name"])
 
 
 def static_spec(**over: Any) -> dict[str, Any]:

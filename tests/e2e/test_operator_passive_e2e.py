@@ -16,23 +16,28 @@ The ServingTuning observes it through Prometheus:
 from __future__ import annotations
 
 import datetime as dt
-import tempfile
 import time
-import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from inferasim_e2e_support import OperatorProcess, PhasedLoad, Prometheus, free_port, wait_until
+from inferasim_e2e_support import (
+    GROUP,
+    PLURAL,
+    VERSION,
+    OperatorEnv,
+    PhasedLoad,
+    Prometheus,
+    operator_in_namespace,
+    wait_until,
+)
 
 from inferasim.steptime import StepParams
 
 pytestmark = pytest.mark.e2e
 
-GROUP, VERSION, PLURAL = "inferasim.io", "v1alpha1", "servingtunings"
 MODEL, GPU = "meta-llama/Llama-3.1-8B", "MI300X"
 SPEEDUP = 5.0
 TRUTH = StepParams(t_fixed=6e-3, t_seq=3e-5, e_bw=0.65, e_kv=0.45, e_flops=0.45, e_attn=0.3, t_ttft=0.03)
@@ -42,25 +47,7 @@ STEP_S = 4
 THRESHOLD = 0.5  # t_fixed x4 more than doubles the inter-token latency; windows of mixed phases stay well under
 
 
-@dataclass
-class Env:
-    ns: str
-    api: Any
-    op: OperatorProcess
-    tmp: Path
-
-    @property
-    def custom(self) -> Any:
-        from kubernetes import client
-
-        return client.CustomObjectsApi(self.api)
-
-    def status(self, name: str) -> dict[str, Any]:
-        return self.custom.get_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, name).get("status") or {}
-
-    def condition(self, name: str, type_: str) -> dict[str, Any] | None:
-        return next((c for c in self.status(name).get("conditions") or [] if c["type"] == type_), None)
-
+class Env(OperatorEnv):
     def passive_anchors(self) -> list[dict[str, Any]]:
         return [a for a in self.custom.list_cluster_custom_object(GROUP, VERSION, "servinganchors")["items"]
                 if (a["metadata"].get("labels") or {}).get("inferasim.io/kind") == "passive"
@@ -69,39 +56,19 @@ class Env:
 
 @pytest.fixture(scope="module")
 def penv(cluster: Any, operator_kubeconfig: Path, gpu_node: str) -> Iterator[Env]:
-    from kubernetes import client
-
-    ns = f"e2e-passive-{uuid.uuid4().hex[:6]}"
-    core = client.CoreV1Api(cluster.api)
-    core.create_namespace({"metadata": {"name": ns}})
-    tmp = Path(tempfile.mkdtemp(prefix="inferasim-e2e-passive-"))
-    (tmp / "anchors").mkdir()
-    op_env = {
-        # No shipped anchors: without the passive anchor the live kernel set would be harvested.
-        "INFERASIM_ANCHOR_DIRS": str(tmp / "anchors"), "INFERASIM_ANCHOR_CACHE": str(tmp / "anchor-cache"),
-        "INFERASIM_TIMER_SECONDS": "1", "INFERASIM_DRIFT_CHECK_SECONDS": "3", "INFERASIM_STAGE2_TOP": "3",
-        "INFERASIM_SEARCH_TIMEOUT_S": "240", "INFERASIM_BACKOFF_BASE_S": "1", "INFERASIM_BACKOFF_MAX_S": "5",
-        "INFERASIM_METRICS_PORT": str(free_port()), "INFERASIM_METRICS_ADDR": "127.0.0.1",
-        "INFERASIM_OPERATOR_NAMESPACE": ns,
-        # Short windows for a test: a passive fit over the last 40 s in 4 s steps, the prediction
-        # error over the last 6 s; the emulator runs 5 engine seconds per wall second.
-        "INFERASIM_PASSIVE_WINDOW_S": "40", "INFERASIM_PASSIVE_STEP_S": str(STEP_S),
-        "INFERASIM_PREDICTION_WINDOW_S": "6", "INFERASIM_ENGINE_SPEEDUP": f"{SPEEDUP:g}",
-    }
-    op = OperatorProcess(operator_kubeconfig, [ns], op_env, tmp / "operator.log")
-    op.start()
-    e = Env(ns, cluster.api, op, tmp)
-    try:
-        yield e
-    finally:
-        op.stop()
-        print(f"\n--- operator log (tail) ---\n{op.tail(60)}")
+    # No shipped anchors: without the passive anchor the live kernel set would be harvested.
+    # Short windows for a test: a passive fit over the last 40 s in 4 s steps, the prediction
+    # error over the last 6 s; the emulator runs 5 engine seconds per wall second.
+    settings = {"INFERASIM_DRIFT_CHECK_SECONDS": "3", "INFERASIM_PASSIVE_WINDOW_S": "40",
+                "INFERASIM_PASSIVE_STEP_S": str(STEP_S), "INFERASIM_PREDICTION_WINDOW_S": "6",
+                "INFERASIM_ENGINE_SPEEDUP": f"{SPEEDUP:g}"}
+    with operator_in_namespace(cluster.api, operator_kubeconfig, "e2e-passive", settings, log_lines=60) as base:
+        e = Env(base.ns, base.api, base.op, base.tmp)
         try:
-            core.delete_namespace(ns)
-        except client.ApiException:
-            pass
-        for a in e.passive_anchors():
-            e.custom.delete_cluster_custom_object(GROUP, VERSION, "servinganchors", a["metadata"]["name"])
+            yield e
+        finally:
+            for a in e.passive_anchors():
+                e.custom.delete_cluster_custom_object(GROUP, VERSION, "servinganchors", a["metadata"]["name"])
 
 
 @pytest.fixture(scope="module")
