@@ -60,6 +60,11 @@ class StepParams:
     burst: float = 0.50  # share of wave-mates' prefill a closed-loop request waits for (sim.benchmark)
     t_ttft: float = 0.03  # s per request outside the steps: API server, tokenise, first-token stream
     kv_scale: float = 1.0  # KV pool actually usable / memory-model estimate (KV dtype, preemption)
+    # s per request served one at a time by the engine's front end (SGLang's TokenizerManager and
+    # scheduler admission, vLLM's API server process): a burst of C arrivals waits k x t_front for
+    # its k-th request. Host cost: no layout divides it. Old anchors without it load as 0. Priced by
+    # sim.benchmark and transfer.disagg_point; the simulator (sim.des) and emulator do not model it yet.
+    t_front: float = 0.0
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
@@ -83,6 +88,7 @@ PARAM_BOUNDS: dict[str, tuple[float, float]] = {
     "burst": (0.0, 1.0),
     "t_ttft": (0.0, 0.5),
     "kv_scale": (0.4, 3.0),
+    "t_front": (0.0, 0.05),
 }
 
 # Expert-parallel dispatch and combine (all-to-all, or all-gather + reduce-scatter) cost far more

@@ -187,7 +187,14 @@ def closed_loop(p: StepParams, c: LayoutCost, sched: EngineSched, isl: np.ndarra
     batches = np.maximum(a * (b + 1.0) / 2.0 + 0.5, 1.0)
     t_batch = step_time(p, c, b / 2.0 if sched.mixed else 0.0, ctx, np.minimum(budget, b * new), pos)
     ttft_wave = 0.5 * t_dec + batches * t_batch
-    ttft_mean = (1.0 - p.burst) * ttft + p.burst * np.maximum(ttft_wave, ttft) + admission_wait + p.t_ttft
+    # Serial front end (`t_front`): one process admits requests one at a time. In a wave of R
+    # arrivals the k-th waits k x t_front (mean (R + 1)/2 x t_front); outside waves a request
+    # queues behind others at the front end's arrival rate x (M/D/1, utilisation capped).
+    rho = np.minimum(x * p.t_front, MAX_PREFILL_SHARE)
+    front_steady = p.t_front + rho * p.t_front / (2.0 * (1.0 - rho))
+    front_wave = (running + 1.0) / 2.0 * p.t_front
+    ttft_mean = (1.0 - p.burst) * (ttft + front_steady) + \
+        p.burst * np.maximum(ttft_wave + front_wave, ttft + front_steady) + admission_wait + p.t_ttft
     # In a wave, a request that got its first token early decodes while the rest of its wave is
     # prefilled: whole prefill batches stall it (separate batches), or their chunks slow its
     # steps (mixed). No later arrivals interrupt it: every client of the wave is busy. The
@@ -236,7 +243,9 @@ def offline_batch(p: StepParams, c: LayoutCost, sched: EngineSched, isl: np.ndar
     t_rest, _, _ = wave(np.maximum(rest, 1.0))
     latency = full_waves * t_full + np.where(rest > 0, t_rest, 0.0)
     throughput = bsz * osl / latency
-    return OfflineResult(batch_latency=latency, throughput=throughput, ttft=pref_full / 2.0, tpot=step_full)
+    # The batch passes the serial front end one request at a time (see closed_loop).
+    ttft = pref_full / 2.0 + (np.minimum(bsz, cap) + 1.0) / 2.0 * p.t_front
+    return OfflineResult(batch_latency=latency, throughput=throughput, ttft=ttft, tpot=step_full)
 
 
 def predict_closed(model: ModelSpec, gpu: GPU, layout: Layout, engine: str, params: StepParams,

@@ -22,7 +22,8 @@ inside the run cuts it at the step that starts after it.
 Client-side latency: `StepParams.t_ttft` (API server, tokenisation, streaming) is added to every
 token's delivery time, so TTFT includes it as in the analytic model, and a closed-loop client's
 next request leaves when the last token of its previous one is delivered. Offline runs (the LLM
-class, no server) leave it out, as `benchmark.offline_batch` does.
+class, no server) leave it out, as `benchmark.offline_batch` does. The serial front-end cost
+`StepParams.t_front` that `benchmark.closed_loop` prices is not modelled here yet.
 """
 
 from __future__ import annotations

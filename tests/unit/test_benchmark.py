@@ -81,3 +81,15 @@ def test_open_loop_little_law_and_saturation() -> None:
     ok = r.stable
     np.testing.assert_allclose(r.running[ok], rates[ok] * (r.ttft[ok] + 255 * r.tpot[ok]), rtol=0.05)
     assert np.all(np.diff(r.tpot[ok]) >= 0)
+
+
+def test_serial_front_end_adds_a_wave_queue_and_old_params_load_without_it() -> None:
+    assert StepParams.from_dict({"t_fixed": 4e-3}).t_front == 0.0
+    cost, sched = setup("sglang")
+    conc = np.array([4, 16, 64], dtype=float)
+    isl, osl = np.full(3, 1024.0), np.full(3, 512.0)
+    base = closed_loop(StepParams(burst=1.0), cost, sched, isl, osl, conc)
+    front = closed_loop(StepParams(burst=1.0, t_front=0.01), cost, sched, isl, osl, conc)
+    # A synchronised wave of C arrivals waits (C + 1)/2 x t_front on average; TPOT is untouched.
+    np.testing.assert_allclose(front.ttft - base.ttft, (conc + 1.0) / 2.0 * 0.01, rtol=1e-6)
+    np.testing.assert_allclose(front.tpot, base.tpot)
