@@ -624,6 +624,46 @@ class Core:
         there is prefill work or a queue, else idle (KV loads in flight are the loop's events)."""
         return 0 if (self.waiting or self.prows) else None
 
+    def _admit_waiting(self, now: float, budget: int, pre: list[tuple[Row, int, int]],
+                       reserve_prompt: bool = False) -> int:
+        """Admit from the head of the queue while the token budget, the sequence limit and free KV
+        allow; each admitted prompt's first chunk joins `pre`. vLLM allocates the blocks of the
+        scheduled chunk only (`reserve_prompt` False); ATOM reserves the whole prompt at admission.
+        Returns the budget left."""
+        kv, B = self.kv, self.B
+        waiting = self.waiting
+        max_seqs = self.max_seqs
+        while waiting and budget > 0 and self.n_alive < max_seqs:
+            req = waiting[0]
+            if req.prebuilt:
+                if kv.blocks_for(req.prompt) > kv.free:
+                    break
+                waiting.popleft()
+                self._start_prebuilt(req, now)
+                continue
+            known = req.prompt + req.generated
+            m = self._match(req, known)
+            if m.host:
+                if m.host_blocks + m.revived > kv.free:
+                    break
+                waiting.popleft()
+                self._start_host_load(req, m, now)
+                continue
+            h = m.gpu
+            chunk = min(known - h, budget)
+            if reserve_prompt:
+                blocks = kv.blocks_for(known) - h // B
+            else:
+                blocks = -(-(h + chunk) // B) - h // B
+            if blocks + m.revived > kv.free:
+                break
+            waiting.popleft()
+            row = self._admit(req, m, chunk, blocks, upto=known) if reserve_prompt else self._admit(req, m, chunk,
+                                                                                                   blocks)
+            pre.append((row, chunk, h))
+            budget -= chunk
+        return budget
+
 
 class VllmCore(Core):
     """vLLM V1 (vllm/v1/core/sched/scheduler.py): chunked prefill, hashed full-block prefix cache."""
@@ -677,36 +717,6 @@ class VllmCore(Core):
             self._admit_waiting(now, budget, pre)
         self.batch = b = Batch(n_d, ctx, pre)
         return b
-
-    def _admit_waiting(self, now: float, budget: int, pre: list[tuple[Row, int, int]]) -> None:
-        kv, B = self.kv, self.B
-        waiting = self.waiting
-        max_seqs = self.max_seqs
-        while waiting and budget > 0 and self.n_alive < max_seqs:
-            req = waiting[0]
-            if req.prebuilt:
-                if kv.blocks_for(req.prompt) > kv.free:
-                    break
-                waiting.popleft()
-                self._start_prebuilt(req, now)
-                continue
-            known = req.prompt + req.generated
-            m = self._match(req, known)
-            if m.host:
-                if m.host_blocks + m.revived > kv.free:
-                    break
-                waiting.popleft()
-                self._start_host_load(req, m, now)
-                continue
-            h = m.gpu
-            chunk = min(known - h, budget)
-            blocks = -(-(h + chunk) // B) - h // B
-            if blocks + m.revived > kv.free:
-                break
-            waiting.popleft()
-            row = self._admit(req, m, chunk, blocks)
-            pre.append((row, chunk, h))
-            budget -= chunk
 
     def _head_admissible(self, n: int, free_blocks: int) -> bool:
         budget = self.max_tokens - n
@@ -1021,32 +1031,8 @@ class AtomCore(Core):
             chunk = min(row.prompt + row.gen - comp, budget)
             pre.append((row, chunk, comp))  # its blocks were allocated at admission
             budget -= chunk
-        waiting = self.waiting
-        while waiting and budget > 0 and self.n_alive < self.max_seqs:
-            req = waiting[0]
-            if req.prebuilt:
-                if kv.blocks_for(req.prompt) > kv.free:
-                    break
-                waiting.popleft()
-                self._start_prebuilt(req, now)
-                continue
-            known = req.prompt + req.generated
-            m = self._match(req, known)
-            if m.host:
-                if m.host_blocks + m.revived > kv.free:
-                    break
-                waiting.popleft()
-                self._start_host_load(req, m, now)
-                continue
-            h = m.gpu
-            blocks = kv.blocks_for(known) - h // B
-            if blocks + m.revived > kv.free:
-                break
-            waiting.popleft()
-            chunk = min(known - h, budget)
-            row = self._admit(req, m, chunk, blocks, upto=known)
-            pre.append((row, chunk, h))
-            budget -= chunk
+        # ATOM reserves a prompt's blocks at admission (its chunks never wait for KV mid-prompt).
+        budget = self._admit_waiting(now, budget, pre, reserve_prompt=True)
         if pre:
             self.batch = b = Batch(0, 0.0, pre)
             return b
