@@ -22,7 +22,8 @@ from inferasim.validate import (
     write_outputs,
 )
 
-DEV_FILE = Path("/work/shared/data/aic-silicon/silicon_dev.csv")
+# shared/ lies beside the checkout (DESIGN.md; CI lays a copy there too).
+DEV_FILE = Path(__file__).resolve().parents[3] / "shared" / "data" / "aic-silicon" / "silicon_dev.csv"
 
 COLUMNS = [
     "id",
