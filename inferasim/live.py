@@ -5,8 +5,8 @@ prediction_error, kept here so that the operator stays a thin adapter).
   names no precision runs the checkpoint's own, which is how the search names that kernel set.
 * :func:`search_view` is the set of anchors a search should see: a passive anchor only where no
   measurement taken on purpose (harvest, public data) of the same engine, model, GPU and precision
-  exists. The search picks one anchor per (engine, precision) by point count, and a passive fit
-  often has more points than a harvest; without this it would silently win.
+  exists. The search itself ranks measured anchors first (`search.tune._anchor_for`); handing it
+  only what it may use also keeps a passive fit out of the status's list of anchors used.
 * :func:`refit_range` is the Prometheus range a passive (re)fit may use: never before a detected
   change, since windows from before and after a change do not fit one step-time model.
 * :func:`drift_transition` is the PredictionDrift condition's state machine.
