@@ -120,33 +120,40 @@ async def served_models(client: httpx.AsyncClient, endpoint: str) -> list[str]:
         raise HarvestError(f"{endpoint}/v1/models did not return an OpenAI model list") from None
 
 
-async def scrape_counters(client: httpx.AsyncClient, endpoint: str, engine: str) -> dict[str, float] | None:
-    """Prompt and generation token counters summed over all series; None without /metrics.
-
-    Names: vLLM `vllm:prompt_tokens_total` / `vllm:generation_tokens_total`, SGLang
-    `sglang:prompt_tokens_total` / `sglang:generation_tokens_total` (engine-facts notes 1.1, 2)."""
+async def _scrape_sums(client: httpx.AsyncClient, endpoint: str, wanted: dict[str, str]) -> dict[str, float] | None:
+    """The engine's /metrics samples named in `wanted` (sample name -> key), summed per key over
+    all series; only the keys seen. None when /metrics is unreachable, not 200, or unparsable."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    prefix = {"sglang": "sglang:", "atom": "atom:"}.get(engine, "vllm:")
     try:
         r = await client.get(f"{base_url(endpoint)}/metrics")
     except httpx.HTTPError:
         return None
     if r.status_code != 200:
         return None
-    wanted = {f"{prefix}prompt_tokens_total": "prompt_tokens", f"{prefix}generation_tokens_total": "generation_tokens"}
-    out = {"prompt_tokens": 0.0, "generation_tokens": 0.0}
-    seen = False
+    out: dict[str, float] = {}
     try:
         for fam in text_string_to_metric_families(r.text):
-            for s in fam.samples:
-                key = wanted.get(s.name)
+            for smp in fam.samples:
+                key = wanted.get(smp.name)
                 if key is not None:
-                    out[key] += float(s.value)
-                    seen = True
+                    out[key] = out.get(key, 0.0) + float(smp.value)
     except ValueError:
         return None
-    return out if seen else None
+    return out
+
+
+async def scrape_counters(client: httpx.AsyncClient, endpoint: str, engine: str) -> dict[str, float] | None:
+    """Prompt and generation token counters summed over all series; None without /metrics.
+
+    Names: vLLM `vllm:prompt_tokens_total` / `vllm:generation_tokens_total`, SGLang
+    `sglang:prompt_tokens_total` / `sglang:generation_tokens_total` (engine-facts notes 1.1, 2)."""
+    prefix = {"sglang": "sglang:", "atom": "atom:"}.get(engine, "vllm:")
+    sums = await _scrape_sums(client, endpoint, {f"{prefix}prompt_tokens_total": "prompt_tokens",
+                                                 f"{prefix}generation_tokens_total": "generation_tokens"})
+    if not sums:
+        return None
+    return {"prompt_tokens": 0.0, "generation_tokens": 0.0, **sums}
 
 
 async def scrape_latency(client: httpx.AsyncClient, endpoint: str, engine: str) -> dict[str, float] | None:
@@ -154,29 +161,13 @@ async def scrape_latency(client: httpx.AsyncClient, endpoint: str, engine: str) 
     when /metrics lacks them. vLLM `vllm:time_to_first_token_seconds` and
     `vllm:e2e_request_latency_seconds` (notes 1.2), SGLang `sglang:...` of the same names
     (notes 2; SGLang exports them only with --enable-metrics)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
     prefix = {"sglang": "sglang:"}.get(engine, "vllm:")
-    try:
-        r = await client.get(f"{base_url(endpoint)}/metrics")
-    except httpx.HTTPError:
-        return None
-    if r.status_code != 200:
-        return None
     keys = {f"{prefix}time_to_first_token_seconds_sum": "ttft_sum",
             f"{prefix}time_to_first_token_seconds_count": "ttft_count",
             f"{prefix}e2e_request_latency_seconds_sum": "e2e_sum",
             f"{prefix}e2e_request_latency_seconds_count": "e2e_count"}
-    out: dict[str, float] = {}
-    try:
-        for fam in text_string_to_metric_families(r.text):
-            for smp in fam.samples:
-                key = keys.get(smp.name)
-                if key is not None:
-                    out[key] = out.get(key, 0.0) + float(smp.value)
-    except ValueError:
-        return None
-    return out if len(out) == 4 else None
+    sums = await _scrape_sums(client, endpoint, keys)
+    return sums if sums is not None and len(sums) == 4 else None
 
 
 def server_means(before: dict[str, float] | None, after: dict[str, float] | None, requests: int,
