@@ -624,13 +624,33 @@ class Core:
         there is prefill work or a queue, else idle (KV loads in flight are the loop's events)."""
         return 0 if (self.waiting or self.prows) else None
 
+    def _new_blocks(self, known: int, h: int, chunk: int, reserve_prompt: bool) -> int:
+        """Private blocks a request starting with `h` cached tokens of `known` allocates: those of
+        its first `chunk` (vLLM), or of the whole known sequence (ATOM, `reserve_prompt`)."""
+        B = self.B
+        if reserve_prompt:
+            return self.kv.blocks_for(known) - h // B
+        return -(-(h + chunk) // B) - h // B
+
+    def _head_kv_fits(self, free: int, budget: int, reserve_prompt: bool) -> bool:
+        """Whether the head of the queue could be admitted into `free` blocks, by the same rule as
+        `_admit_waiting` (a prebuilt request, a host reload, or a prompt's first chunk)."""
+        req = self.waiting[0]
+        if req.prebuilt:
+            return self.kv.blocks_for(req.prompt) <= free
+        known = req.prompt + req.generated
+        m = self._match(req, known)
+        if m.host:
+            return m.host_blocks + m.revived <= free
+        return self._new_blocks(known, m.gpu, min(known - m.gpu, budget), reserve_prompt) + m.revived <= free
+
     def _admit_waiting(self, now: float, budget: int, pre: list[tuple[Row, int, int]],
                        reserve_prompt: bool = False) -> int:
         """Admit from the head of the queue while the token budget, the sequence limit and free KV
         allow; each admitted prompt's first chunk joins `pre`. vLLM allocates the blocks of the
         scheduled chunk only (`reserve_prompt` False); ATOM reserves the whole prompt at admission.
         Returns the budget left."""
-        kv, B = self.kv, self.B
+        kv = self.kv
         waiting = self.waiting
         max_seqs = self.max_seqs
         while waiting and budget > 0 and self.n_alive < max_seqs:
@@ -651,10 +671,7 @@ class Core:
                 continue
             h = m.gpu
             chunk = min(known - h, budget)
-            if reserve_prompt:
-                blocks = kv.blocks_for(known) - h // B
-            else:
-                blocks = -(-(h + chunk) // B) - h // B
+            blocks = self._new_blocks(known, h, chunk, reserve_prompt)
             if blocks + m.revived > kv.free:
                 break
             waiting.popleft()
@@ -722,16 +739,7 @@ class VllmCore(Core):
         budget = self.max_tokens - n
         if not self.waiting or budget <= 0 or n >= self.max_seqs:
             return False
-        req = self.waiting[0]
-        if req.prebuilt:
-            return self.kv.blocks_for(req.prompt) <= free_blocks
-        known = req.prompt + req.generated
-        m = self._match(req, known)
-        if m.host:
-            return m.host_blocks + m.revived <= free_blocks
-        h = m.gpu
-        chunk = min(known - h, budget)
-        return -(-(h + chunk) // self.B) - h // self.B + m.revived <= free_blocks
+        return self._head_kv_fits(free_blocks, budget, reserve_prompt=False)
 
     def decode_run_limit(self) -> int | None:
         if not self.n_d:
@@ -1011,14 +1019,7 @@ class AtomCore(Core):
     def _head_fits(self, free: int) -> bool:
         if not self.waiting or self.n_alive >= self.max_seqs:
             return False
-        req = self.waiting[0]
-        if req.prebuilt:
-            return self.kv.blocks_for(req.prompt) <= free
-        known = req.prompt + req.generated
-        m = self._match(req, known)
-        if m.host:
-            return m.host_blocks + m.revived <= free
-        return self.kv.blocks_for(known) - m.gpu // self.B + m.revived <= free
+        return self._head_kv_fits(free, self.max_tokens, reserve_prompt=True)
 
     def schedule(self, now: float) -> Batch:
         kv, B = self.kv, self.B
