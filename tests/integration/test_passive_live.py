@@ -35,7 +35,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
-from inferasim_e2e_support import Prometheus, running_prometheus  # noqa: E402
+from inferasim_e2e_support import PhasedLoad, Prometheus, running_prometheus  # noqa: E402
 
 from inferasim.anchors import Anchor, AnchorStore, load_anchor  # noqa: E402
 from inferasim.catalog.gpus import get_gpu  # noqa: E402
@@ -151,11 +151,20 @@ def manifest(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def anchors(prom: Prometheus, emu: EmulatorProcess, manifest: Path,
             tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("anchors")
+    # The phases run on a fixed schedule and the fit's windows are laid on the same grid (the
+    # range ends where the schedule ends), so that a window holds one phase's traffic, not the
+    # tail of one phase and the start of the next (whose means no single operating point has).
+    load = PhasedLoad(emu.url, MODEL, list(PHASES), output_tokens=OSL, seed=1)
     t0 = time.time()
-    sent = [closed_loop_load(emu.url, conc, secs, isl=isl) for conc, secs, isl in PHASES]
-    t_end = time.time()
+    load.start()
+    total = sum(seconds for _, seconds, _ in PHASES)
+    time.sleep(total)
+    load.stop()
+    assert load.errors == 0
+    sent = load.sent
+    t_end = t0 + total
     time.sleep(2.5)  # two more scrapes: the last step's increase is complete
-    window = int(t_end - t0) // STEP_S * STEP_S
+    window = int(total) // STEP_S * STEP_S
     t_fit = time.monotonic()
     rc = main(["anchors", "fit-live", "--prometheus", prom.url, "--selector", "namespace=it,deployment=emu",
                "--deployment", str(manifest), "--window", f"{window}s", "--step", f"{STEP_S}s",
