@@ -402,6 +402,54 @@ _UNSUPPORTED_FIELDS: dict[str, str] = {
 }
 
 
+# Integer fields of config.json, checked before parsing so that a malformed value is refused
+# naming the field (not a bare int() or division error). Sizes that divide or count heads,
+# layers or widths must be at least 1; the others (ranks, counts that may be absent) at least 0.
+_POSITIVE_INT_FIELDS: tuple[str, ...] = (
+    "hidden_size", "d_model", "n_embd", "n_embed", "num_hidden_layers", "n_layers", "n_layer",
+    "vocab_size", "num_attention_heads", "n_heads", "n_head", "num_key_value_heads", "num_kv_heads",
+    "head_dim", "attention_head_dim", "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+    "linear_value_head_dim", "linear_conv_kernel_dim", "mamba_num_heads", "mamba_head_dim", "ssm_state_size",
+    "conv_kernel", "n_groups",
+)
+_NONNEGATIVE_INT_FIELDS: tuple[str, ...] = (
+    "intermediate_size", "moe_intermediate_size", "shared_expert_intermediate_size", "ffn_dim", "n_inner",
+    "dense_intermediate_size", "intermediate_size_mlp", "shared_intermediate_size", "share_expert_dim",
+    "moe_shared_expert_intermediate_size", "moe_latent_size", "n_routed_experts", "num_local_experts",
+    "num_experts", "num_experts_per_tok", "experts_per_token", "top_k_experts", "moe_topk", "n_shared_experts",
+    "num_shared_experts", "first_k_dense_replace", "interleave_moe_layer_step", "decoder_sparse_step",
+    "kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "index_n_heads",
+    "index_head_dim", "sliding_window", "sliding_window_size", "swa_head_dim", "swa_v_head_dim",
+    "swa_num_key_value_heads", "max_position_embeddings", "seq_length", "n_positions",
+)
+# Fields that must be JSON lists (of layer indices or per-layer entries) when present.
+_LIST_FIELDS: tuple[str, ...] = ("architectures", "mlp_only_layers", "layers_block_type",
+                                 "num_key_value_heads_per_layer")
+
+
+def _check_fields(text: dict[str, Any]) -> None:
+    """Refuse malformed values of the fields the parser reads, naming the field."""
+    for minimum, names in ((1, _POSITIVE_INT_FIELDS), (0, _NONNEGATIVE_INT_FIELDS)):
+        for name in names:
+            value = text.get(name)
+            if value is None:
+                continue
+            whole = isinstance(value, int) and not isinstance(value, bool) or \
+                isinstance(value, float) and value.is_integer()
+            if not whole or value < minimum:
+                kind = "a positive integer" if minimum else "a non-negative integer"
+                raise ModelConfigError(f"config field {name!r} must be {kind}, got {value!r}")
+    for name in _LIST_FIELDS:
+        if text.get(name) is not None and not isinstance(text[name], list):
+            raise ModelConfigError(f"config field {name!r} must be a list, got {text[name]!r}")
+    freq = text.get("moe_layer_freq")
+    if freq is not None and not isinstance(freq, int | list) or isinstance(freq, bool):
+        raise ModelConfigError(f"config field 'moe_layer_freq' must be an integer or a list, got {freq!r}")
+    quant = text.get("quantization_config")
+    if quant is not None and not isinstance(quant, dict):
+        raise ModelConfigError(f"config field 'quantization_config' must be a JSON object, got {quant!r}")
+
+
 def _get(cfg: dict[str, Any], *names: str, default: Any = None) -> Any:
     for n in names:
         if n in cfg and cfg[n] is not None:
@@ -517,6 +565,9 @@ def _layer_windows(text: dict[str, Any], n_layers: int) -> list[int | None]:
     window = _get(text, "sliding_window", "sliding_window_size")
     types = _get(text, "layer_types")
     pattern = _get(text, "hybrid_layer_pattern")
+    for name, per_layer in (("layer_types", types), ("hybrid_layer_pattern", pattern)):
+        if isinstance(per_layer, list) and len(per_layer) < n_layers:
+            raise ModelConfigError(f"{name} has {len(per_layer)} entries for {n_layers} layers")
     if isinstance(types, list):
         return [int(window) if t == "sliding_attention" and window else None for t in types[:n_layers]]
     if isinstance(pattern, list):  # MiMo-V2: 1 = sliding window layer
@@ -633,6 +684,8 @@ def model_from_config(config: dict[str, Any] | str | Path, name: str | None = No
     for fld, what in _UNSUPPORTED_FIELDS.items():
         if fld in text and text[fld] not in (None, [], 0, False):
             raise ModelConfigError(f"unsupported config field {fld!r}: {what} is not modelled yet")
+    for part in (config, text) if text is not config else (text,):
+        _check_fields(part)
     arch = (config.get("architectures") or text.get("architectures") or [None])[0]
     model_type = str(text.get("model_type") or config.get("model_type") or "")
     hidden = int(_require(text, "hidden_size", "d_model", "n_embd", "n_embed"))

@@ -58,3 +58,21 @@ def test_memory_json_and_infeasible_reason() -> None:
             "--engine", "sglang", "--context", "8192", "-o", "json")
     d = json.loads(r.stdout)
     assert d["feasible"] and d["max_concurrency_at_context"]["sequences"] > 100
+
+
+@pytest.mark.parametrize(("config", "needle"), [
+    ('{"hidden_size": "abc", "num_hidden_layers": 2, "vocab_size": 10, "num_attention_heads": 4}', "hidden_size"),
+    ('{"hidden_size": 64, "num_hidden_layers": 2, "vocab_size": 10, "num_attention_heads": 0}',
+     "num_attention_heads"),
+    ('{"hidden_size": 64, "num_hidden_layers": 2, "vocab_size": 10, "num_attention_heads": 4, '
+     '"intermediate_size": 8, "quantization_config": "fp8"}', "quantization_config"),
+    ("[1, 2]", "JSON object"),
+    ("not json", "not valid JSON"),
+])
+def test_malformed_user_config_exit_2_naming_the_field(tmp_path, config: str, needle: str) -> None:
+    path = tmp_path / "config.json"
+    path.write_text(config)
+    for args in (("models", "show", str(path)), ("memory", "--model", str(path), "--gpu", "h100")):
+        r = run(*args)
+        assert r.returncode == 2, (r.stdout, r.stderr)
+        assert needle in r.stderr and "Traceback" not in r.stderr

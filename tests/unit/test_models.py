@@ -152,3 +152,30 @@ def test_catalog_ships_the_argonne_models() -> None:
         assert n in names
     # Llama-2-7B: 6.74B parameters (Meta, Llama 2 paper, arXiv 2307.09288, "7B").
     assert get_model("meta-llama/Llama-2-7b-hf").total_params == pytest.approx(6.74e9, rel=0.01)
+
+
+_TINY = {"hidden_size": 64, "num_hidden_layers": 2, "vocab_size": 10, "num_attention_heads": 4,
+         "intermediate_size": 128}
+
+
+@pytest.mark.parametrize(("change", "field"), [
+    ({"hidden_size": "abc"}, "hidden_size"),
+    ({"num_attention_heads": 0}, "num_attention_heads"),  # was a ZeroDivisionError
+    ({"num_key_value_heads": -1}, "num_key_value_heads"),
+    ({"intermediate_size": 1.5}, "intermediate_size"),
+    ({"num_hidden_layers": True}, "num_hidden_layers"),
+    ({"quantization_config": "fp8"}, "quantization_config"),  # was an AttributeError
+    ({"architectures": 7}, "architectures"),
+    ({"mlp_only_layers": 3}, "mlp_only_layers"),
+    ({"layer_types": ["full_attention"]}, "layer_types"),  # one entry for two layers: IndexError before
+    ({"moe_layer_freq": "x"}, "moe_layer_freq"),
+])
+def test_malformed_field_is_refused_by_name(change: dict, field: str) -> None:
+    with pytest.raises(ModelConfigError, match=field):
+        model_from_config({**_TINY, **change})
+
+
+def test_malformed_field_in_text_config_is_refused_by_name() -> None:
+    with pytest.raises(ModelConfigError, match="linear_num_key_heads"):
+        model_from_config({"architectures": ["X"], "text_config": {**_TINY, "linear_num_key_heads": [],
+                                                                  "layer_types": ["linear_attention"] * 2}})
