@@ -181,8 +181,8 @@ def plan_memory(model: ModelSpec, gpu: GPU, layout: Layout, engine: str = "vllm"
     if weights["total"] > budget:
         reasons.append(
             f"weights need {weights['total'] / 1e9:.1f} GB per GPU at {layout.label()}, "
-            f"{gpu.name} gives {engine} {budget / 1e9:.1f} GB of its {gpu.hbm_bytes / 1e9:.0f} GB "
-            f"(memory fraction {frac:.3f})"
+            f"{gpu.name} has {gpu.hbm_bytes / 1e9:.1f} GB ({gpu.hbm_gb:.0f} GiB), of which {engine} gives "
+            f"{budget / 1e9:.1f} GB (memory fraction {frac:.3f})"
         )
     elif kv_bytes <= 0:
         reasons.append(

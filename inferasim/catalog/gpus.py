@@ -182,7 +182,7 @@ class GPU:
 
     name: str  # canonical: "MI300X", "H100", ...
     vendor: str  # "amd" | "nvidia"
-    hbm_bytes: float  # HBM capacity, bytes (vendor decimal GB)
+    hbm_bytes: float  # HBM capacity, bytes (the vendor's "GB" figure read as GiB, see _HBM_GB)
     hbm_bandwidth: float  # bytes/s peak
     # Dense peak FLOP/s per native dtype. Excluded from hashing so GPU stays hashable.
     # Treat as read-only: catalog entries are shared.
@@ -397,7 +397,7 @@ _H100 = GPU(
     name="H100",
     vendor="nvidia",
     # NVIDIA H100 Tensor Core GPU datasheet (SXM): 80 GB HBM3, 3.35 TB/s. (Physical capacity is
-    # 80 GiB; nvidia-smi reports 81559 MiB. The vendor's decimal 80 GB is kept, conservatively.)
+    # 80 GiB = 85.9e9 bytes; nvidia-smi reports 81559 MiB, slightly under it.)
     hbm_bytes=80 * _HBM_GB,
     hbm_bandwidth=3.35 * _TB,
     flops=dict(_HOPPER_FLOPS),  # see _HOPPER_FLOPS

@@ -15,6 +15,9 @@ def test_llama70b_bf16_does_not_fit_one_h100_and_says_why() -> None:
                        precision="bf16")
     assert not plan.feasible
     assert "141" in plan.reasons[0] and "H100" in plan.reasons[0] and "tp1" in plan.reasons[0]
+    # The capacity is stated once in bytes and once as the datasheet's figure (GiB), never as a
+    # third number ("86 GB") that matches neither.
+    assert "has 85.9 GB (80 GiB)" in plan.reasons[0] and "vllm gives 77.3 GB" in plan.reasons[0]
 
 
 def test_kv_capacity_follows_vllm_rule() -> None:
