@@ -76,3 +76,13 @@ def test_malformed_user_config_exit_2_naming_the_field(tmp_path, config: str, ne
         r = run(*args)
         assert r.returncode == 2, (r.stdout, r.stderr)
         assert needle in r.stderr and "Traceback" not in r.stderr
+
+
+def test_python_dash_m_inferasim_is_the_cli() -> None:
+    r = subprocess.run([sys.executable, "-m", "inferasim", "gpus", "-o", "json"], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "MI355X" in {g["name"] for g in json.loads(r.stdout)}
+    r = subprocess.run([sys.executable, "-m", "inferasim", "memory", "--model", "x", "--gpu", "h100"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "unknown model" in r.stderr
