@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import csv
 import gc
+import gzip
 import json
 import math
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
+from typing import IO
 
 import numpy as np
 
@@ -80,9 +82,41 @@ def _fmt(path: Path, fmt: str) -> str:
     name = path.name.lower()
     if name.endswith((".jsonl", ".json", ".jsonl.gz")):
         return "mooncake"
-    if name.endswith(".csv"):
+    if name.endswith((".csv", ".csv.gz")):
         return "azure"
     raise WorkloadError(f"trace {path}: cannot tell the format from the name; give format mooncake or azure")
+
+
+def _open_text(p: Path) -> IO[str]:
+    """The trace file as text (gzip when its name ends in .gz); WorkloadError when it cannot be read."""
+    if not p.exists():
+        raise WorkloadError(f"trace file {p} does not exist")
+    if not p.is_file():
+        raise WorkloadError(f"trace {p} is not a file")
+    try:
+        if p.name.lower().endswith(".gz"):
+            return gzip.open(p, "rt", newline="")
+        return p.open(newline="")
+    except OSError as exc:
+        raise WorkloadError(f"trace file {p} cannot be read: {exc.strerror or exc}") from None
+
+
+def _mooncake_error(d: object, p: Path, lineno: int) -> WorkloadError:
+    """Why record `d` is not a Mooncake record, naming the field (only called once reading it failed)."""
+    where = f"{p}:{lineno}"
+    if not isinstance(d, dict):
+        return WorkloadError(f"{where}: a Mooncake record is a JSON object with timestamp, input_length, "
+                             f"output_length and hash_ids, got {type(d).__name__}")
+    for name, conv in (("timestamp", float), ("input_length", int), ("output_length", int)):
+        if name not in d:
+            return WorkloadError(f"{where}: Mooncake record without field {name!r}")
+        try:
+            ok = math.isfinite(conv(d[name]))
+        except (ValueError, TypeError, OverflowError):
+            ok = False
+        if not ok:
+            return WorkloadError(f"{where}: field {name!r} must be a finite number, got {d[name]!r}")
+    return WorkloadError(f"{where}: field 'hash_ids' must be a list of integers, got {d.get('hash_ids')!r}")
 
 
 def load_mooncake(path: str | Path, time_scale: float = 1.0, sample: int | None = None) -> list[SimRequest]:
@@ -90,19 +124,20 @@ def load_mooncake(path: str | Path, time_scale: float = 1.0, sample: int | None 
     p = Path(path)
     reqs: list[SimRequest] = []
     cache: dict[tuple[int, ...], tuple[int, ...]] = {}
+    lines: list[tuple[int, str]] = []
     try:
-        if sample is None:
-            lines = [(i, line) for i, line in enumerate(p.read_text().splitlines(), 1) if line.strip()]
-        else:
-            lines = []
-            with p.open() as fh:
+        with _open_text(p) as fh:
+            if sample is None:
+                lines = [(i, line) for i, line in enumerate(fh.read().splitlines(), 1) if line.strip()]
+            else:
                 for i, line in enumerate(fh, 1):
                     if len(lines) >= sample:
                         break
                     if line.strip():
                         lines.append((i, line))
-    except FileNotFoundError:
-        raise WorkloadError(f"trace file {p} does not exist") from None
+    except UnicodeDecodeError as exc:
+        raise WorkloadError(f"trace file {p} is not UTF-8 text ({exc.reason}); a Mooncake trace is JSON lines, "
+                            "plain or gzipped (.gz)") from None
     try:  # one parser call for the whole file; line by line only to say where it is broken
         records = json.loads("[" + ",".join(line for _, line in lines) + "]")
     except ValueError:
@@ -110,21 +145,28 @@ def load_mooncake(path: str | Path, time_scale: float = 1.0, sample: int | None 
     for k, (lineno, line) in enumerate(lines):
         try:
             d = records[k] if records is not None else json.loads(line)
+        except ValueError as exc:
+            raise WorkloadError(f"{p}:{lineno}: not a JSON line ({exc})") from None
+        try:
             ts = float(d["timestamp"]) / 1e3
             isl = int(d["input_length"])
             osl = int(d["output_length"])
+            if not math.isfinite(ts):
+                raise ValueError("timestamp")
             hids = d.get("hash_ids") or []
-        except (ValueError, KeyError, TypeError) as exc:
-            raise WorkloadError(f"{p}:{lineno}: not a Mooncake record ({exc})") from None
-        ids = None
-        id_tokens = 0
-        if hids:
-            key = tuple(hids)
-            ids = cache.get(key)
-            if ids is None:
-                ids = chain_keys(hids)
-                cache[key] = ids
-            id_tokens = min(max(isl, 1), MOONCAKE_BLOCK * len(hids))
+            ids = None
+            id_tokens = 0
+            if hids:
+                if not isinstance(hids, list):
+                    raise TypeError("hash_ids")
+                key = tuple(hids)
+                ids = cache.get(key)
+                if ids is None:
+                    ids = chain_keys(hids)
+                    cache[key] = ids
+                id_tokens = min(max(isl, 1), MOONCAKE_BLOCK * len(hids))
+        except (ValueError, KeyError, TypeError, AttributeError, OverflowError):
+            raise _mooncake_error(d, p, lineno) from None
         reqs.append(SimRequest(len(reqs), ts * time_scale, max(isl, 1), max(osl, 1), ids, MOONCAKE_BLOCK,
                                id_tokens))
     return _sorted(reqs)
@@ -137,26 +179,45 @@ def _azure_time(text: str) -> float:
     return t + (float("0." + frac) if frac else 0.0)
 
 
+def _azure_error(rec: dict, p: Path, lineno: int) -> WorkloadError:
+    """Why an Azure row could not be read, naming the column (only called once reading it failed)."""
+    where = f"{p}:{lineno}"
+    try:
+        _azure_time(rec["TIMESTAMP"])
+    except (ValueError, TypeError, AttributeError):
+        return WorkloadError(f"{where}: column TIMESTAMP must look like 2023-11-16 18:15:46.68, "
+                             f"got {rec['TIMESTAMP']!r}")
+    for name in ("ContextTokens", "GeneratedTokens"):
+        try:
+            int(rec[name])
+        except (ValueError, TypeError):
+            return WorkloadError(f"{where}: column {name} must be an integer, got {rec[name]!r}")
+    return WorkloadError(f"{where}: bad Azure record")
+
+
 def load_azure(path: str | Path, time_scale: float = 1.0, sample: int | None = None) -> list[SimRequest]:
     """Azure LLM inference trace CSV: TIMESTAMP, ContextTokens, GeneratedTokens (no prefix ids)."""
     p = Path(path)
-    try:
-        fh = p.open(newline="")
-    except FileNotFoundError:
-        raise WorkloadError(f"trace file {p} does not exist") from None
     rows: list[tuple[float, int, int]] = []
-    with fh:
+    with _open_text(p) as fh:
         reader = csv.DictReader(fh)
         need = {"TIMESTAMP", "ContextTokens", "GeneratedTokens"}
-        if reader.fieldnames is None or not need <= set(reader.fieldnames):
-            raise WorkloadError(f"{p}: an Azure trace needs the columns {', '.join(sorted(need))}")
-        for lineno, rec in enumerate(reader, 2):
-            if sample is not None and len(rows) >= sample:
-                break
-            try:
-                rows.append((_azure_time(rec["TIMESTAMP"]), int(rec["ContextTokens"]), int(rec["GeneratedTokens"])))
-            except ValueError as exc:
-                raise WorkloadError(f"{p}:{lineno}: bad Azure record ({exc})") from None
+        try:
+            if reader.fieldnames is None or not need <= set(reader.fieldnames):
+                raise WorkloadError(f"{p}: an Azure trace needs the columns {', '.join(sorted(need))}")
+            for lineno, rec in enumerate(reader, 2):
+                if sample is not None and len(rows) >= sample:
+                    break
+                try:
+                    rows.append((_azure_time(rec["TIMESTAMP"]), int(rec["ContextTokens"]),
+                                 int(rec["GeneratedTokens"])))
+                except (ValueError, TypeError, AttributeError):
+                    raise _azure_error(rec, p, lineno) from None
+        except UnicodeDecodeError as exc:
+            raise WorkloadError(f"trace file {p} is not UTF-8 text ({exc.reason}); an Azure trace is CSV, plain or "
+                                "gzipped (.gz)") from None
+        except csv.Error as exc:
+            raise WorkloadError(f"{p}: not a CSV file ({exc})") from None
     if not rows:
         return []
     t0 = min(r[0] for r in rows)

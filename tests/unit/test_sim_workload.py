@@ -52,6 +52,51 @@ def test_azure_reader(tmp_path) -> None:  # noqa: ANN001
         load_trace(p)
 
 
+@pytest.mark.parametrize(("line", "field"), [
+    ('{"timestamp": 1, "input_length": 10}', "without field 'output_length'"),
+    ('{"timestamp": "x", "input_length": 10, "output_length": 2}', "field 'timestamp' must be a finite number"),
+    ('{"timestamp": Infinity, "input_length": 10, "output_length": 2}', "field 'timestamp'"),
+    ('{"timestamp": 1, "input_length": 1e999, "output_length": 2}', "field 'input_length'"),
+    ('{"timestamp": 1, "input_length": 10, "output_length": 2, "hash_ids": 5}', "field 'hash_ids'"),
+    ('{"timestamp": 1, "input_length": 10, "output_length": 2, "hash_ids": [1, "x"]}', "field 'hash_ids'"),
+    ('[1, 2]', "JSON object"),
+    ('{"timestamp": 1,', "not a JSON line"),
+])
+def test_a_broken_mooncake_record_is_named_by_line_and_field(tmp_path, line: str, field: str) -> None:  # noqa: ANN001
+    good = '{"timestamp": 0, "input_length": 10, "output_length": 2, "hash_ids": [1]}'
+    p = tmp_path / "t.jsonl"
+    p.write_text(good + "\n" + line + "\n")
+    with pytest.raises(WorkloadError, match=f"t.jsonl:2: .*{field}"):
+        load_trace(p)
+
+
+def test_traces_that_cannot_be_read_say_why(tmp_path) -> None:  # noqa: ANN001
+    import gzip
+
+    with pytest.raises(WorkloadError, match="is not a file"):
+        load_trace(tmp_path, fmt="mooncake")
+    with pytest.raises(WorkloadError, match="does not exist"):
+        load_trace(tmp_path / "none.csv")
+    rec = '{"timestamp": 5, "input_length": 700, "output_length": 3, "hash_ids": [1, 2]}\n'
+    gz = tmp_path / "t.jsonl.gz"
+    gz.write_bytes(gzip.compress(rec.encode()))
+    (r,) = load_trace(gz)  # gzipped traces are read as such
+    assert (r.prompt, r.output, len(r.ids)) == (700, 3, 2)
+    raw = tmp_path / "t.jsonl"
+    raw.write_bytes(gz.read_bytes())
+    with pytest.raises(WorkloadError, match="not UTF-8"):
+        load_trace(raw)
+    az = tmp_path / "a.csv.gz"
+    az.write_bytes(gzip.compress(b"TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68,374,44\n"))
+    assert [x.prompt for x in load_trace(az)] == [374]
+    bad = tmp_path / "b.csv"
+    for row, col in (("2023-11-16 18:15:46.68,12", "GeneratedTokens"), ("yesterday,1,2", "TIMESTAMP"),
+                     ("2023-11-16 18:15:46.68,many,2", "ContextTokens")):
+        bad.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + row + "\n")
+        with pytest.raises(WorkloadError, match=f"b.csv:2: column {col}"):
+            load_trace(bad)
+
+
 def test_shared_traces_load(shared_data) -> None:  # noqa: ANN001
     t = shared_data / "traces"
     conv = load_trace(t / "conversation_trace.jsonl")
