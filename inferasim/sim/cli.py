@@ -172,6 +172,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     layout = Layout(tp=args.tp, pp=args.pp, dp=args.dp, moe_ep=args.ep)
     if args.plot:
         check_plotting()
+        check_output_path("--plot", args.plot)
+    if args.requests_out:
+        check_output_path("--requests-out", args.requests_out)
     if args.host_kv_gb < 0 or not math.isfinite(args.host_kv_gb):
         raise ValueError(f"--host-kv-gb must be >= 0, got {args.host_kv_gb}")
     if args.disagg and args.replicas != 1:
@@ -224,6 +227,16 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.plot and args.output == "table":
         print(f"plot written to {args.plot}")
     return 0
+
+
+def check_output_path(option: str, path: str) -> None:
+    """Refuse, before a long run, a file that could not be written afterwards (its folder missing)."""
+    p = Path(path)
+    if p.is_dir():
+        raise ValueError(f"{option} {path} is a folder; give a file name")
+    parent = p.parent
+    if not parent.is_dir():
+        raise ValueError(f"{option} {path}: folder {parent} does not exist")
 
 
 # -- plot ------------------------------------------------------------------------------------------

@@ -92,6 +92,24 @@ def test_plot(tmp_path, capsys) -> None:  # noqa: ANN001
     assert code == 0 and png.stat().st_size > 1000 and "plot written" in out
 
 
+def test_output_files_that_cannot_be_written_are_refused_before_the_run(tmp_path, capsys,  # noqa: ANN001
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    import inferasim.sim.api as api
+
+    def no_run(*a, **kw) -> None:  # noqa: ANN002, ANN003
+        raise AssertionError("simulated before checking the output paths")
+
+    monkeypatch.setattr(api, "simulate_workload", no_run)
+    w = _yaml(tmp_path, "kind: poisson\nrequestRate: 2\nnumRequests: 5\n")
+    for option, path, why in (("--requests-out", tmp_path / "no" / "r.jsonl", "folder .* does not exist"),
+                              ("--requests-out", tmp_path, "is a folder"),
+                              ("--plot", tmp_path / "no" / "p.png", "folder .* does not exist")):
+        if option == "--plot":
+            pytest.importorskip("matplotlib")
+        with pytest.raises(ValueError, match=f"{option} .*{why}"):
+            _run(["simulate", *MODEL, "--workload", w, option, str(path)], capsys)
+
+
 def test_full_mooncake_replay_is_fast(shared_data) -> None:  # noqa: ANN001
     """The acceptance case: the whole conversation trace (12,031 requests, one hour) on one
     replica of Llama-3.1-70B fp8, tp8, in well under a few seconds (about 1.5 s where written)."""
