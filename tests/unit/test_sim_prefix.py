@@ -119,3 +119,37 @@ def test_host_tier_brings_back_evicted_prefixes(tmp_path) -> None:  # noqa: ANN0
     assert host.prefix_hit_rate > base.prefix_hit_rate
     assert host.prefill_tokens < base.prefill_tokens
     assert len(host.completed) == len(recs)
+
+
+def test_host_tier_has_its_own_capacity_and_reloads_over_the_host_link(tmp_path,  # noqa: ANN001
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The host tier holds at most its own capacity (LRU beyond it), a larger tier finds more, and
+    a reload takes the host link's time before the request's prefill."""
+    recs = conversations(n_conv=16, turns=5, seed=8, gap_s=1.0)
+    trace = write_jsonl(tmp_path / "t.jsonl", recs)
+    fill: list[float] = []
+    orig = KVPool._to_host
+
+    def checked(self: KVPool, *args) -> None:  # noqa: ANN002
+        orig(self, *args)
+        assert 0 <= self.host_used <= self.host_cap
+        fill.append(self.host_used / self.host_cap)
+
+    monkeypatch.setattr(KVPool, "_to_host", checked)
+    kv_bytes = 2 * 32 * 8 * 128 * 2  # Llama-3.1-8B bf16: K and V, 32 layers, 8 KV heads of 128
+    rates = []
+    for gb in (2, 20):
+        rep = simulate_workload(_tight(fitted("vllm"), "vllm", 40000), Layout(tp=1), Driver(load_trace(trace)),
+                                host_kv_bytes=gb * 1e9)
+        assert rep.config["host_kv_tokens_per_rank"] == int(gb * 1e9 / kv_bytes)
+        assert len(rep.completed) == len(recs)
+        rates.append(rep.host_hit_rate)
+        if gb == 2:
+            assert max(fill) > 0.99  # the small tier filled up and dropped its oldest entries
+    assert 0 < rates[0] < rates[1]
+    f = _tight(fitted("vllm"), "vllm", 40000)
+    f.gpu = dataclasses.replace(f.gpu, host_link=dataclasses.replace(f.gpu.host_link, latency=3.0))
+    slow = simulate_workload(f, Layout(tp=1), Driver(load_trace(trace)), host_kv_bytes=20e9)
+    reloaded = [r for r in slow.requests if r.host_hit > 0]
+    assert reloaded and all(r.ttft >= 3.0 for r in reloaded)
+    assert len(slow.completed) == len(recs)
