@@ -250,3 +250,36 @@ def test_prefilled_requests_wait_for_their_kv_then_decode(engine: str) -> None:
         assert r.generated == r.output and r.finish >= r.first_token
     assert reqs[0].finish == reqs[0].first_token
     assert rep.ranks[0].prefill_tokens == 0  # nothing computed again
+
+
+@pytest.mark.parametrize(("engine", "mixed"), [("vllm", None), ("sglang", None), ("sglang", True), ("atom", None)])
+def test_batches_keep_to_the_sequence_and_token_limits(engine: str, mixed: bool | None,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under a queue that never empties, no step runs more than max_num_seqs requests or more
+    tokens than the engine's budget; only vLLM and SGLang with --enable-mixed-chunk put prefill
+    chunks into decode steps."""
+    from inferasim.sim.engines import SGLANG_MAX_PREFILL_TOKENS
+
+    max_seqs, budget = 6, 1024
+    seen = {"steps": 0, "mixed": 0, "full": 0}
+    for cls in (VllmCore, SglangCore, AtomCore):
+        def checked(self, now: float, _orig=cls.schedule):  # noqa: ANN001, ANN202
+            b = _orig(self, now)
+            assert self.n_alive <= max_seqs
+            if engine == "sglang":
+                assert b.n_pref + (b.n_dec if b.n_pref else 0) <= min(max(budget, 256), SGLANG_MAX_PREFILL_TOKENS)
+            elif b.n_pref:
+                assert b.n_pref + b.n_dec <= budget
+            assert b.n_dec <= max_seqs
+            seen["steps"] += 1
+            seen["mixed"] += bool(b.n_dec and b.n_pref)
+            seen["full"] += self.n_alive == max_seqs
+            return b
+
+        monkeypatch.setattr(cls, "schedule", checked)
+    reqs = [SimRequest(i, 0.05 * i, 2000 + 37 * (i % 7), 60) for i in range(80)]
+    rep = simulate_workload(fitted(engine), Layout(tp=1), Driver(reqs), max_num_seqs=max_seqs,
+                            max_batched_tokens=budget, mixed=mixed)
+    assert len(rep.completed) == 80
+    assert seen["steps"] > 100 and seen["full"] > 10  # the limit was reached, not just respected
+    assert bool(seen["mixed"]) is (engine == "vllm" or bool(mixed))
