@@ -110,6 +110,29 @@ def test_output_files_that_cannot_be_written_are_refused_before_the_run(tmp_path
             _run(["simulate", *MODEL, "--workload", w, option, str(path)], capsys)
 
 
+def test_progress_bar_on_a_terminal_only(shared_data, capsys, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    import io
+    import re
+    import sys
+
+    class _Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    trace = str(shared_data / "traces" / "conversation_trace.jsonl")
+    argv = ["simulate", *MODEL, "--trace", trace, "--sample", "1000", "--time-scale", "4"]
+    tty = _Tty()
+    monkeypatch.setattr(sys, "stderr", tty)
+    code, out, _ = _run(argv, capsys)
+    assert code == 0 and "1000 / 0" in out
+    shown = [float(x) for x in re.findall(r"simulating \[#*\s*\]\s+([\d.]+)%", tty.getvalue())]
+    assert shown and shown == sorted(shown) and all(0 < x <= 100 for x in shown)
+    assert tty.getvalue().endswith("\r")  # the bar is cleared before the results
+    monkeypatch.undo()
+    _, _, err = _run(argv, capsys)
+    assert "simulating [" not in err  # not a terminal: no bar
+
+
 def test_full_mooncake_replay_is_fast(shared_data) -> None:  # noqa: ANN001
     """The acceptance case: the whole conversation trace (12,031 requests, one hour) on one
     replica of Llama-3.1-70B fp8, tp8, in well under a few seconds (about 1.5 s where written)."""
