@@ -68,11 +68,14 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
             raise ValueError(f"--params-json is not valid JSON: {exc}") from None
         if not isinstance(values, dict):
             raise ValueError("--params-json must be a JSON object of step-time parameters")
-        unknown = sorted(set(values) - set(StepParams.__dataclass_fields__))
-        if unknown:
-            raise ValueError(f"--params-json: unknown parameters {unknown}; known: "
-                             f"{sorted(StepParams.__dataclass_fields__)}")
-        params = StepParams.from_dict(values)
+        from inferasim.emulator.server import ApiError, merge_params
+
+        try:
+            # The same checks as POST /_inferasim/params: known names, finite numbers, efficiencies
+            # within (0, 1], nothing negative.
+            params = merge_params(StepParams(), values)
+        except ApiError as exc:
+            raise ValueError(f"--params-json: {exc.message}") from None
     port = args.port if args.port is not None else default_port(engine)
     interval = None
     if args.stream_interval_ms is not None:

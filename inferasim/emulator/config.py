@@ -96,10 +96,17 @@ def resolve(config: EmulatorConfig) -> Resolved:
     model = get_model(config.model)
     gpu = get_gpu(config.gpu)
     layout = config.layout()
+    _check_layout(model, layout, engine)
     precision = config.precision or "auto"
     params: StepParams
     if config.params is not None:
-        params, source = config.params, "explicit parameters"
+        from inferasim.emulator.server import ApiError, merge_params
+
+        try:
+            params = merge_params(config.params, config.params.as_dict())  # range checks only
+        except ApiError as exc:
+            raise ValueError(f"step-time parameters: {exc.message}") from None
+        source = "explicit parameters"
     elif config.anchor:
         params, source, anchor_precision = _params_from_anchor(Path(config.anchor), engine, model, gpu)
         if precision == "auto" and anchor_precision:
@@ -117,6 +124,24 @@ def resolve(config: EmulatorConfig) -> Resolved:
     return Resolved(config=config, engine=engine, model=model, gpu=gpu, layout=layout, precision=precision,
                     kv_dtype=kv_dtype, params=params, params_source=source, cost=cost, sched=sched,
                     served_name=config.served_model_name or config.model, max_model_len=int(max_len))
+
+
+def _check_layout(model: ModelSpec, layout: Layout, engine: str) -> None:
+    """Refuse a layout the real engine refuses at start-up (the structural rules of
+    `memory.plan_memory`): vLLM asserts that tp divides the attention heads (SGLang pads them),
+    and neither engine starts with more expert shards than experts or more stages than layers."""
+    problems = []
+    heads = model.attention_heads
+    if engine != "sglang" and heads % layout.tp:
+        problems.append(f"--tp {layout.tp} does not divide the model's {heads} attention heads "
+                        f"(vLLM refuses to start); choose --tp among "
+                        f"{[d for d in range(1, heads + 1) if heads % d == 0 and d <= 64]}")
+    if model.n_experts and layout.moe_ep > model.n_experts:
+        problems.append(f"--ep {layout.moe_ep} exceeds the model's {model.n_experts} routed experts")
+    if layout.pp > model.num_layers:
+        problems.append(f"--pp {layout.pp} exceeds the model's {model.num_layers} layers")
+    if problems:
+        raise ValueError(f"{model.name} cannot be served at {layout.label()} by {engine}: " + "; ".join(problems))
 
 
 def _params_from_anchor(path: Path, engine: str, model: ModelSpec, gpu: GPU) -> tuple[StepParams, str, str]:

@@ -11,6 +11,7 @@ import argparse
 import json
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 
 import httpx
 import numpy as np
@@ -443,6 +444,31 @@ def test_config_errors_are_value_errors(tmp_path: object) -> None:
         resolve(EmulatorConfig(model=MODEL, gpu="H100", speedup=0))
     with pytest.raises(ValueError, match="moe_ep"):
         resolve(EmulatorConfig(model=MODEL, gpu="H100", tp=2, ep=3))
+
+
+def test_layouts_the_engine_refuses_are_refused() -> None:
+    # vLLM asserts that tp divides the attention heads (32 for Llama-3.1-8B); SGLang pads them.
+    with pytest.raises(ValueError, match="--tp 3 does not divide the model's 32 attention heads"):
+        resolve(EmulatorConfig(model=MODEL, gpu="H100", tp=3))
+    assert resolve(EmulatorConfig(model=MODEL, gpu="H100", engine="sglang", tp=3)).layout.tp == 3
+    with pytest.raises(ValueError, match="--pp 33 exceeds the model's 32 layers"):
+        resolve(EmulatorConfig(model=MODEL, gpu="H100", pp=33))
+
+
+@pytest.mark.parametrize(("params", "field"), [
+    ('{"t_fixed": -0.001}', "t_fixed"), ('{"e_bw": 1.5}', "e_bw"), ('{"e_kv": 0}', "e_kv"),
+    ('{"t_ttft": "fast"}', "t_ttft"), ('{"kv_scale": 0}', "kv_scale"), ('{"t_seq": NaN}', "t_seq"),
+])
+def test_params_json_out_of_range_is_refused(params: str, field: str) -> None:
+    from inferasim.emulator.cli import config_from_args
+
+    parser = argparse.ArgumentParser()
+    add_cli(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["emulate", "--model", MODEL, "--gpu", "H100", "--params-json", params])
+    with pytest.raises(ValueError, match=f"--params-json: {field}"):
+        config_from_args(args)
+    with pytest.raises(ValueError, match=f"step-time parameters: {field}"):
+        resolve(EmulatorConfig(model=MODEL, gpu="H100", params=replace(PARAMS, **{field: -1.0})))
 
 
 def test_add_cli_registers_emulate() -> None:
