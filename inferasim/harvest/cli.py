@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from pathlib import Path
 
 from inferasim.emulator.cli import add_layout_args, positive_float, positive_int
 from inferasim.harvest.plan import DEFAULT_PLAN_TEXT, MIN_REQUESTS, REQUESTS_PER_CLIENT, parse_plan
@@ -80,10 +82,35 @@ def config_from_args(args: argparse.Namespace) -> HarvestConfig:
         warmup=not args.no_warmup, seed=args.seed, client=args.client, timing=args.timing)
 
 
+def check_writable(flag: str, out: str) -> None:
+    """ValueError naming `flag` unless `out` can be written (a folder to write into, or a file
+    whose missing parent folders can be created), so that no GPU time is spent on a harvest
+    whose anchor could not be saved."""
+    if out == "-":
+        return
+    path = Path(out)
+    if path.is_dir():
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise ValueError(f"{flag} {out!r}: the folder is not writable")
+        return
+    if path.exists() and not os.access(path, os.W_OK):
+        raise ValueError(f"{flag} {out!r}: the file is not writable")
+    parent = path.parent
+    while not parent.exists():  # write_anchor creates the missing folders
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ValueError(f"{flag} {out!r}: {str(parent)!r} is a file, not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag} {out!r}: cannot create files under {str(parent)!r} (not writable)")
+
+
 def cmd_harvest(args: argparse.Namespace) -> int:
     if getattr(args, "harvest_action", "run") != "run":
         raise ValueError(f"unknown harvest action {args.harvest_action!r}; use: run")
     cfg = config_from_args(args)  # ValueError on bad input, before any traffic
+    check_writable("--out", args.out)
+    if args.report:
+        check_writable("--report", args.report)
 
     def progress(line: str) -> None:
         if not args.quiet:
@@ -95,14 +122,24 @@ def cmd_harvest(args: argparse.Namespace) -> int:
         print(f"harvest: failed: {exc}", file=sys.stderr)
         return EXIT_FAILED
     if args.report:
-        with open(args.report, "w", encoding="utf-8") as fh:
-            json.dump(report_dict(report), fh, indent=2)
+        try:
+            Path(args.report).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.report).write_text(json.dumps(report_dict(report), indent=2), encoding="utf-8")
+        except OSError as exc:
+            print(f"harvest: --report {args.report!r}: cannot write the report: {exc}", file=sys.stderr)
     for line in report.skipped:
         progress(line)
     if report.exit_code != 0 or report.anchor is None:
         print(f"harvest: {report.message or 'no anchor'}", file=sys.stderr)
         return report.exit_code or EXIT_FAILED
-    path = write_anchor(report.anchor, args.out)
+    try:
+        path = write_anchor(report.anchor, args.out)
+    except OSError as exc:
+        # The measurement is not lost: the anchor goes to stdout instead.
+        print(f"harvest: failed: --out {args.out!r}: cannot write the anchor ({exc}); it follows on stdout",
+              file=sys.stderr)
+        write_anchor(report.anchor, "-")
+        return EXIT_FAILED
     fit = report.fit
     assert fit is not None
     progress(f"fit rms log error {fit.rms_log_error:.3f} over {fit.n_points} points; "

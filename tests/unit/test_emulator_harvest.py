@@ -168,3 +168,20 @@ def test_add_cli_registers_harvest_run() -> None:
     assert cfg.engine == "sglang" and cfg.tp == 8 and cfg.budget_s == 60 and len(cfg.plan) == 5
     with pytest.raises(SystemExit):
         parser.parse_args(["harvest", "run", "--endpoint", "x"])
+
+
+def test_unwritable_out_is_refused_before_any_traffic(tmp_path: Path) -> None:
+    from inferasim.harvest.cli import check_writable
+
+    a_file = tmp_path / "a.json"
+    a_file.write_text("{}")
+    check_writable("--out", "-")
+    check_writable("--out", str(tmp_path))
+    check_writable("--out", str(tmp_path / "new" / "deeper" / "b.json"))  # folders are created
+    with pytest.raises(ValueError, match="--report .* is a file, not a folder"):
+        check_writable("--report", str(a_file / "r.json"))
+    # The endpoint is down: exit 2 naming --out (not 1, "cannot reach") shows no request was tried.
+    r = run_cli("run", "--endpoint", "http://127.0.0.1:9", "--model", MODEL, "--gpu", "H100", "--engine", "vllm",
+                "--out", str(a_file / "x.json"))
+    assert r.returncode == 2 and "--out" in r.stderr and "is a file, not a folder" in r.stderr, r.stderr
+    assert "cannot reach" not in r.stderr and "Traceback" not in r.stderr
