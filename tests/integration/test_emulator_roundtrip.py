@@ -28,10 +28,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
-import socket
-import subprocess
-import tempfile
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -41,7 +38,10 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from inferasim.catalog.gpus import get_gpu
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
+from inferasim_e2e_support import running_prometheus  # noqa: E402
+
+from inferasim.catalog.gpus import get_gpu  # noqa: E402
 from inferasim.emulator import EmulatorConfig, EmulatorProcess, spawn_emulator, start_emulator
 from inferasim.emulator.config import resolve
 from inferasim.emulator.engine import MAX_LAG_REAL
@@ -53,6 +53,7 @@ from inferasim.layout import Layout
 from inferasim.predictor import fitted_from_anchor
 from inferasim.steptime import StepParams, default_params, layout_cost, step_time
 
+pytestmark = pytest.mark.integration
 MODEL = "meta-llama/Llama-3.1-8B"
 SPEEDUP = 5.0
 HARVEST_PLAN = "512x128@1,4,16;4096x64@4"
@@ -260,52 +261,20 @@ def test_256_streams_at_speedup_20() -> None:
     assert alone < server_itl < full * 1.3
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_prometheus_scrapes_the_emulator() -> None:
-    binary = shutil.which("prometheus")
-    if binary is None:
-        pytest.skip("no prometheus binary on PATH")
+    """A real Prometheus (make test-deps installs it; the test skips without it, and fails under
+    INFERASIM_REQUIRE_E2E=1) scrapes the emulator: the gauges carry the vLLM labels, the counter
+    counts the tokens served, and PromQL's histogram_quantile reads the TTFT histogram."""
     with start_emulator(EmulatorConfig(model=MODEL, gpu="H100", tp=1, speedup=20.0)) as emu, \
-            tempfile.TemporaryDirectory() as tmp:
-        httpx.post(emu.url + "/v1/completions", json={"model": MODEL, "prompt": "a b c", "max_tokens": 9,
-                                                      "ignore_eos": True}, timeout=30.0)
-        cfg = Path(tmp) / "prometheus.yml"
-        cfg.write_text(f"global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n"
-                       f"  - job_name: emulator\n    static_configs:\n      - targets: ['127.0.0.1:{emu.port}']\n")
-        port = _free_port()
-        proc = subprocess.Popen([binary, f"--config.file={cfg}", f"--storage.tsdb.path={tmp}/data",
-                                 f"--web.listen-address=127.0.0.1:{port}"],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        try:
-            base = f"http://127.0.0.1:{port}"
-            deadline = time.monotonic() + 60.0
-            found: list[dict[str, object]] = []
-            tokens: list[dict[str, object]] = []
-            while time.monotonic() < deadline:
-                try:
-                    r = httpx.get(f"{base}/api/v1/query", params={"query": "vllm:num_requests_running"}, timeout=5.0)
-                    found = r.json()["data"]["result"] if r.status_code == 200 else []
-                    r = httpx.get(f"{base}/api/v1/query", params={"query": "sum(vllm:generation_tokens_total)"},
-                                  timeout=5.0)
-                    tokens = r.json()["data"]["result"] if r.status_code == 200 else []
-                except httpx.HTTPError:
-                    found = []
-                if found and tokens:
-                    break
-                time.sleep(0.5)
-            assert found, "prometheus never returned vllm:num_requests_running"
-            metric = found[0]["metric"]
-            assert metric["model_name"] == MODEL and metric["engine"] == "0"  # type: ignore[index]
-            assert float(tokens[0]["value"][1]) == 9.0  # type: ignore[index]
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=20)
+            running_prometheus("inferasim-prom-emu-") as prom:
+        r = httpx.post(emu.url + "/v1/completions", json={"model": MODEL, "prompt": "a b c", "max_tokens": 9,
+                                                          "ignore_eos": True}, timeout=30.0)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 9
+        prom.set_targets([{"targets": [f"127.0.0.1:{emu.port}"], "labels": {"job": "emulator"}}])
+        found = prom.wait_for_series('vllm:num_requests_running{job="emulator"}')
+        metric = found[0]["metric"]
+        assert metric["model_name"] == MODEL and metric["engine"] == "0"
+        tokens = prom.wait_for_series("sum(vllm:generation_tokens_total)")
+        assert float(tokens[0]["value"][1]) == 9.0
+        ttft = prom.wait_for_series("histogram_quantile(0.5, sum by (le) (vllm:time_to_first_token_seconds_bucket))")
+        assert 0.0 < float(ttft[0]["value"][1]) < 1.0
