@@ -552,6 +552,10 @@ class AnchorStore:
     def all(self) -> list[Anchor]:
         return [a for _, a in self._anchors]
 
+    def items(self) -> list[tuple[Path, Anchor]]:
+        """(file, anchor) pairs, in reading order."""
+        return list(self._anchors)
+
     def errors(self) -> list[AnchorFileError]:
         return list(self._errors)
 

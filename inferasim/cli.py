@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from inferasim.anchors import AnchorFileError, AnchorStore, KernelSet, NoCompatibleAnchor, load_anchor
+from inferasim.anchors import Anchor, AnchorFileError, AnchorStore, KernelSet, NoCompatibleAnchor, load_anchor
 from inferasim.catalog.engines import ENGINES, UnknownEngineError, normalize_engine
 from inferasim.catalog.gpus import UnknownGPUError, get_gpu, list_gpus
 from inferasim.catalog.models import (
@@ -289,48 +289,42 @@ def cmd_validate(args: argparse.Namespace) -> int:
 # ---- anchors -----------------------------------------------------------------------------------
 
 def cmd_anchors(args: argparse.Namespace) -> int:
+    if args.action in ("list", "show", "check"):
+        # An explicit folder that does not exist is a typo, not an empty store (the store itself
+        # reads a missing folder as empty: the operator's anchor folder may not exist yet).
+        for folder in args.dir or []:
+            if not Path(folder).is_dir():
+                raise UsageError(f"--dir {folder!r} is not a folder of anchor JSON files")
+    if args.action == "check":
+        return _anchors_check(args)
     store = _anchor_store(args.dir)
     if args.action == "list":
         items = store.all()
-        data = [{"id": a.id, "kernel_set": a.kernel_set.model_dump(), "layout": a.layout.model_dump(),
-                 "points": len(a.points), "rms_log_error": a.fit.rms_log_error if a.fit else None,
-                 "method": a.provenance.method} for a in items]
-        rows = [(a.kernel_set.engine, a.kernel_set.engine_version or "-", a.kernel_set.model, a.kernel_set.gpu,
-                 a.kernel_set.precision or "-", a.layout.to_layout().label(), len(a.points),
+        data = [{"id": a.id, "file": a.filename(), "kernel_set": a.kernel_set.model_dump(),
+                 "layout": a.layout.model_dump(), "points": len(a.points),
+                 "rms_log_error": a.fit.rms_log_error if a.fit else None, "method": a.provenance.method}
+                for a in items]
+        rows = [(a.id, a.kernel_set.engine, a.kernel_set.engine_version or "-", a.kernel_set.model,
+                 a.kernel_set.gpu, a.kernel_set.precision or "-", a.layout.to_layout().label(), len(a.points),
                  a.fit.rms_log_error if a.fit else None, a.provenance.method) for a in items]
-        emit(data, args.output, table(["engine", "version", "model", "gpu", "precision", "layout", "points",
+        emit(data, args.output, table(["id", "engine", "version", "model", "gpu", "precision", "layout", "points",
                                        "fit rms(log)", "provenance"], rows))
         return 0
     if args.action == "show":
         if not args.name:
             raise UsageError("anchors show needs an anchor id or file name (see `inferasim anchors list`)")
         path = Path(args.name)
-        if path.exists():
+        if path.is_file():
             anchor = load_anchor(path)
         else:
-            hits = [a for a in store.all() if a.id == args.name or a.filename() == args.name
+            stem = args.name.removesuffix(".json")
+            hits = [a for a in store.all() if a.id == args.name or a.filename().removesuffix(".json") == stem
                     or a.id.startswith(args.name)]
             if not hits:
                 raise UsageError(f"no anchor {args.name!r}; `inferasim anchors list` shows the ids")
             anchor = hits[0]
         emit(anchor.model_dump(mode="json"), "json" if args.output == "table" else args.output)
         return 0
-    if args.action == "check":
-        bad = store.errors()
-        for err in bad:
-            print(f"invalid: {err}", file=sys.stderr)
-        problems = 0
-        from inferasim.predictor import fitted_from_anchor
-        from inferasim.validate import CannotPredict
-
-        for a in store.all():
-            try:
-                fitted_from_anchor(a)
-            except (CannotPredict, ValueError) as exc:
-                problems += 1
-                print(f"unusable: {a.id}: {exc}", file=sys.stderr)
-        print(f"{len(store.all())} anchors valid, {len(bad)} invalid files, {problems} unusable")
-        return 1 if bad or problems else 0
     if args.action == "build":
         from inferasim.predictor import anchor_from_rows
         from inferasim.validate import CannotPredict, filter_rows, load_rows, select_anchors
@@ -355,6 +349,51 @@ def cmd_anchors(args: argparse.Namespace) -> int:
     if args.action in ("fit-live", "drift"):
         return _anchors_live(args)
     raise UsageError(f"unknown anchors action {args.action!r}")
+
+
+def _anchors_check(args: argparse.Namespace) -> int:
+    """`anchors check [FILE|FOLDER]`: schema (every file parses as an Anchor) and compatibility
+    (its model, GPU, engine and precision resolve in this version's catalogs and it yields fitted
+    parameters). Fits worse than the harvester's own threshold are reported, not failed. Exit 1
+    when a file is invalid or unusable."""
+    from inferasim.harvest.run import DEFAULT_MAX_RMS_LOG_ERROR
+    from inferasim.predictor import fitted_from_anchor
+    from inferasim.validate import CannotPredict
+
+    anchors: list[tuple[str, Anchor]] = []
+    bad: list[AnchorFileError] = []
+    if args.name:
+        target = Path(args.name)
+        if target.is_file():
+            try:
+                anchors.append((str(target), load_anchor(target)))
+            except AnchorFileError as exc:
+                bad.append(exc)
+        elif target.is_dir():
+            store = AnchorStore(target)
+            anchors, bad = [(str(p), a) for p, a in store.items()], store.errors()
+        else:
+            raise UsageError(f"anchors check: {args.name!r} is neither an anchor JSON file nor a folder of them")
+    else:
+        store = _anchor_store(args.dir)
+        anchors, bad = [(str(p), a) for p, a in store.items()], store.errors()
+    for err in bad:
+        print(f"invalid: {err}", file=sys.stderr)
+    problems = poor = 0
+    for where, a in anchors:
+        try:
+            fitted_from_anchor(a)
+        except (CannotPredict, ValueError) as exc:
+            problems += 1
+            print(f"unusable: {where} ({a.id}): {exc}", file=sys.stderr)
+            continue
+        if a.fit is not None and a.fit.rms_log_error > DEFAULT_MAX_RMS_LOG_ERROR:
+            poor += 1
+            print(f"poor fit: {where} ({a.id}): rms log error {a.fit.rms_log_error:.3f} is above "
+                  f"{DEFAULT_MAX_RMS_LOG_ERROR:g}, the threshold below which `harvest run` writes an anchor",
+                  file=sys.stderr)
+    print(f"{len(anchors)} anchors valid, {len(bad)} invalid files, {problems} unusable, {poor} with a poor fit")
+    return 1 if bad or problems else 0
 
 
 def _live_selector(items: Sequence[str]) -> dict[str, str]:
@@ -764,7 +803,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("anchors", help="list, show, check shipped anchors; build anchors from a CSV; fit one from "
                                        "live traffic (fit-live); prediction error of a live deployment (drift)")
     p.add_argument("action", choices=("list", "show", "check", "build", "fit-live", "drift"))
-    p.add_argument("name", nargs="?", help="anchor id/file (show) or CSV (build)")
+    p.add_argument("name", nargs="?", help="anchor id/file (show), anchor file or folder (check; default: --dir), "
+                                           "or CSV (build)")
     p.add_argument("--dir", action="append", default=None, help="anchor folder(s) (default: anchors/)")
     p.add_argument("--prometheus", default=None, help="fit-live, drift: Prometheus base URL")
     p.add_argument("--selector", action="append", default=[], metavar="K=V[,K=V]",

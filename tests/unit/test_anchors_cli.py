@@ -1,0 +1,107 @@
+"""`inferasim anchors list | show | check` as a user runs them: subprocesses, exit codes, messages."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from inferasim.anchors import Anchor, BenchPoint, FitReport, KernelSet, LayoutModel, Provenance
+from inferasim.catalog.gpus import get_gpu
+from inferasim.layout import Layout
+from inferasim.steptime import default_params
+
+GOOD = "good.json"
+
+
+def make_anchor() -> Anchor:
+    """A usable anchor of its own (the shipped files are rebuilt from time to time)."""
+    return Anchor(
+        kernel_set=KernelSet(engine="vllm", engine_version="0.10.1", model="meta-llama/Meta-Llama-3-8B", gpu="H100",
+                             precision="bf16"),
+        layout=LayoutModel.from_layout(Layout(tp=1)),
+        points=[BenchPoint(isl=512, osl=128, concurrency=c, ttft_ms=40.0 + c, tpot_ms=7.0 + c / 16, row_id=f"r{c}")
+                for c in (1, 8, 32)],
+        params=default_params(get_gpu("H100"), "vllm").as_dict(),
+        fit=FitReport(n_points=3, rms_log_error=0.05, max_abs_log_error=0.08, per_metric={"tpot": 0.04},
+                      converged=True),
+        provenance=Provenance(method="synthetic", source="tests/unit/test_anchors_cli.py", rows=["r1", "r8", "r32"]),
+    )
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "inferasim.cli", "anchors", *args], capture_output=True, text=True,
+                          timeout=120)
+
+
+@pytest.fixture()
+def folder(tmp_path: Path) -> Path:
+    d = tmp_path / "anchors"
+    d.mkdir()
+    (d / GOOD).write_text(make_anchor().model_dump_json(indent=2))
+    return d
+
+
+def _variant(src: Path, dst: Path, edit: dict[str, dict[str, object]]) -> Path:
+    data = json.loads(src.read_text())
+    for section, fields in edit.items():
+        data[section].update(fields)
+    dst.write_text(json.dumps(data))
+    return dst
+
+
+def test_list_shows_the_ids_that_show_takes(folder: Path) -> None:
+    r = run("list", "--dir", str(folder))
+    assert r.returncode == 0, r.stderr
+    header, _rule, row = r.stdout.splitlines()[:3]
+    assert header.split()[0] == "id"
+    anchor_id = row.split()[0]
+    r = run("list", "--dir", str(folder), "-o", "json")
+    assert [a["id"] for a in json.loads(r.stdout)] == [anchor_id]
+    fname = json.loads(r.stdout)[0]["file"]
+    assert fname == make_anchor().filename()
+    # By id, by id prefix, by the anchor's file name with or without .json, by path.
+    for name in (anchor_id, anchor_id[:6], fname, fname.removesuffix(".json"), str(folder / GOOD)):
+        r = run("show", name, "--dir", str(folder))
+        assert r.returncode == 0, (name, r.stderr)
+        assert json.loads(r.stdout)["provenance"]["method"] == "synthetic"
+    r = run("show", "no-such-anchor", "--dir", str(folder))
+    assert r.returncode == 2 and "anchors list" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_check_a_folder_a_file_and_bad_paths(folder: Path, tmp_path: Path) -> None:
+    r = run("check", "--dir", str(folder))
+    assert r.returncode == 0, r.stderr
+    assert "1 anchors valid, 0 invalid files, 0 unusable" in r.stdout
+    r = run("check", str(folder / GOOD))
+    assert r.returncode == 0 and "1 anchors valid" in r.stdout, r.stderr
+    # A named file is checked, not the default folder.
+    bad = tmp_path / "bad.json"
+    bad.write_text("{bad")
+    r = run("check", str(bad))
+    assert r.returncode == 1 and "0 anchors valid, 1 invalid files" in r.stdout
+    assert f"invalid: {bad}: not valid JSON" in r.stderr and "Traceback" not in r.stderr
+    # Schema: the field is named.
+    schema = _variant(folder / GOOD, tmp_path / "schema.json", {"layout": {"tp": "x"}})
+    r = run("check", str(schema))
+    assert r.returncode == 1 and "field layout.tp" in r.stderr
+    # Compatibility: a model this version's catalog does not know.
+    unknown = _variant(folder / GOOD, tmp_path / "unknown.json", {"kernel_set": {"model": "acme/Nope-1B"}})
+    r = run("check", str(unknown))
+    assert r.returncode == 1 and "unusable" in r.stderr and "acme/Nope-1B" in r.stderr
+    for args in (("check", str(tmp_path / "missing.json")), ("check", "--dir", str(tmp_path / "nope")),
+                 ("list", "--dir", str(tmp_path / "nope"))):
+        r = run(*args)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, (args, r.stderr)
+        assert "missing.json" in r.stderr or "--dir" in r.stderr, r.stderr
+
+
+def test_check_reports_a_poor_fit_without_failing(folder: Path) -> None:
+    _variant(folder / GOOD, folder / "poor.json", {"fit": {"rms_log_error": 0.9}, "kernel_set": {"precision": "fp8"}})
+    r = run("check", "--dir", str(folder))
+    assert r.returncode == 0, r.stderr
+    assert "2 anchors valid, 0 invalid files, 0 unusable, 1 with a poor fit" in r.stdout
+    assert "poor fit:" in r.stderr and "0.900" in r.stderr
