@@ -87,12 +87,16 @@ def _fmt(path: Path, fmt: str) -> str:
     raise WorkloadError(f"trace {path}: cannot tell the format from the name; give format mooncake or azure")
 
 
-def _open_text(p: Path) -> IO[str]:
-    """The trace file as text (gzip when its name ends in .gz); WorkloadError when it cannot be read."""
+def _check_file(p: Path) -> None:
     if not p.exists():
         raise WorkloadError(f"trace file {p} does not exist")
     if not p.is_file():
         raise WorkloadError(f"trace {p} is not a file")
+
+
+def _open_text(p: Path) -> IO[str]:
+    """The trace file as text (gzip when its name ends in .gz); WorkloadError when it cannot be read."""
+    _check_file(p)
     try:
         if p.name.lower().endswith(".gz"):
             return gzip.open(p, "rt", newline="")
@@ -247,6 +251,7 @@ def load_trace(path: str | Path, fmt: str = "auto", time_scale: float = 1.0,
     if sample is not None and sample < 1:
         raise WorkloadError(f"sample must be >= 1, got {sample}")
     p = Path(path)
+    _check_file(p)
     kind = _fmt(p, fmt)
     if kind not in ("mooncake", "azure"):
         raise WorkloadError(f"unknown trace format {fmt!r}; accepted: mooncake, azure, auto")

@@ -73,6 +73,31 @@ def test_bad_input_names_the_field(tmp_path, capsys) -> None:  # noqa: ANN001
     assert load_workload(ok).concurrency == 2
 
 
+def test_bad_input_exits_2_naming_the_field_without_a_traceback(tmp_path, capsys) -> None:  # noqa: ANN001
+    """Through the installed entry point (`inferasim.cli.main`), not only the subcommand."""
+    from inferasim.cli import main
+
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 100, "output_length": "many"}\n')
+    bad, ok = tmp_path / "bad.yaml", tmp_path / "ok.yaml"
+    bad.write_text("kind: poisson\nrequestRate: 0\n")
+    ok.write_text("kind: closed\nconcurrency: 2\nnumRequests: 2\n")
+    cases = [(["--trace", str(trace)], "t.jsonl:1: field 'output_length'"),
+             (["--trace", str(tmp_path)], "is not a file"),
+             (["--workload", str(bad)], "requestRate"),
+             (["--workload", str(ok), "--disagg", "1-2"], "disagg"),
+             (["--workload", str(ok), "--tp", "0"], "--tp")]
+    for extra, field in cases:
+        try:
+            code = main(["simulate", *MODEL, *extra])
+        except SystemExit as exc:  # argparse's own checks
+            code = exc.code
+        assert code == 2, extra
+        err = capsys.readouterr().err
+        assert "Traceback" not in err and "inferasim simulate: error:" in err
+        assert field in err, err
+
+
 def test_anchor_for_another_model_is_refused(capsys) -> None:  # noqa: ANN001
     from inferasim.sim.cli import ANCHOR_DIR
 
