@@ -249,3 +249,20 @@ def test_an_observed_prefix_hit_rate_becomes_a_shared_prompt_head() -> None:
         assert all(r.prefix_hit in (0, 768) for r in rep.requests)
         assert all(r.prefix_hit == 768 for r in rep.requests[10:])
         assert 0.3 < rep.prefix_hit_rate <= 768 / 2000
+
+
+def test_goodput_counts_the_requests_within_both_slos() -> None:
+    reqs = poisson_requests(9.0, 400, 1500, 120, seed=13)
+    base = simulate_workload(fitted("vllm"), Layout(tp=1), Driver(reqs))
+    ttft_ms, itl_ms = base.ttft["p50"], base.tpot["p90"]
+    rep = simulate_workload(fitted("vllm"), Layout(tp=1), Driver(poisson_requests(9.0, 400, 1500, 120, seed=13)),
+                            slo_ttft_ms=ttft_ms, slo_itl_ms=itl_ms)
+    ok = [r for r in rep.completed if r.ttft * 1e3 <= ttft_ms and r.tpot * 1e3 <= itl_ms]
+    g = rep.goodput
+    assert 0.2 < g["fraction"] < 0.5  # TTFT <= its p50 alone keeps at least half: the ITL limit binds too
+    assert g["fraction"] == pytest.approx(len(ok) / len(rep.completed))
+    assert g["requests_per_s"] == pytest.approx(len(ok) / rep.duration)
+    assert g["tok_s"] == pytest.approx(sum(r.output for r in ok) / rep.duration)
+    assert g["slo"] == f"TTFT <= {ttft_ms:g} ms, ITL <= {itl_ms:g} ms"
+    assert simulate_workload(fitted("vllm"), Layout(tp=1), Driver(poisson_requests(9.0, 400, 1500, 120, seed=13))
+                             ).goodput["fraction"] == 1.0  # no SLO: every completed request counts
