@@ -37,6 +37,16 @@ from inferasim.layout import Layout
 from inferasim.memory import plan_memory
 from inferasim.steptime import LayoutCost, StepParams, layout_cost, step_time
 
+# How fast the persisting share of a closed-loop arrival wave falls as the wave grows against the
+# steady-state TTFT: share = burst x (1 + wave excess / steady TTFT)^-gamma. Mixed chunked steps
+# (vLLM V1, ATOM) hand out a long wave's first tokens chunk by chunk over many steps, so its clients
+# come back spread out and the wave does not survive its own length; separate prefill batches
+# (SGLang) release a batch's first tokens together and keep the wave. On shared/data/aic-silicon
+# (min-gpus rule) the vLLM rows' implied share falls from about 0.6 to 0.2 as the wave grows
+# from 2x to 40x the steady TTFT; gamma 0.25 was chosen among 0.1-0.5 (vLLM TTFT 16.3% -> 14.9%);
+# for separate batches every gamma other than 0 made SGLang worse (-0.2 to +0.5 tried).
+WAVE_GAMMA_MIXED = 0.25
+WAVE_GAMMA_SEPARATE = 0.0
 FIXED_POINT_ITERATIONS = 24
 MIN_KV_TOKENS = 16384  # below this a benchmark of a few requests of a few thousand tokens cannot run
 TIGHT_MEMORY_FRACTION = 0.95
@@ -61,6 +71,8 @@ class EngineSched:
 
 
 def _version_tuple(version: str) -> tuple[int, ...]:
+    """Leading numeric release of `version` ("0.19.0" -> (0, 19, 0)); () for a build named
+    otherwise ("nightly-5b8c30d", "main"), which callers read as current, not as old."""
     parts = []
     for piece in version.replace("-", ".").split("."):
         if piece.isdigit():
@@ -94,7 +106,8 @@ def _engine_sched(engine: str, model: ModelSpec, gpu: GPU, layout: Layout, preci
                            memory_fraction=TIGHT_MEMORY_FRACTION,
                            max_num_batched_tokens=max_batched_tokens, max_num_seqs=max_num_seqs)
     mixed = d.mixed_prefill_decode
-    if engine == "vllm" and engine_version and _version_tuple(engine_version) < (0, 7):
+    release = _version_tuple(engine_version)
+    if engine == "vllm" and release and release < (0, 7):
         # vLLM V0 (before 0.7) ran prefill and decode in separate steps unless chunked prefill
         # was asked for.
         mixed = False
@@ -193,8 +206,11 @@ def closed_loop(p: StepParams, c: LayoutCost, sched: EngineSched, isl: np.ndarra
     rho = np.minimum(x * p.t_front, MAX_PREFILL_SHARE)
     front_steady = p.t_front + rho * p.t_front / (2.0 * (1.0 - rho))
     front_wave = (running + 1.0) / 2.0 * p.t_front
-    ttft_mean = (1.0 - p.burst) * (ttft + front_steady) + \
-        p.burst * np.maximum(ttft_wave + front_wave, ttft + front_steady) + admission_wait + p.t_ttft
+    steady_part = ttft + front_steady + p.t_ttft
+    wave_excess = np.maximum(ttft_wave + front_wave - ttft - front_steady, 0.0)
+    gamma = WAVE_GAMMA_MIXED if sched.mixed else WAVE_GAMMA_SEPARATE
+    share = p.burst * np.power(1.0 + wave_excess / steady_part, -gamma)
+    ttft_mean = steady_part + share * wave_excess + admission_wait
     # In a wave, a request that got its first token early decodes while the rest of its wave is
     # prefilled: whole prefill batches stall it (separate batches), or their chunks slow its
     # steps (mixed). No later arrivals interrupt it: every client of the wave is busy. The
@@ -203,7 +219,7 @@ def closed_loop(p: StepParams, c: LayoutCost, sched: EngineSched, isl: np.ndarra
     per_batch_stall = t_batch if not sched.mixed else np.maximum(t_batch - step_time(p, c, b / 2.0, ctx), 0.0)
     stall = (total_batches - 1.0) / 2.0 * per_batch_stall
     tpot_wave = t_dec + stall / np.maximum(osl - 1.0, 1.0)
-    tpot = (1.0 - p.burst) * tpot + p.burst * tpot_wave
+    tpot = (1.0 - share) * tpot + share * tpot_wave
     # Closed-loop Little's law over the clients: X = C / (wait + service).
     throughput = np.maximum(conc, 1.0) / (ttft_mean + (osl - 1.0) * tpot) * osl
     return BenchResult(ttft=ttft_mean, tpot=tpot, running=running, throughput=throughput,

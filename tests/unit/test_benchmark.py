@@ -93,3 +93,32 @@ def test_serial_front_end_adds_a_wave_queue_and_old_params_load_without_it() -> 
     # A synchronised wave of C arrivals waits (C + 1)/2 x t_front on average; TPOT is untouched.
     np.testing.assert_allclose(front.ttft - base.ttft, (conc + 1.0) / 2.0 * 0.01, rtol=1e-6)
     np.testing.assert_allclose(front.tpot, base.tpot)
+
+
+def test_a_long_wave_persists_less_under_mixed_steps_than_under_separate_batches(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The wave share of mixed chunked steps (vLLM) falls as the wave grows against the steady
+    TTFT; separate prefill batches (SGLang) keep the fitted share at every wave length."""
+    import inferasim.sim.benchmark as bench
+
+    isl, osl = np.full(5, 8192.0), np.full(5, 1024.0)
+    conc = np.array([4, 16, 64, 128, 256], dtype=float)  # 256 fills the KV pool here
+    share = {}
+    for engine in ("vllm", "sglang"):
+        cost, sched = setup(engine)
+        steady = closed_loop(StepParams(burst=0.0), cost, sched, isl, osl, conc).ttft
+        damped = closed_loop(StepParams(burst=1.0), cost, sched, isl, osl, conc).ttft
+        with monkeypatch.context() as m:
+            m.setattr(bench, "WAVE_GAMMA_MIXED", 0.0)
+            whole = closed_loop(StepParams(burst=1.0), cost, sched, isl, osl, conc).ttft
+        assert np.all(whole > steady) and np.all(damped > steady)
+        share[engine] = (damped - steady) / (whole - steady)
+    assert np.all(np.diff(share["vllm"]) < 0) and share["vllm"][-1] < 0.6
+    assert np.allclose(share["sglang"], 1.0)
+
+
+def test_a_nightly_vllm_build_schedules_like_the_current_release() -> None:
+    _, nightly = setup("vllm", version="nightly-5b8c30d62b754b57")
+    _, v0 = setup("vllm", version="0.6.3")
+    _, current = setup("vllm", version="0.19.0")
+    assert nightly.mixed and current.mixed and not v0.mixed
