@@ -116,11 +116,13 @@ class KernelSet(BaseModel):
         return hashlib.sha256(self._canonical_json().encode()).hexdigest()[:12]
 
     def differences(self, other: KernelSet) -> list[tuple[str, str, str]]:
-        """(field, value here, value in ``other``) for every field that differs, in field order."""
+        """(field, value here, value in ``other``) for every field that differs, in field order.
+        Names compare as `normalized` resolves them: `h100` and `h100_sxm` are not a difference."""
+        mine, theirs = self.normalized(), other.normalized()
         return [
             (name, getattr(self, name), getattr(other, name))
-            for name in type(self).model_fields
-            if getattr(self, name) != getattr(other, name)
+            for i, name in enumerate(type(self).model_fields)
+            if mine[i] != theirs[i]
         ]
 
     def normalized(self) -> tuple[str, ...]:

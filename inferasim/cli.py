@@ -14,10 +14,11 @@ from typing import Any
 
 from inferasim.anchors import Anchor, AnchorFileError, AnchorStore, KernelSet, NoCompatibleAnchor, load_anchor
 from inferasim.catalog.engines import ENGINES, UnknownEngineError, normalize_engine
-from inferasim.catalog.gpus import UnknownGPUError, get_gpu, list_gpus
+from inferasim.catalog.gpus import GPU, UnknownGPUError, get_gpu, list_gpus
 from inferasim.catalog.models import (
     PRECISIONS,
     ModelConfigError,
+    ModelSpec,
     UnknownModelError,
     get_model,
     known_models,
@@ -164,6 +165,21 @@ def _anchor_store(folders: Sequence[str] | None) -> AnchorStore:
     return AnchorStore(*dirs)
 
 
+def _refuse_unservable(model: ModelSpec, gpu: GPU, layout: Layout, engine: str, precision: str,
+                       kv_dtype: str) -> None:
+    """A layout the engine would not start (tp not dividing the heads under vLLM, weights beyond
+    HBM even at the raised memory fraction benchmarks use) has no performance to predict."""
+    from inferasim.sim.benchmark import TIGHT_MEMORY_FRACTION
+
+    plan = plan_memory(model, gpu, layout, engine=engine, precision=precision, kv_dtype=kv_dtype)
+    if not plan.feasible:
+        tight = plan_memory(model, gpu, layout, engine=engine, precision=precision, kv_dtype=kv_dtype,
+                            memory_fraction=TIGHT_MEMORY_FRACTION)
+        if not tight.feasible:
+            raise UsageError(f"{engine} cannot serve {model.name} at {layout.label()} on {gpu.name}: "
+                             + "; ".join(tight.reasons) + " (see `inferasim memory` for the plan)")
+
+
 def cmd_predict(args: argparse.Namespace) -> int:
     from inferasim.predictor import fitted_from_anchor, unanchored
     from inferasim.sim.benchmark import engine_sched, open_loop
@@ -178,6 +194,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     from inferasim.predictor import benchmark_kv_dtype
 
     kv_dtype = args.kv_cache_dtype or benchmark_kv_dtype(args.precision)
+    _refuse_unservable(model, gpu, layout, engine, args.precision, kv_dtype)
     if args.anchor:
         fitted = fitted_from_anchor(load_anchor(args.anchor))
         anchored = True

@@ -388,3 +388,10 @@ def test_no_compatible_anchor_lists_at_most_three(tmp_path: Path) -> None:
         store.find(KS)
     assert len(info.value.nearest) == 3
     assert str(info.value).count("differs in") == 3
+
+
+def test_differences_ignore_names_the_catalogs_resolve_alike() -> None:
+    here = KernelSet(engine="vllm", model="meta-llama/Meta-Llama-3.1-8B", gpu="h100", precision="fp8")
+    there = KernelSet(engine="vllm", model="meta-llama/Llama-3.1-8B", gpu="NVIDIA-H100-80GB-HBM3",
+                      precision="FP8", engine_version="0.12.0")
+    assert here.differences(there) == [("engine_version", "", "0.12.0")]

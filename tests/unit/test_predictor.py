@@ -116,6 +116,18 @@ def test_predict_cli_uses_shipped_anchor_and_flags_unanchored() -> None:
     assert r.returncode == 2 and "nearest" in r.stderr
 
 
+def test_predict_cli_refuses_a_layout_the_engine_would_not_start() -> None:
+    base = [sys.executable, "-m", "inferasim.cli", "predict", "--gpu", "h100", "--engine", "vllm",
+            "--isl", "1024", "--osl", "256", "--concurrency", "8"]
+    r = subprocess.run(base + ["--model", "meta-llama/Llama-3.1-8B", "--tp", "3"], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2 and "tp=3 does not divide the 32 attention heads" in r.stderr
+    assert "Traceback" not in r.stderr and not r.stdout
+    r = subprocess.run(base + ["--model", "meta-llama/Llama-3.1-405B", "--tp", "2"], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2 and "weights need" in r.stderr
+
+
 def test_shipped_anchors_are_valid() -> None:
     store = AnchorStore(REPO / "anchors")
     assert not store.errors()
