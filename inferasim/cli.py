@@ -284,11 +284,13 @@ def cmd_validate(args: argparse.Namespace) -> int:
         return "-" if v is None else f"{100 * v:.1f}%"
 
     metric_rows = []
+    coverage = s.get("interval_coverage") or {}
     for name in ("tpot", "ttft", "throughput_per_gpu", "batch_latency"):
         m = s.get(name) or {}
         if m.get("n"):
-            metric_rows.append((name, pct(m["median_ape"]), pct(m["p90_ape"]), m["n"]))
-    print(table(["metric", "median APE", "p90 APE", "n"], metric_rows,
+            inside = (coverage.get(name) or {}).get("share")
+            metric_rows.append((name, pct(m["median_ape"]), pct(m["p90_ape"]), pct(inside), m["n"]))
+    print(table(["metric", "median APE", "p90 APE", "inside interval", "n"], metric_rows,
                 title=f"Validation of {args.data} (anchor rule {args.anchor_rule})"))
     r = s.get("ranking") or {}
     print(f"ranking: pair accuracy {pct(r.get('pair_accuracy'))} over {r.get('pairs', 0)} pairs "

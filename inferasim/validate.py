@@ -455,7 +455,9 @@ def _intervals(row: BenchRow, pred: RowPrediction) -> dict[str, tuple[float, flo
             out[name] = (lo, hi)
         elif name in _INTERVAL_ALIASES:
             out.setdefault(_INTERVAL_ALIASES[name], (lo, hi))
-        elif name == "throughput_tok_s" and row.gpus > 0:
+        elif (name == "throughput_tok_s" or (name == "throughput" and row.scenario == "offline")) and row.gpus > 0:
+            # An offline row is scored on its measured tok/s; a closed row's throughput follows
+            # from TTFT and TPOT (below), not from the predictor's own band.
             out.setdefault("throughput_per_gpu", (lo / row.gpus, hi / row.gpus))
     # a closed row's throughput falls as TTFT and TPOT grow: derive its interval when not given
     if "throughput_per_gpu" not in out and row.scenario == "closed" and "ttft" in out and "tpot" in out:
@@ -516,6 +518,22 @@ def _metric_summary(results: Sequence[RowResult], metric: str) -> dict[str, Any]
 
 def _metrics_block(results: Sequence[RowResult]) -> dict[str, Any]:
     return {m: _metric_summary(results, m) for m in METRICS}
+
+
+def interval_coverage(results: Sequence[RowResult]) -> dict[str, dict[str, Any]]:
+    """Per metric, the share of scored rows whose measured value lies inside the predicted
+    interval: how far an operator can trust the band, not only the point."""
+    out: dict[str, dict[str, Any]] = {}
+    for m in METRICS:
+        hits = n = 0
+        for r in results:
+            value, band = r.measured.get(m), r.interval.get(m)
+            if r.status != "ok" or value is None or band is None or not np.isfinite(value):
+                continue
+            n += 1
+            hits += band[0] <= value <= band[1]
+        out[m] = {"share": hits / n if n else None, "n": n}
+    return out
 
 
 def ranking_fidelity(results: Sequence[RowResult]) -> dict[str, Any]:
@@ -607,6 +625,7 @@ def _section(
     }
     counts.update(extra_counts or {})
     section["counts"] = counts
+    section["interval_coverage"] = interval_coverage(agg)
     section["disagg"] = _metrics_block(disagg)
     return section
 
