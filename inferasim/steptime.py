@@ -63,7 +63,7 @@ class StepParams:
     # s per request served one at a time by the engine's front end (SGLang's TokenizerManager and
     # scheduler admission, vLLM's API server process): a burst of C arrivals waits k x t_front for
     # its k-th request. Host cost: no layout divides it. Old anchors without it load as 0. Priced by
-    # sim.benchmark and transfer.disagg_point; the simulator (sim.des) and emulator do not model it yet.
+    # sim.benchmark and transfer.disagg_point; simulated (sim.des, sim.replica) and emulated as one FIFO server.
     t_front: float = 0.0
 
     def as_dict(self) -> dict[str, float]:

@@ -19,7 +19,10 @@ stream per wake).
 
 Request life: `submit` stamps the request with its emulated arrival plus `StepParams.t_ttft`
 (API server, tokenisation: the per-request latency outside the steps that the analytic model and
-the simulator add to TTFT) and queues it; it reaches its rank's scheduler at that stamp. Token
+the simulator add to TTFT) and queues it; it reaches its rank's scheduler at that stamp. The
+serial front end (`StepParams.t_front`: SGLang's TokenizerManager and scheduler admission, vLLM's
+API server process) then passes requests one at a time, t_front each, in order of arrival, as
+`inferasim.sim.des` models it: a burst of C requests reaches the schedulers t_front apart. Token
 counts are read back from the scheduler's running set after every step.
 """
 
@@ -75,7 +78,7 @@ class EmuRequest:
     max_tokens: int
     finish_reason: str  # reason once `output` tokens are out: length | stop
     recv_v: float  # reached the API server
-    enq_v: float  # reaches the engine core (recv + t_ttft)
+    enq_v: float  # reaches the engine core (recv + t_ttft, then the serial front end's t_front)
     sink: Sink  # called on delivery (tokens, finish)
     sim: Request = field(repr=False, default=None)  # type: ignore[assignment]
     first_sched_v: float | None = None
@@ -116,6 +119,7 @@ class EngineLoop:
         self._dirty: set[int] = set()
         self._aborts: list[EmuRequest] = []
         self._serial = 0
+        self._front_free = 0.0  # emulated time the serial front end has passed its last request
         self._rr = 0
         self._waiter: asyncio.Future[None] | None = None
         self._stopping = False
@@ -147,9 +151,14 @@ class EngineLoop:
         rid = self._free.pop() if self._free else self._new_slot()
         rank = self._pick_rank()
         self._serial += 1
+        enq = now + self.params.t_ttft
+        t_front = self.params.t_front
+        if t_front > 0.0:  # submissions come in emulated-time order: FIFO at once
+            enq = max(enq, self._front_free) + t_front
+            self._front_free = enq
         req = EmuRequest(rid=rid, serial=self._serial, rank=rank, prompt=prompt, output=output,
                          max_tokens=max_tokens, finish_reason=finish_reason, recv_v=now,
-                         enq_v=now + self.params.t_ttft, sink=sink)
+                         enq_v=enq, sink=sink)
         req.sim = Request(rid=rid, arrival=req.enq_v, prompt=prompt, output=output, rank=rank)
         self._slots[rid] = req
         self._emitted[rid] = 0

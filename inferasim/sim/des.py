@@ -22,8 +22,17 @@ inside the run cuts it at the step that starts after it.
 Client-side latency: `StepParams.t_ttft` (API server, tokenisation, streaming) is added to every
 token's delivery time, so TTFT includes it as in the analytic model, and a closed-loop client's
 next request leaves when the last token of its previous one is delivered. Offline runs (the LLM
-class, no server) leave it out, as `benchmark.offline_batch` does. The serial front-end cost
-`StepParams.t_front` that `benchmark.closed_loop` prices is not modelled here yet.
+class, no server) leave it out, as `benchmark.offline_batch` does.
+
+Serial front end: `StepParams.t_front` (s per request; SGLang's TokenizerManager and scheduler
+admission, vLLM's API server process) is one FIFO server per replica in front of the ranks'
+queues. A request sent at t reaches its rank's queue when the server has passed it: start =
+max(t, the previous request's departure), departure = start + t_front; so a burst of C arrivals
+reaches the engine at t + t_front, t + 2 t_front, ... (mean (C + 1)/2 x t_front, as
+`benchmark.closed_loop` and `benchmark.offline_batch` price it; the offline batch passes it too).
+Arrivals wait in `_front` (ordered by send time) until the server takes them up, which the loop
+does once the clock reaches their start: every request submitted later is sent at or after the
+clock, so none could still overtake them. With t_front = 0 nothing goes through it.
 """
 
 from __future__ import annotations
@@ -98,6 +107,9 @@ class Simulator:
         self.ranks: list[Scheduler] = [make_scheduler(sched, capacity, delivery_delay)
                                        for _ in range(c.layout.dp)]
         self._pending: list[list[tuple[float, int, Request]]] = [[] for _ in self.ranks]
+        self.t_front = float(p.t_front)
+        self._front: list[tuple[float, int, Request]] = []  # sent, not yet taken up by the front end
+        self._front_free = 0.0  # when the front end has passed its last request
         self.now = 0.0
         self.steps = 0
         self.outstanding = 0
@@ -108,8 +120,21 @@ class Simulator:
         if req.prompt + req.output > limit:
             raise ValueError(f"request of {req.prompt} + {req.output} tokens cannot fit the KV pool of "
                              f"{limit} tokens per rank; no engine would ever finish it")
-        heapq.heappush(self._pending[req.rank], (t, req.rid, req))
+        if self.t_front > 0.0:
+            heapq.heappush(self._front, (t, req.rid, req))
+        else:
+            heapq.heappush(self._pending[req.rank], (t, req.rid, req))
         self.outstanding += 1
+
+    def _front_pass(self, now: float) -> None:
+        """The front end takes up, in order of sending, every request it starts by `now`; each
+        reaches its rank's queue t_front after its start."""
+        front, tf, free = self._front, self.t_front, self._front_free
+        while front and max(free, front[0][0]) <= now:
+            t, rid, req = heapq.heappop(front)
+            free = (t if t > free else free) + tf
+            heapq.heappush(self._pending[req.rank], (free, rid, req))
+        self._front_free = free
 
     def _step_time(self, n_dec: float, ctx_dec: float | np.ndarray, n_pref: float = 0.0,
                    ctx_pref: float = 0.0) -> float | np.ndarray:
@@ -120,13 +145,24 @@ class Simulator:
         for rank, heap in zip(self.ranks, self._pending, strict=True):
             if heap and heap[0][0] < t and (not only_accepting or rank.accepts_arrivals()):
                 t = heap[0][0]
+        front = self._front
+        if front:
+            # The next request the front end passes, if none sent earlier comes first (a request
+            # submitted later could only come sooner; the loop looks again after every step).
+            # A lower bound for any rank: cut a decode run there if some rank could take it.
+            d = max(self._front_free, front[0][0]) + self.t_front
+            if d < t and (not only_accepting or any(r.accepts_arrivals() for r in self.ranks)):
+                t = d
         return t
 
     def run(self, on_finish: Callable[[Request], None]) -> None:
         """Step until every submitted request (including those `on_finish` submits) is done."""
         ranks, pending = self.ranks, self._pending
+        front = self._front
         while self.outstanding > 0:
             now = self.now
+            if front:
+                self._front_pass(now)
             for rank, heap in zip(ranks, pending, strict=True):
                 while heap and heap[0][0] <= now:
                     rank.enqueue(heapq.heappop(heap)[2])
@@ -249,7 +285,8 @@ def simulate_offline(p: StepParams, c: LayoutCost, sched: EngineSched, isl: int,
                      batch: int, jump: bool = True) -> SimResult:
     """`batch` requests handed to the engine at once, no refill (vLLM benchmark_latency /
     benchmark_throughput). `duration` is the batch latency. No API-server latency: the offline
-    benchmarks call the engine in-process."""
+    benchmarks call the engine in-process; the requests still pass the serial front end
+    (`t_front`, as `benchmark.offline_batch` prices it)."""
     sim = Simulator(p, c, sched, delivery_delay=0.0, jump=jump)
     dp = len(sim.ranks)
     requests = [Request(rid=i, arrival=0.0, prompt=int(isl), output=int(osl), rank=i % dp)
