@@ -37,9 +37,11 @@ PRIOR_SIGMA: dict[str, float] = {
     # Prior centred on the floor (0.1 ms: no serial front-end cost) and wide, since data that ask
     # for one ask for ~10 ms, ln(100) = 4.6 away (sigma 5-8 gave the same dev figures; 6 kept).
     "t_front": 6.0,
+    # Only fitted where the anchor spans prompt lengths (see below); a factor e either way.
+    "t_front_token": 1.0,
 }
 FREE_PARAMS: tuple[str, ...] = ("t_fixed", "t_seq", "e_bw", "e_kv", "e_flops", "e_attn", "moe_skew", "burst",
-                                "t_ttft", "kv_scale", "t_front")
+                                "t_ttft", "kv_scale", "t_front", "t_front_token")
 # Residual weights: a mean TPOT averages thousands of steps of one kernel set, while a mean TTFT is
 # dominated by harness behaviour (arrival waves, per-request overhead) that the benchmark model only
 # approximates. Letting TPOT lead the step-time parameters helped every metric on the dev data
@@ -47,7 +49,8 @@ FREE_PARAMS: tuple[str, ...] = ("t_fixed", "t_seq", "e_bw", "e_kv", "e_flops", "
 METRIC_WEIGHT: dict[str, float] = {"tpot": 3.0, "ttft": 1.0}
 # Distinct closed-loop concurrencies an anchor needs before its serial front-end cost is fitted.
 MIN_FRONT_CONCURRENCIES = 3
-_FLOOR = {"t_seq": 1e-7, "moe_skew": 1e-3, "burst": 1e-3, "t_ttft": 1e-4, "t_front": 1e-4}
+_FLOOR = {"t_seq": 1e-7, "moe_skew": 1e-3, "burst": 1e-3, "t_ttft": 1e-4, "t_front": 1e-4,
+          "t_front_token": 1e-8}
 
 
 @dataclass(frozen=True)
@@ -129,10 +132,14 @@ def fit_params(cost: LayoutCost, sched: EngineSched, points: Sequence[FitPoint],
             del metrics["throughput"]
     offline_only = all(p.scenario == "offline" for p in points)
     free = [f for f in free if not (f == "moe_skew" and cost.n_experts == 0) and
-            not (f in ("burst", "t_ttft", "t_front") and offline_only)]
+            not (f in ("burst", "t_ttft", "t_front", "t_front_token") and offline_only)]
     # t_front shows only as TTFT growing with concurrency beyond the wave: it needs a sweep.
     if len({p.concurrency for p in points if p.scenario != "offline"}) < MIN_FRONT_CONCURRENCIES:
         free = [f for f in free if f != "t_front"]
+    # Its per-token part trades against the per-request part unless prompts differ in length; an
+    # engine without one (prior 0) keeps none.
+    if len({p.isl for p in points if p.scenario != "offline"}) < 2 or prior.t_front_token <= 0.0:
+        free = [f for f in free if f != "t_front_token"]
     prior_d = prior.as_dict()
     base = dict(prior_d)
 

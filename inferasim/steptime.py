@@ -65,9 +65,19 @@ class StepParams:
     # its k-th request. Host cost: no layout divides it. Old anchors without it load as 0. Priced by
     # sim.benchmark and transfer.disagg_point; simulated (sim.des, sim.replica) and emulated as one FIFO server.
     t_front: float = 0.0
+    # s per prompt token added to each request's turn at that serial front end: vLLM's API server
+    # tokenises and processes the whole prompt in one process before the engine core sees it. On
+    # shared/data/aic-silicon the part of vLLM's TTFT that no tp divides grows by about 1 ms per
+    # client at 1024-token prompts and 7-8 ms at 8192 (Llama-3.1-70B, MiniMax-M2.5, Qwen3-32B over
+    # tp 1-8), about 1-2 us per prompt token. Fitted only where an anchor spans prompt lengths.
+    t_front_token: float = 0.0
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
+
+    def front_time(self, isl: ArrayLike) -> ArrayLike:
+        """Seconds one request holds the serial front end (`t_front` + `t_front_token` x prompt)."""
+        return self.t_front + self.t_front_token * np.asarray(isl, dtype=float)
 
     @classmethod
     def from_dict(cls, d: dict[str, float]) -> StepParams:
@@ -89,6 +99,7 @@ PARAM_BOUNDS: dict[str, tuple[float, float]] = {
     "t_ttft": (0.0, 0.5),
     "kv_scale": (0.4, 3.0),
     "t_front": (0.0, 0.05),
+    "t_front_token": (0.0, 2e-5),
 }
 
 # Expert-parallel dispatch and combine (all-to-all, or all-gather + reduce-scatter) cost far more
@@ -113,10 +124,16 @@ def default_params(gpu: GPU, engine: str = "vllm") -> StepParams:
     # scheduler, first chunk out). Where one anchor pins it, SGLang's fits land at 0.1-0.3 s and
     # vLLM's at 0.03-0.1 s on the dev data (shared/data/aic-silicon); the defaults sit inside.
     t_ttft = 0.15 if engine == "sglang" else 0.045
+    # vLLM's serial per-prompt-token front-end cost (see StepParams.t_front_token): 1 us per token
+    # was chosen among 0.5-3 us with `inferasim validate` (vLLM TTFT 14.8% -> 14.5%). SGLang's
+    # per-request t_front already takes its front end, and every per-token value made it worse
+    # (0.5-2 us tried); ATOM has no data here, so it keeps none.
+    t_front_token = 1e-6 if engine == "vllm" else 0.0
     return StepParams(
         t_fixed=host,
         burst=burst,
         t_ttft=t_ttft,
+        t_front_token=t_front_token,
         e_bw=0.70 if amd else 0.80,
         e_kv=0.45 if amd else 0.55,
         e_flops=0.45 if amd else 0.55,

@@ -152,7 +152,7 @@ class EngineLoop:
         rank = self._pick_rank()
         self._serial += 1
         enq = now + self.params.t_ttft
-        t_front = self.params.t_front
+        t_front = float(self.params.front_time(prompt))
         if t_front > 0.0:  # submissions come in emulated-time order: FIFO at once
             enq = max(enq, self._front_free) + t_front
             self._front_free = enq

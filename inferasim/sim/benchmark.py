@@ -203,9 +203,10 @@ def closed_loop(p: StepParams, c: LayoutCost, sched: EngineSched, isl: np.ndarra
     # Serial front end (`t_front`): one process admits requests one at a time. In a wave of R
     # arrivals the k-th waits k x t_front (mean (R + 1)/2 x t_front); outside waves a request
     # queues behind others at the front end's arrival rate x (M/D/1, utilisation capped).
-    rho = np.minimum(x * p.t_front, MAX_PREFILL_SHARE)
-    front_steady = p.t_front + rho * p.t_front / (2.0 * (1.0 - rho))
-    front_wave = (running + 1.0) / 2.0 * p.t_front
+    t_front = p.front_time(isl)
+    rho = np.minimum(x * t_front, MAX_PREFILL_SHARE)
+    front_steady = t_front + rho * t_front / (2.0 * (1.0 - rho))
+    front_wave = (running + 1.0) / 2.0 * t_front
     steady_part = ttft + front_steady + p.t_ttft
     wave_excess = np.maximum(ttft_wave + front_wave - ttft - front_steady, 0.0)
     gamma = WAVE_GAMMA_MIXED if sched.mixed else WAVE_GAMMA_SEPARATE
@@ -260,7 +261,7 @@ def offline_batch(p: StepParams, c: LayoutCost, sched: EngineSched, isl: np.ndar
     latency = full_waves * t_full + np.where(rest > 0, t_rest, 0.0)
     throughput = bsz * osl / latency
     # The batch passes the serial front end one request at a time (see closed_loop).
-    ttft = pref_full / 2.0 + (np.minimum(bsz, cap) + 1.0) / 2.0 * p.t_front
+    ttft = pref_full / 2.0 + (np.minimum(bsz, cap) + 1.0) / 2.0 * p.front_time(isl)
     return OfflineResult(batch_latency=latency, throughput=throughput, ttft=ttft, tpot=step_full)
 
 

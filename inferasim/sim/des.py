@@ -108,6 +108,8 @@ class Simulator:
                                        for _ in range(c.layout.dp)]
         self._pending: list[list[tuple[float, int, Request]]] = [[] for _ in self.ranks]
         self.t_front = float(p.t_front)
+        self.t_front_token = float(p.t_front_token)  # per prompt token, on top of t_front
+        self._front_on = self.t_front > 0.0 or self.t_front_token > 0.0
         self._front: list[tuple[float, int, Request]] = []  # sent, not yet taken up by the front end
         self._front_free = 0.0  # when the front end has passed its last request
         self.now = 0.0
@@ -120,7 +122,7 @@ class Simulator:
         if req.prompt + req.output > limit:
             raise ValueError(f"request of {req.prompt} + {req.output} tokens cannot fit the KV pool of "
                              f"{limit} tokens per rank; no engine would ever finish it")
-        if self.t_front > 0.0:
+        if self._front_on:
             heapq.heappush(self._front, (t, req.rid, req))
         else:
             heapq.heappush(self._pending[req.rank], (t, req.rid, req))
@@ -128,11 +130,11 @@ class Simulator:
 
     def _front_pass(self, now: float) -> None:
         """The front end takes up, in order of sending, every request it starts by `now`; each
-        reaches its rank's queue t_front after its start."""
-        front, tf, free = self._front, self.t_front, self._front_free
+        reaches its rank's queue t_front + t_front_token x prompt after its start."""
+        front, tf, per_token, free = self._front, self.t_front, self.t_front_token, self._front_free
         while front and max(free, front[0][0]) <= now:
             t, rid, req = heapq.heappop(front)
-            free = (t if t > free else free) + tf
+            free = (t if t > free else free) + tf + per_token * req.prompt
             heapq.heappush(self._pending[req.rank], (free, rid, req))
         self._front_free = free
 
@@ -150,7 +152,7 @@ class Simulator:
             # The next request the front end passes, if none sent earlier comes first (a request
             # submitted later could only come sooner; the loop looks again after every step).
             # A lower bound for any rank: cut a decode run there if some rank could take it.
-            d = max(self._front_free, front[0][0]) + self.t_front
+            d = max(self._front_free, front[0][0]) + self.t_front + self.t_front_token * front[0][2].prompt
             if d < t and (not only_accepting or any(r.accepts_arrivals() for r in self.ranks)):
                 t = d
         return t

@@ -133,6 +133,8 @@ class Replica:
         self.step = StepModel(p, c, max(int(sched.max_batched_tokens), SGLANG_TABLE) + int(sched.max_num_seqs))
         self._pending: list[list[tuple[float, int, SimRequest]]] = [[] for _ in self.ranks]
         self.t_front = float(p.t_front)
+        self.t_front_token = float(p.t_front_token)  # per prompt token, on top of t_front
+        self._front_on = self.t_front > 0.0 or self.t_front_token > 0.0
         self._front: list[tuple[float, int, SimRequest]] = []  # arrived or to arrive, not yet taken up
         self._front_free = 0.0  # when the front end has passed its last request
         self._pseq = 0
@@ -180,7 +182,7 @@ class Replica:
         req.replica = self.index
         self._blocked_at = -1.0
         self._pseq += 1
-        if self.t_front > 0.0 and not req.prebuilt:
+        if self._front_on and not req.prebuilt:
             heapq.heappush(self._front, (t, self._pseq, req))
         else:
             heapq.heappush(self._pending[rank], (t, self._pseq, req))
@@ -194,9 +196,10 @@ class Replica:
         request routed here later that arrived earlier is served after them: at most a step late,
         as the cluster's clocks allow); each reaches its rank's queue t_front after its start."""
         front, tf, free, pending = self._front, self.t_front, self._front_free, self._pending
+        per_token = self.t_front_token
         while front and (free if free > front[0][0] else front[0][0]) <= now:
             t, seq, req = heapq.heappop(front)
-            free = (t if t > free else free) + tf
+            free = (t if t > free else free) + tf + per_token * req.prompt
             heapq.heappush(pending[req.rank], (free, seq, req))
         self._front_free = free
 
@@ -205,8 +208,8 @@ class Replica:
         front = self._front
         if not front:
             return INF
-        t = front[0][0]
-        return (t if t > self._front_free else self._front_free) + self.t_front
+        t, _, req = front[0]
+        return (t if t > self._front_free else self._front_free) + self.t_front + self.t_front_token * req.prompt
 
     def _next_event(self, only_accepting: bool) -> float:
         t = INF
@@ -471,7 +474,7 @@ class Replica:
         queried = sum(r.query_tokens for r in ranks)
         running = sum(r.n_alive for r in ranks)
         waiting = sum(len(r.waiting) + len(r.loading) for r in ranks)
-        if self.t_front > 0.0:
+        if self._front_on:
             waiting += self._at_front(self.now)
         while self._next_sample <= self.now:
             self.series.append((self._next_sample, in_use, cached, hits, queried, running, waiting))

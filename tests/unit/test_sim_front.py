@@ -43,7 +43,9 @@ def _setup(engine: str, dp: int = 1):  # noqa: ANN202
 
 
 def _with_front(f, t_front: float):  # noqa: ANN001, ANN202
-    return dataclasses.replace(f, fit=dataclasses.replace(f.fit, params=dataclasses.replace(f.params, t_front=t_front)))
+    """`f` with a per-request front end of `t_front` and no per-token part (exact checks below)."""
+    params = dataclasses.replace(f.params, t_front=t_front, t_front_token=0.0)
+    return dataclasses.replace(f, fit=dataclasses.replace(f.fit, params=params))
 
 
 # -- closed-loop DES ------------------------------------------------------------------------------
@@ -160,7 +162,8 @@ def test_trace_burst_ttft_rises_with_t_front(engine: str, tmp_path) -> None:  # 
     assert ttft[0.0] < ttft[0.005] < ttft[0.01] < ttft[TF]
     assert abs(ttft[TF] - ttft[0.0] - (conc + 1) / 2 * TF) < ttft[0.0] - f.params.t_ttft
     times = np.cumsum(np.full(conc, TF))
-    stag = simulate_workload(f, Layout(tp=1), Driver([SimRequest(i, float(times[i]), 64, 4) for i in range(conc)]))
+    stag = simulate_workload(_with_front(f, 0.0), Layout(tp=1),
+                             Driver([SimRequest(i, float(times[i]), 64, 4) for i in range(conc)]))
     assert ttft[TF] - stag.ttft["mean"] / 1e3 == pytest.approx((conc + 1) / 2 * TF, rel=1e-9)
 
 
@@ -233,3 +236,30 @@ def test_emulator_burst_reaches_the_engine_t_front_apart() -> None:
     # t_front = 0: the stamp is arrival + t_ttft, as before.
     loop.set_params(StepParams(t_ttft=0.03))
     assert loop.submit(64, 4, 4, "length", lambda r: True).enq_v == 10.0 + 0.03
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_des_front_end_per_token_part_follows_each_prompt(engine: str) -> None:
+    """`t_front_token`: a request holds the front end t_front + t_front_token x its prompt, so a
+    burst of different prompts reaches the engine at the running sum of those times, the same run
+    as sending each then to an engine without a front end."""
+    c, s = _setup(engine)
+    prompts = [64, 512, 128, 1024, 256, 64, 2048, 32]
+    per_token = 2e-5  # s per token: 1.3 ms for a 64-token prompt, 41 ms for 2048
+    p0 = StepParams(t_ttft=0.0)
+    sim = Simulator(dataclasses.replace(p0, t_front=TF / 4, t_front_token=per_token), c, s, delivery_delay=0.0)
+    burst = [Request(rid=i, arrival=0.0, prompt=n, output=4) for i, n in enumerate(prompts)]
+    for req in burst:
+        sim.submit(req, 0.0)
+    sim.run(lambda req: None)
+    ref_sim = Simulator(p0, c, s, delivery_delay=0.0)
+    sent = np.cumsum([TF / 4 + per_token * n for n in prompts])
+    ref = [Request(rid=i, arrival=float(t), prompt=n, output=4)
+           for i, (n, t) in enumerate(zip(prompts, sent, strict=True))]
+    for req in ref:
+        ref_sim.submit(req, req.arrival)
+    ref_sim.run(lambda req: None)
+    np.testing.assert_allclose([r.first_token for r in burst], [r.first_token for r in ref], rtol=1e-12)
+    # the analytic estimator's front end holds a request for the same time
+    assert float(dataclasses.replace(p0, t_front=TF / 4, t_front_token=per_token).front_time(2048)) == \
+        pytest.approx(TF / 4 + per_token * 2048)
