@@ -102,6 +102,18 @@ PARAM_BOUNDS: dict[str, tuple[float, float]] = {
     "t_front_token": (0.0, 2e-5),
 }
 
+# GEMM shape efficiency: a GEMM of M tokens by N output columns per GPU reaches
+# 1 / (1 + GEMM_M0 / M + GEMM_N0 / N) of the fitted large-GEMM efficiency: tile quantisation, and
+# the activation read that a narrow N does not amortise. It is what makes prefill stop scaling
+# as 1/tp once tp or moe_tp leaves each GPU a thin slice (MiniMax-M2.5's experts are 768 columns
+# wide at moe_tp 4), and grouped expert GEMMs slow when few tokens reach each expert. The
+# anchor's e_flops is fitted at its own shapes; the factor carries it to the target's. Chosen on
+# shared/data/aic-silicon (min-gpus) among M0 0-128 and N0 0-1024: M0 64, N0 512 moved TPOT
+# 7.6% -> 7.2%, throughput/GPU 7.2 -> 6.8, pair accuracy 0.986 -> 0.991, vLLM TTFT 14.5 -> 13.7
+# (SGLang TTFT 20.2 -> 21.0), argonne offline latency 10.3 -> 10.0.
+GEMM_M0 = 64.0
+GEMM_N0 = 512.0
+
 # Expert-parallel dispatch and combine (all-to-all, or all-gather + reduce-scatter) cost far more
 # than a link's raw latency: synchronisation of every rank, token permutation, padding. The
 # vLLM DP+EP rows of shared/data/aic-silicon (MiniMax-M2.5, Kimi-K2.5) put it near 60 us per
@@ -199,6 +211,8 @@ class LayoutCost:
     peak_flops_dense: float
     peak_flops_moe: float
     peak_flops_attn: float
+    dense_width: float = 1e9  # output columns per GPU of the widest dense GEMM (MLP up under tp)
+    expert_width: float = 1e9  # output columns per GPU of one routed expert's up GEMM (under moe_tp)
     act_bytes: float = 2.0  # activation element size on the wire
     notes: tuple[str, ...] = field(default_factory=tuple)
 
@@ -293,6 +307,13 @@ def _layout_cost(model: ModelSpec, gpu: GPU, layout: Layout, precision: str, kv_
     moe_dtype = compute_dtype(precision, "routed_experts", model)
     n_moe = max(la.mlp.n_experts for la in model.layers)
     top_k = max(la.mlp.top_k for la in model.layers)
+    # Gated MLPs hold 3 x hidden x intermediate weights; the up GEMM is 2 x intermediate wide.
+    hidden = max(model.hidden_size, 1)
+    dense_inter = max((la.mlp.dense_params + la.mlp.shared_params for la in model.layers), default=0) / (3.0 * hidden)
+    attn_width = max((la.attention.params for la in model.layers), default=0) / (2.0 * hidden)
+    dense_width = max(2.0 * dense_inter, attn_width) / tp
+    expert_inter = max((la.mlp.expert_params for la in moe_layers), default=0) / (3.0 * hidden)
+    expert_width = 2.0 * expert_inter / layout.moe_tp if expert_inter else 1e9
     # Attention math runs in bf16 (fp8 attention kernels exist but are not the default).
     return LayoutCost(
         model=model, gpu=gpu, layout=layout, precision=precision, kv_dtype=kv_dtype,
@@ -303,6 +324,7 @@ def _layout_cost(model: ModelSpec, gpu: GPU, layout: Layout, precision: str, kv_
         state_bytes=state / pp, attn_flops_coeff=attn_full / pp,
         attn_windows=tuple((c / pp, w_) for w_, c in attn_win.items()),
         n_layers=model.num_layers, moe_layers=model.moe_layers, hidden=model.hidden_size, peak_bw=gpu.hbm_bandwidth,
+        dense_width=max(dense_width, 1.0), expert_width=max(expert_width, 1.0),
         peak_flops_dense=gpu.peak_flops(dense_dtype), peak_flops_moe=gpu.peak_flops(moe_dtype),
         peak_flops_attn=gpu.peak_flops("bf16"),
     )
@@ -311,6 +333,11 @@ def _layout_cost(model: ModelSpec, gpu: GPU, layout: Layout, precision: str, kv_
 # ------------------------------------------------------------------------------------------------
 # The step
 # ------------------------------------------------------------------------------------------------
+
+def gemm_shape(m: ArrayLike, n: float) -> ArrayLike:
+    """Share of the large-GEMM efficiency a GEMM of `m` rows by `n` columns per GPU reaches."""
+    return 1.0 / (1.0 + GEMM_M0 / np.maximum(np.asarray(m, dtype=float), 1.0) + GEMM_N0 / n)
+
 
 def busiest_rank_factor(tokens_routed: ArrayLike, ranks: int, skew: float) -> ArrayLike:
     """Load of the busiest of `ranks` expert ranks relative to the mean.
@@ -335,7 +362,8 @@ def step_time(p: StepParams, c: LayoutCost, n_dec: ArrayLike, ctx_dec: ArrayLike
     lay = c.layout
     bw_w = c.peak_bw * p.e_bw
     host = p.t_fixed + p.t_seq * n_dec
-    t_dense = roof(c.dense_bytes / bw_w, c.dense_flops_per_token * tokens / (c.peak_flops_dense * p.e_flops))
+    t_dense = roof(c.dense_bytes / bw_w, c.dense_flops_per_token * tokens /
+                   (c.peak_flops_dense * p.e_flops * gemm_shape(tokens, c.dense_width)))
     t_moe = 0.0
     if c.n_experts:
         # Tokens of all dp ranks meet in each MoE layer.
@@ -344,8 +372,10 @@ def step_time(p: StepParams, c: LayoutCost, n_dec: ArrayLike, ctx_dec: ArrayLike
         factor = busiest_rank_factor(routed, lay.moe_ep, p.moe_skew)
         experts_here = np.minimum(distinct / lay.moe_ep * np.minimum(factor, 2.0), c.n_experts / lay.moe_ep)
         tok_here = routed / lay.moe_ep * factor
+        per_expert = tok_here / np.maximum(experts_here, 1e-9)
         t_moe = roof(experts_here * c.expert_bytes / bw_w,
-                     tok_here * c.expert_flops_per_token / (c.peak_flops_moe * p.e_flops))
+                     tok_here * c.expert_flops_per_token /
+                     (c.peak_flops_moe * p.e_flops * gemm_shape(per_expert, c.expert_width)))
     t_attn = n_dec * c.kv_read_bytes(ctx_dec) / (c.peak_bw * p.e_kv) + \
         n_pref * c.prefill_attn_flops(ctx_pref) / (c.peak_flops_attn * p.e_attn)
     t_comm = p.comm_scale * c.comm_time(tokens)

@@ -152,3 +152,26 @@ def test_replica_split_conserves_clients() -> None:
     assert sum(replica_split(1000, 7)) == 1000
     with pytest.raises(ValueError):
         replica_split(4, 0)
+
+
+def test_thin_gemm_slices_stop_prefill_scaling_as_one_over_tp() -> None:
+    """MiniMax-M2.5's experts are 1536 wide: under moe_tp 8 each GPU keeps 384 columns, and a
+    prefill step no longer shrinks 8x. With the shape factor off it comes closer to 1/tp."""
+    import inferasim.steptime as steptime
+
+    model, gpu = get_model("MiniMaxAI/MiniMax-M2.5"), get_gpu("B200")
+    p = StepParams(t_fixed=0.0, t_seq=0.0, comm_scale=0.25)
+    one, eight = layout_cost(model, gpu, Layout(tp=1), "fp8"), layout_cost(model, gpu, Layout(tp=8), "fp8")
+    assert eight.expert_width == pytest.approx(one.expert_width / 8)
+    speedup = float(step_time(p, one, 0.0, 0.0, 8192.0, 4096.0) / step_time(p, eight, 0.0, 0.0, 8192.0, 4096.0))
+    assert 1.0 < speedup < 8.0
+    shape = steptime.gemm_shape(np.array([8, 64, 512, 8192]), 512.0)
+    assert np.all(np.diff(shape) > 0) and shape[-1] < 1.0
+    assert steptime.gemm_shape(8192.0, 4096.0) > steptime.gemm_shape(8192.0, 512.0)
+    orig = (steptime.GEMM_M0, steptime.GEMM_N0)
+    try:
+        steptime.GEMM_M0 = steptime.GEMM_N0 = 0.0
+        flat = float(step_time(p, one, 0.0, 0.0, 8192.0, 4096.0) / step_time(p, eight, 0.0, 0.0, 8192.0, 4096.0))
+    finally:
+        steptime.GEMM_M0, steptime.GEMM_N0 = orig
+    assert flat > speedup
