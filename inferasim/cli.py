@@ -194,7 +194,6 @@ def cmd_predict(args: argparse.Namespace) -> int:
     from inferasim.predictor import benchmark_kv_dtype
 
     kv_dtype = args.kv_cache_dtype or benchmark_kv_dtype(args.precision)
-    _refuse_unservable(model, gpu, layout, engine, args.precision, kv_dtype)
     if args.anchor:
         fitted = fitted_from_anchor(load_anchor(args.anchor))
         anchored = True
@@ -211,6 +210,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
             fitted = unanchored(engine, model, gpu, args.precision, layout, args.engine_version, kv_dtype)
             anchored = False
             print(f"note: {exc}; predicting measurement-free (rank within one engine only)", file=sys.stderr)
+    # Checked at what the prediction will run: an anchor's precision and KV dtype may differ from
+    # the flags' (an fp8 anchor of a bf16 checkpoint fits layouts bf16 does not).
+    _refuse_unservable(fitted.model, fitted.gpu, layout, fitted.engine, fitted.precision, fitted.kv_dtype)
     isl, osl = args.isl, args.osl
     replicas = args.replicas
     if args.concurrency is not None:

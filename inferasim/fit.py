@@ -138,7 +138,10 @@ def fit_params(cost: LayoutCost, sched: EngineSched, points: Sequence[FitPoint],
         free = [f for f in free if f != "t_front"]
     # Its per-token part trades against the per-request part unless prompts differ in length; an
     # engine without one (prior 0) keeps none.
-    if len({p.isl for p in points if p.scenario != "offline"}) < 2 or prior.t_front_token <= 0.0:
+    # Across lengths at one concurrency it is collinear with prefill compute and t_ttft: it also
+    # needs the concurrency sweep.
+    if len({p.isl for p in points if p.scenario != "offline"}) < 2 or prior.t_front_token <= 0.0 or \
+            "t_front" not in free:
         free = [f for f in free if f != "t_front_token"]
     prior_d = prior.as_dict()
     base = dict(prior_d)

@@ -53,7 +53,7 @@ class StepParams:
     t_seq: float = 2e-5  # s per running sequence per step (sampling, input prep, detokenise)
     e_bw: float = 0.80  # weight-streaming efficiency (fraction of HBM peak)
     e_kv: float = 0.55  # decode attention KV-read efficiency
-    e_flops: float = 0.55  # GEMM efficiency at large token counts
+    e_flops: float = 0.55  # GEMM efficiency at large token counts and widths (see gemm_shape)
     e_attn: float = 0.40  # prefill attention efficiency (flash attention vs dense peak)
     moe_skew: float = 0.15  # router skew: busiest-rank load excess over uniform routing
     comm_scale: float = 1.0  # multiplier on the link model's collective time
@@ -108,11 +108,12 @@ PARAM_BOUNDS: dict[str, tuple[float, float]] = {
 # as 1/tp once tp or moe_tp leaves each GPU a thin slice (MiniMax-M2.5's experts are 768 columns
 # wide at moe_tp 4), and grouped expert GEMMs slow when few tokens reach each expert. The
 # anchor's e_flops is fitted at its own shapes; the factor carries it to the target's. Chosen on
-# shared/data/aic-silicon (min-gpus) among M0 0-128 and N0 0-1024: M0 64, N0 512 moved TPOT
-# 7.6% -> 7.2%, throughput/GPU 7.2 -> 6.8, pair accuracy 0.986 -> 0.991, vLLM TTFT 14.5 -> 13.7
-# (SGLang TTFT 20.2 -> 21.0), argonne offline latency 10.3 -> 10.0.
+# shared/data/aic-silicon (min-gpus) among M0 0-128 and N0 0-1024: M0 64, N0 384 moved TPOT
+# 7.6% -> 7.2%, throughput/GPU 7.2 -> 6.9, overall TTFT 16.2 -> 16.1 (vLLM 14.5 -> 13.8, SGLang
+# 20.2 -> 20.4), argonne offline latency 10.3 -> 10.0 (N0 512: pair accuracy 0.990 but SGLang
+# TTFT 22.0).
 GEMM_M0 = 64.0
-GEMM_N0 = 512.0
+GEMM_N0 = 384.0
 
 # Expert-parallel dispatch and combine (all-to-all, or all-gather + reduce-scatter) cost far more
 # than a link's raw latency: synchronisation of every rank, token permutation, padding. The
@@ -307,13 +308,22 @@ def _layout_cost(model: ModelSpec, gpu: GPU, layout: Layout, precision: str, kv_
     moe_dtype = compute_dtype(precision, "routed_experts", model)
     n_moe = max(la.mlp.n_experts for la in model.layers)
     top_k = max(la.mlp.top_k for la in model.layers)
-    # Gated MLPs hold 3 x hidden x intermediate weights; the up GEMM is 2 x intermediate wide.
+    # GEMM widths per GPU for the shape factor. The dense GEMMs of a step (attention projections,
+    # dense FFNs, shared experts) get one FLOP-weighted harmonic width sum(F) / sum(F / N), exact
+    # for the factor's 1/N form; attention's width is its projections' columns, about
+    # params / (2 x hidden), under tp.
     hidden = max(model.hidden_size, 1)
-    dense_inter = max((la.mlp.dense_params + la.mlp.shared_params for la in model.layers), default=0) / (3.0 * hidden)
-    attn_width = max((la.attention.params for la in model.layers), default=0) / (2.0 * hidden)
-    dense_width = max(2.0 * dense_inter, attn_width) / tp
-    expert_inter = max((la.mlp.expert_params for la in moe_layers), default=0) / (3.0 * hidden)
-    expert_width = 2.0 * expert_inter / layout.moe_tp if expert_inter else 1e9
+    flops, over_width = 0.0, 0.0
+    for la in model.layers:
+        parts = [(la.attention.params, la.attention.params / (2.0 * hidden)),
+                 (la.mlp.dense_params, la.mlp.dense_width),
+                 (la.mlp.shared_params, la.mlp.shared_width)]
+        for weights, width in parts:
+            if weights > 0 and width > 0:
+                flops += weights
+                over_width += weights / (width / tp)
+    dense_width = flops / over_width if over_width else 1e9
+    expert_width = max((la.mlp.expert_width for la in moe_layers), default=0) / layout.moe_tp or 1e9
     # Attention math runs in bf16 (fp8 attention kernels exist but are not the default).
     return LayoutCost(
         model=model, gpu=gpu, layout=layout, precision=precision, kv_dtype=kv_dtype,

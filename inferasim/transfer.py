@@ -137,9 +137,10 @@ def disagg_point(fitted: FittedAnchor, prefill_layout: Layout, prefill_workers: 
     admission = max(concurrency / x - (ttft + (osl - 1) * tpot), 0.0)
     # The serial front end (sim.benchmark.closed_loop): a wave's k-th arrival waits k x t_front,
     # other requests queue for it at the arrival rate x (M/D/1).
+    # Each prefill worker has its own front end and takes 1/pws of the requests.
     t_front = float(prm.front_time(isl))
-    rho = min(x * t_front, 0.95)
+    rho = min(x / pws * t_front, 0.95)
     front_steady = t_front + rho * t_front / (2.0 * (1.0 - rho))
-    front_wave = (min(concurrency, cap * dws) + 1.0) / 2.0 * t_front
+    front_wave = (min(concurrency, cap * dws) / pws + 1.0) / 2.0 * t_front
     front = (1 - prm.burst) * front_steady + prm.burst * max(front_wave, front_steady)
     return {"ttft": ttft + admission + prm.t_ttft + front, "tpot": tpot}

@@ -125,6 +125,11 @@ class MLPSpec:
     expert_params: int = 0  # weights of one routed expert
     shared_params: int = 0  # weights of all shared experts of the layer together
     router_params: int = 0
+    # Width (output columns) of each FFN's first GEMM: 2 x intermediate when gated (gate and up
+    # fused), 1 x when not. What a GEMM's shape efficiency depends on (steptime.gemm_shape).
+    dense_width: int = 0
+    expert_width: int = 0
+    shared_width: int = 0  # of one shared expert
 
 
 @dataclass(frozen=True)
@@ -507,6 +512,11 @@ def _gated_mlp(hidden: int, inter: int, act: str = "silu") -> int:
     return (2 if act in _UNGATED else 3) * hidden * inter
 
 
+def _ffn_width(inter: int, act: str = "silu") -> int:
+    """Columns of the FFN's first GEMM (see MLPSpec.dense_width)."""
+    return (1 if act in _UNGATED else 2) * inter
+
+
 def _gqa(hidden: int, heads: int, kv_heads: int, head_dim: int, window: int | None = None,
          v_head_dim: int | None = None, bias: bool = False) -> AttentionSpec:
     v_dim = v_head_dim or head_dim
@@ -611,7 +621,8 @@ def _parse_mamba_pattern(text: dict[str, Any], hidden: int) -> list[LayerSpec]:
     none_attn = AttentionSpec(kind="gqa", n_heads=0, n_kv_heads=0, qk_head_dim=0, v_head_dim=0, params=0)
     no_mlp = MLPSpec(kind="dense")
     dense_inter = int(_require(text, "intermediate_size"))
-    dense = MLPSpec(kind="dense", dense_params=_gated_mlp(hidden, dense_inter, act))
+    dense = MLPSpec(kind="dense", dense_params=_gated_mlp(hidden, dense_inter, act),
+                    dense_width=_ffn_width(dense_inter, act))
     n_exp = int(_get(text, "n_routed_experts", default=0) or 0)
     moe = None
     if n_exp:
@@ -627,6 +638,7 @@ def _parse_mamba_pattern(text: dict[str, Any], hidden: int) -> list[LayerSpec]:
             shared_params=_gated_mlp(hidden, s_inter, act) * int(_get(text, "n_shared_experts", default=1))
             + (2 * hidden * latent if latent else 0),
             router_params=hidden * n_exp,
+            expert_width=_ffn_width(e_inter, act), shared_width=_ffn_width(s_inter, act),
         )
     layers = []
     for ch in pattern:
@@ -738,6 +750,7 @@ def model_from_config(config: dict[str, Any] | str | Path, name: str | None = No
             shared_inter = int(_get(text, "shared_expert_intermediate_size", "shared_intermediate_size",
                                     "share_expert_dim", default=0) or 0)
             n_shared = _get(text, "n_shared_experts", "num_shared_experts")
+            shared_width = _ffn_width(shared_inter or expert_inter)
             if shared_inter:
                 n_shared = 1 if n_shared is None else int(n_shared)
                 shared_params = n_shared * _gated_mlp(hidden, shared_inter)
@@ -751,12 +764,14 @@ def model_from_config(config: dict[str, Any] | str | Path, name: str | None = No
                 raise ModelConfigError("MoE config lacks 'num_experts_per_tok' (top-k)")
             moe = MLPSpec(kind="moe", n_experts=n_exp, top_k=top_k,
                           expert_params=_gated_mlp(hidden, expert_inter), shared_params=shared_params,
-                          router_params=hidden * n_exp)
+                          router_params=hidden * n_exp, expert_width=_ffn_width(expert_inter),
+                          shared_width=shared_width if shared_params else 0)
         else:
             moe = None
         if not dense_inter and (moe is None or not all(moe_flags)):
             raise ModelConfigError("config.json lacks required field 'intermediate_size'")
-        dense_mlp = MLPSpec(kind="dense", dense_params=_gated_mlp(hidden, dense_inter, act))
+        dense_mlp = MLPSpec(kind="dense", dense_params=_gated_mlp(hidden, dense_inter, act),
+                            dense_width=_ffn_width(dense_inter, act))
         layers = []
         for i in range(n_layers):
             kind = types[i] if types and i < len(types) else "full_attention"

@@ -21,8 +21,9 @@ Request life: `submit` stamps the request with its emulated arrival plus `StepPa
 (API server, tokenisation: the per-request latency outside the steps that the analytic model and
 the simulator add to TTFT) and queues it; it reaches its rank's scheduler at that stamp. The
 serial front end (`StepParams.t_front`: SGLang's TokenizerManager and scheduler admission, vLLM's
-API server process) then passes requests one at a time, t_front each, in order of arrival, as
-`inferasim.sim.des` models it: a burst of C requests reaches the schedulers t_front apart. Token
+API server process) then passes requests one at a time, t_front + t_front_token x prompt each, in
+order of arrival, as `inferasim.sim.des` models it: a burst of C equal requests reaches the
+schedulers one service time apart. Token
 counts are read back from the scheduler's running set after every step.
 """
 

@@ -261,7 +261,9 @@ def offline_batch(p: StepParams, c: LayoutCost, sched: EngineSched, isl: np.ndar
     latency = full_waves * t_full + np.where(rest > 0, t_rest, 0.0)
     throughput = bsz * osl / latency
     # The batch passes the serial front end one request at a time (see closed_loop).
-    ttft = pref_full / 2.0 + (np.minimum(bsz, cap) + 1.0) / 2.0 * p.front_time(isl)
+    # Offline runs hand the engine token ids (vLLM benchmark_latency / _throughput): nothing is
+    # tokenised, so only the per-request part (t_front) applies, as in sim.des.simulate_offline.
+    ttft = pref_full / 2.0 + (np.minimum(bsz, cap) + 1.0) / 2.0 * p.t_front
     return OfflineResult(batch_latency=latency, throughput=throughput, ttft=ttft, tpot=step_full)
 
 

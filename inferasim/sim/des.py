@@ -27,12 +27,13 @@ class, no server) leave it out, as `benchmark.offline_batch` does.
 Serial front end: `StepParams.t_front` (s per request; SGLang's TokenizerManager and scheduler
 admission, vLLM's API server process) is one FIFO server per replica in front of the ranks'
 queues. A request sent at t reaches its rank's queue when the server has passed it: start =
-max(t, the previous request's departure), departure = start + t_front; so a burst of C arrivals
-reaches the engine at t + t_front, t + 2 t_front, ... (mean (C + 1)/2 x t_front, as
-`benchmark.closed_loop` and `benchmark.offline_batch` price it; the offline batch passes it too).
+max(t, the previous request's departure), departure = start + t_front + t_front_token x prompt
+(`StepParams.front_time`); so a burst of C equal arrivals reaches the engine one service time
+apart (mean (C + 1)/2 services, as `benchmark.closed_loop` and `benchmark.offline_batch` price
+it; the offline batch passes it too, without the per-token part: token ids are not tokenised).
 Arrivals wait in `_front` (ordered by send time) until the server takes them up, which the loop
 does once the clock reaches their start: every request submitted later is sent at or after the
-clock, so none could still overtake them. With t_front = 0 nothing goes through it.
+clock, so none could still overtake them. With t_front = t_front_token = 0 nothing goes through it.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -289,7 +290,8 @@ def simulate_offline(p: StepParams, c: LayoutCost, sched: EngineSched, isl: int,
     benchmark_throughput). `duration` is the batch latency. No API-server latency: the offline
     benchmarks call the engine in-process; the requests still pass the serial front end
     (`t_front`, as `benchmark.offline_batch` prices it)."""
-    sim = Simulator(p, c, sched, delivery_delay=0.0, jump=jump)
+    # Token ids in, nothing tokenised: the front end's per-token part does not apply offline.
+    sim = Simulator(replace(p, t_front_token=0.0), c, sched, delivery_delay=0.0, jump=jump)
     dp = len(sim.ranks)
     requests = [Request(rid=i, arrival=0.0, prompt=int(isl), output=int(osl), rank=i % dp)
                 for i in range(int(batch))]

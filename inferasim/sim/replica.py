@@ -6,10 +6,10 @@ schedulers of `inferasim.sim.engines`, and able to stop at a horizon so that a r
 several replicas between arrivals (`inferasim.sim.cluster`).
 
 Serial front end (`StepParams.t_front`, as in `inferasim.sim.des`): one FIFO server per replica
-takes the client requests in order of arrival, t_front each, before they reach their rank's
-queue; a burst of C arrivals reaches the engine t_front apart. Requests whose KV comes from a
-prefill pool (the decode phase of a disaggregated request) already passed a front end there.
-With t_front = 0 nothing goes through it.
+takes the client requests in order of arrival, t_front + t_front_token x prompt each, before
+they reach their rank's queue; a burst of C equal arrivals reaches the engine one service time
+apart. Requests whose KV comes from a prefill pool (the decode phase of a disaggregated request)
+already passed a front end there. With t_front = t_front_token = 0 nothing goes through it.
 
 Step times come from `inferasim.steptime.step_time` through `StepModel`, which splits it into a
 table over the batch's token count (dense, MoE, collectives, pipeline hops: everything that
@@ -194,7 +194,8 @@ class Replica:
     def _front_pass(self, now: float) -> None:
         """The front end takes up, in order of arrival, every request it starts by `now` (a
         request routed here later that arrived earlier is served after them: at most a step late,
-        as the cluster's clocks allow); each reaches its rank's queue t_front after its start."""
+        as the cluster's clocks allow); each reaches its rank's queue one service time after its
+        start."""
         front, tf, free, pending = self._front, self.t_front, self._front_free, self._pending
         per_token = self.t_front_token
         while front and (free if free > front[0][0] else front[0][0]) <= now:
@@ -482,8 +483,8 @@ class Replica:
 
     def _at_front(self, now: float) -> int:
         """Requests arrived by `now` that have not reached their rank's queue: queued at the front
-        end or passing it (client requests in the pending heaps all came through it)."""
-        self._front_pass(now)
+        end or passing it (client requests in the pending heaps all came through it). Counts without
+        passing anything: a sample must not change the run."""
         n = sum(1 for heap in self._pending for _, _, req in heap if not req.prebuilt)
         front = self._front
         stack = [0]  # the heap's entries sent by `now` form a subtree at its root

@@ -21,6 +21,7 @@ import gc
 import gzip
 import json
 import math
+import zlib
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
@@ -105,6 +106,16 @@ def _open_text(p: Path) -> IO[str]:
         raise WorkloadError(f"trace file {p} cannot be read: {exc.strerror or exc}") from None
 
 
+# What reading can raise beyond decoding: a .gz name over content that is not gzip (BadGzipFile is
+# an OSError), a truncated gzip stream (EOFError), corrupt deflate data (zlib.error).
+_READ_ERRORS = (OSError, EOFError, zlib.error)
+
+
+def _unreadable(p: Path, exc: BaseException) -> WorkloadError:
+    hint = " (the name ends in .gz: is it gzip?)" if p.name.lower().endswith(".gz") else ""
+    return WorkloadError(f"trace file {p} cannot be read: {exc}{hint}")
+
+
 def _mooncake_error(d: object, p: Path, lineno: int) -> WorkloadError:
     """Why record `d` is not a Mooncake record, naming the field (only called once reading it failed)."""
     where = f"{p}:{lineno}"
@@ -142,6 +153,8 @@ def load_mooncake(path: str | Path, time_scale: float = 1.0, sample: int | None 
     except UnicodeDecodeError as exc:
         raise WorkloadError(f"trace file {p} is not UTF-8 text ({exc.reason}); a Mooncake trace is JSON lines, "
                             "plain or gzipped (.gz)") from None
+    except _READ_ERRORS as exc:
+        raise _unreadable(p, exc) from None
     try:  # one parser call for the whole file; line by line only to say where it is broken
         records = json.loads("[" + ",".join(line for _, line in lines) + "]")
     except ValueError:
@@ -222,6 +235,8 @@ def load_azure(path: str | Path, time_scale: float = 1.0, sample: int | None = N
                                 "gzipped (.gz)") from None
         except csv.Error as exc:
             raise WorkloadError(f"{p}: not a CSV file ({exc})") from None
+        except _READ_ERRORS as exc:
+            raise _unreadable(p, exc) from None
     if not rows:
         return []
     t0 = min(r[0] for r in rows)

@@ -25,7 +25,7 @@ from inferasim.emulator.engine import EngineLoop
 from inferasim.emulator.metrics import EngineMetrics
 from inferasim.layout import Layout
 from inferasim.sim.api import simulate_workload
-from inferasim.sim.benchmark import engine_sched
+from inferasim.sim.benchmark import closed_loop, engine_sched
 from inferasim.sim.des import Simulator, simulate_closed_loop, simulate_offline
 from inferasim.sim.engines import SimRequest
 from inferasim.sim.replica import Replica
@@ -260,6 +260,31 @@ def test_des_front_end_per_token_part_follows_each_prompt(engine: str) -> None:
         ref_sim.submit(req, req.arrival)
     ref_sim.run(lambda req: None)
     np.testing.assert_allclose([r.first_token for r in burst], [r.first_token for r in ref], rtol=1e-12)
-    # the analytic estimator's front end holds a request for the same time
-    assert float(dataclasses.replace(p0, t_front=TF / 4, t_front_token=per_token).front_time(2048)) == \
-        pytest.approx(TF / 4 + per_token * 2048)
+
+
+def test_trace_front_end_per_token_part_follows_each_prompt() -> None:
+    """The trace simulator's front end holds each request t_front + t_front_token x its prompt: a
+    burst of different prompts runs as the same requests sent at the running sum of those times
+    to a replica without a front end."""
+    f = fitted("vllm")
+    prompts = [64, 512, 128, 1024, 256, 64, 2048, 32]
+    per_token = 2e-5
+    params = dataclasses.replace(f.params, t_front=TF / 4, t_front_token=per_token)
+    with_front = dataclasses.replace(f, fit=dataclasses.replace(f.fit, params=params))
+    burst = simulate_workload(with_front, Layout(tp=1),
+                              Driver([SimRequest(i, 0.0, n, 4) for i, n in enumerate(prompts)])).requests
+    sent = np.cumsum([TF / 4 + per_token * n for n in prompts])
+    ref = simulate_workload(_with_front(f, 0.0), Layout(tp=1),
+                            Driver([SimRequest(i, float(t), n, 4) for i, (n, t) in enumerate(zip(prompts, sent,
+                                                                                                  strict=True))])).requests
+    np.testing.assert_allclose([r.ttft + 0.0 for r in burst],
+                               [r.ttft + t for r, t in zip(ref, sent, strict=True)], rtol=1e-9)
+
+
+def test_closed_loop_estimator_charges_the_front_end_per_prompt_token() -> None:
+    """One client (no queue at the front end to speak of): TTFT rises by t_front_token x prompt."""
+    c, s = _setup("vllm")
+    for isl in (1024, 8192):
+        base, tok = (closed_loop(StepParams(t_front_token=t), c, s, np.array([float(isl)]), np.array([256.0]),
+                                 np.array([1.0])).ttft[0] for t in (0.0, 2e-5))
+        assert tok - base == pytest.approx(2e-5 * isl, rel=0.05)

@@ -89,6 +89,14 @@ def test_traces_that_cannot_be_read_say_why(tmp_path) -> None:  # noqa: ANN001
     az = tmp_path / "a.csv.gz"
     az.write_bytes(gzip.compress(b"TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68,374,44\n"))
     assert [x.prompt for x in load_trace(az)] == [374]
+    plain_gz = tmp_path / "p.jsonl.gz"  # a .gz name over plain text
+    plain_gz.write_text(rec)
+    with pytest.raises(WorkloadError, match="cannot be read.*is it gzip"):
+        load_trace(plain_gz)
+    cut = tmp_path / "c.csv.gz"  # a gzip stream cut short
+    cut.write_bytes(az.read_bytes()[:30])
+    with pytest.raises(WorkloadError, match="cannot be read"):
+        load_trace(cut)
     bad = tmp_path / "b.csv"
     for row, col in (("2023-11-16 18:15:46.68,12", "GeneratedTokens"), ("yesterday,1,2", "TIMESTAMP"),
                      ("2023-11-16 18:15:46.68,many,2", "ContextTokens")):
