@@ -63,16 +63,14 @@ def bench_validate(path: Path) -> dict[str, float]:
         if s[m]["n"]:
             print(f"  {m:20s} median APE {100 * s[m]['median_ape']:5.1f}%  p90 {100 * s[m]['p90_ape']:6.1f}%  "
                   f"n={s[m]['n']}")
-    for m in ("tpot", "ttft", "batch_latency"):
-        inside = [lo <= res_row.measured[m] <= hi for res_row in res.results
-                  if res_row.status == "ok" and res_row.measured.get(m) and m in res_row.interval
-                  for lo, hi in [res_row.interval[m]]]
-        if inside:
-            print(f"  {m:20s} 90% interval covers {100 * np.mean(inside):5.1f}% of measured values")
+    for m, cov in s["interval_coverage"].items():
+        if cov["n"]:
+            print(f"  {m:20s} 90% interval covers {100 * cov['share']:5.1f}% of measured values (n={cov['n']})")
     r = s["ranking"]
     if r.get("pairs"):
+        equal = r["pair_accuracy_equal_gpus"]
         print(f"  ranking: pair accuracy {r['pair_accuracy']:.3f} ({r['pairs']} pairs), equal-GPU pairs "
-              f"{r['pair_accuracy_equal_gpus']} ({r['pairs_equal_gpus']}), top1 {r['top1']:.3f}, "
+              f"{'-' if equal is None else f'{equal:.3f}'} ({r['pairs_equal_gpus']}), top1 {r['top1']:.3f}, "
               f"regret {r['regret']:.4f}")
     for split, groups in s.get("splits", {}).items():
         for name, sub in groups.items():
