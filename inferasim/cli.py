@@ -385,6 +385,11 @@ def _anchors_check(args: argparse.Namespace) -> int:
     bad: list[AnchorFileError] = []
     if args.name:
         target = Path(args.name)
+        if not target.exists() and args.dir:
+            # A name inside a --dir folder, with or without .json (as `anchors show` takes it).
+            found = [c for d in args.dir for c in (Path(d) / args.name, Path(d) / f"{args.name}.json")
+                     if c.exists()]
+            target = found[0] if found else target
         if target.is_file():
             try:
                 anchors.append((str(target), load_anchor(target)))

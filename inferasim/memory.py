@@ -143,6 +143,20 @@ def activation_bytes(model: ModelSpec, layout: Layout, max_batched_tokens: int, 
     return max_batched_tokens * per_token + logits
 
 
+def layout_problems(model: ModelSpec, layout: Layout, engine: str) -> list[str]:
+    """Why the engine would refuse `layout` at start-up, whatever the memory (empty if it would not)."""
+    reasons: list[str] = []
+    if model.n_experts and layout.moe_ep > model.n_experts:
+        reasons.append(f"moe_ep={layout.moe_ep} exceeds the model's {model.n_experts} experts")
+    heads = model.attention_heads
+    if heads % layout.tp and normalize_engine(engine) != "sglang":
+        # vLLM and ATOM assert divisibility at start-up; SGLang pads heads (tp 72 on NVL72).
+        reasons.append(f"tp={layout.tp} does not divide the {heads} attention heads")
+    if layout.pp > model.num_layers:
+        reasons.append(f"pp={layout.pp} exceeds the model's {model.num_layers} layers")
+    return reasons
+
+
 def plan_memory(model: ModelSpec, gpu: GPU, layout: Layout, engine: str = "vllm",
                 precision: str = "auto", kv_dtype: str = "auto",
                 memory_fraction: float | None = None, max_num_batched_tokens: int | None = None,
@@ -159,15 +173,7 @@ def plan_memory(model: ModelSpec, gpu: GPU, layout: Layout, engine: str = "vllm"
         raise ValueError(f"memory fraction {frac} must be in (0, 1]")
     mbt = max_num_batched_tokens or defaults.max_num_batched_tokens
     mns = max_num_seqs or defaults.max_num_seqs
-    reasons: list[str] = []
-    if model.n_experts and layout.moe_ep > model.n_experts:
-        reasons.append(f"moe_ep={layout.moe_ep} exceeds the model's {model.n_experts} experts")
-    heads = model.attention_heads
-    if heads % layout.tp and engine != "sglang":
-        # vLLM and ATOM assert divisibility at start-up; SGLang pads heads (tp 72 on NVL72).
-        reasons.append(f"tp={layout.tp} does not divide the {heads} attention heads")
-    if layout.pp > model.num_layers:
-        reasons.append(f"pp={layout.pp} exceeds the model's {model.num_layers} layers")
+    reasons = layout_problems(model, layout, engine)
     weights = weight_bytes_per_gpu(model, layout, precision)
     act = activation_bytes(model, layout, mbt, mns)
     budget = frac * gpu.hbm_bytes

@@ -16,6 +16,7 @@ from inferasim.catalog.engines import normalize_engine
 from inferasim.catalog.gpus import GPU, get_gpu, normalize_gpu_name
 from inferasim.catalog.models import ModelSpec, get_model, resolve_model_name
 from inferasim.layout import Layout
+from inferasim.memory import layout_problems
 from inferasim.sim.benchmark import EngineSched, engine_sched
 from inferasim.steptime import LayoutCost, StepParams, default_params, layout_cost
 
@@ -127,21 +128,17 @@ def resolve(config: EmulatorConfig) -> Resolved:
 
 
 def _check_layout(model: ModelSpec, layout: Layout, engine: str) -> None:
-    """Refuse a layout the real engine refuses at start-up (the structural rules of
-    `memory.plan_memory`): vLLM asserts that tp divides the attention heads (SGLang pads them),
-    and neither engine starts with more expert shards than experts or more stages than layers."""
-    problems = []
-    heads = model.attention_heads
-    if engine != "sglang" and heads % layout.tp:
-        problems.append(f"--tp {layout.tp} does not divide the model's {heads} attention heads "
-                        f"(vLLM refuses to start); choose --tp among "
-                        f"{[d for d in range(1, heads + 1) if heads % d == 0 and d <= 64]}")
-    if model.n_experts and layout.moe_ep > model.n_experts:
-        problems.append(f"--ep {layout.moe_ep} exceeds the model's {model.n_experts} routed experts")
-    if layout.pp > model.num_layers:
-        problems.append(f"--pp {layout.pp} exceeds the model's {model.num_layers} layers")
+    """Refuse a layout the real engine refuses at start-up (`memory.layout_problems`: vLLM asserts
+    that tp divides the attention heads, SGLang pads them; no engine starts with more expert
+    shards than experts or more stages than layers)."""
+    problems = layout_problems(model, layout, engine)
     if problems:
-        raise ValueError(f"{model.name} cannot be served at {layout.label()} by {engine}: " + "; ".join(problems))
+        heads = model.attention_heads
+        hint = ""
+        if heads % layout.tp and engine != "sglang":
+            hint = f"; choose --tp among {[d for d in range(1, heads + 1) if heads % d == 0 and d <= 64]}"
+        raise ValueError(f"{model.name} cannot be served at {layout.label()} by {engine}: "
+                         + "; ".join(problems) + hint)
 
 
 def _params_from_anchor(path: Path, engine: str, model: ModelSpec, gpu: GPU) -> tuple[StepParams, str, str]:

@@ -196,7 +196,7 @@ def _azure_time(text: str) -> float:
     return t + (float("0." + frac) if frac else 0.0)
 
 
-def _azure_error(rec: dict, p: Path, lineno: int) -> WorkloadError:
+def _azure_error(rec: dict[str, str], p: Path, lineno: int) -> WorkloadError:
     """Why an Azure row could not be read, naming the column (only called once reading it failed)."""
     where = f"{p}:{lineno}"
     try:

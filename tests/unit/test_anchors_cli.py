@@ -78,6 +78,10 @@ def test_check_a_folder_a_file_and_bad_paths(folder: Path, tmp_path: Path) -> No
     assert "1 anchors valid, 0 invalid files, 0 unusable" in r.stdout
     r = run("check", str(folder / GOOD))
     assert r.returncode == 0 and "1 anchors valid" in r.stdout, r.stderr
+    # A name inside --dir, with or without .json.
+    for name in (Path(GOOD).name, Path(GOOD).stem):
+        r = run("check", name, "--dir", str(folder))
+        assert r.returncode == 0 and "1 anchors valid" in r.stdout, (name, r.stderr)
     # A named file is checked, not the default folder.
     bad = tmp_path / "bad.json"
     bad.write_text("{bad")
