@@ -24,16 +24,13 @@ token's delivery time, so TTFT includes it as in the analytic model, and a close
 next request leaves when the last token of its previous one is delivered. Offline runs (the LLM
 class, no server) leave it out, as `benchmark.offline_batch` does.
 
-Serial front end: `StepParams.t_front` (s per request; SGLang's TokenizerManager and scheduler
-admission, vLLM's API server process) is one FIFO server per replica in front of the ranks'
-queues. A request sent at t reaches its rank's queue when the server has passed it: start =
-max(t, the previous request's departure), departure = start + t_front + t_front_token x prompt
-(`StepParams.front_time`); so a burst of C equal arrivals reaches the engine one service time
-apart (mean (C + 1)/2 services, as `benchmark.closed_loop` and `benchmark.offline_batch` price
-it; the offline batch passes it too, without the per-token part: token ids are not tokenised).
-Arrivals wait in `_front` (ordered by send time) until the server takes them up, which the loop
-does once the clock reaches their start: every request submitted later is sent at or after the
-clock, so none could still overtake them. With t_front = t_front_token = 0 nothing goes through it.
+Serial front end (`inferasim.sim.front.FrontEnd`): one FIFO server per replica in front of the
+ranks' queues, t_front + t_front_token x prompt per request; so a burst of C equal arrivals reaches
+the engine one service time apart (mean (C + 1)/2 services, as `benchmark.closed_loop` and
+`benchmark.offline_batch` price it; the offline batch passes it too, without the per-token part:
+token ids are not tokenised). The loop lets the server take requests up once the clock reaches
+their start: every request submitted later is sent at or after the clock, so none could still
+overtake them.
 """
 
 from __future__ import annotations
@@ -46,6 +43,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from inferasim.sim.benchmark import EngineSched
+from inferasim.sim.front import FrontEnd
 from inferasim.sim.scheduler import Request, Scheduler, make_scheduler
 from inferasim.steptime import LayoutCost, StepParams, step_time
 
@@ -108,11 +106,7 @@ class Simulator:
         self.ranks: list[Scheduler] = [make_scheduler(sched, capacity, delivery_delay)
                                        for _ in range(c.layout.dp)]
         self._pending: list[list[tuple[float, int, Request]]] = [[] for _ in self.ranks]
-        self.t_front = float(p.t_front)
-        self.t_front_token = float(p.t_front_token)  # per prompt token, on top of t_front
-        self._front_on = self.t_front > 0.0 or self.t_front_token > 0.0
-        self._front: list[tuple[float, int, Request]] = []  # sent, not yet taken up by the front end
-        self._front_free = 0.0  # when the front end has passed its last request
+        self.front: FrontEnd[Request] = FrontEnd(p)
         self.now = 0.0
         self.steps = 0
         self.outstanding = 0
@@ -123,21 +117,11 @@ class Simulator:
         if req.prompt + req.output > limit:
             raise ValueError(f"request of {req.prompt} + {req.output} tokens cannot fit the KV pool of "
                              f"{limit} tokens per rank; no engine would ever finish it")
-        if self._front_on:
-            heapq.heappush(self._front, (t, req.rid, req))
+        if self.front.on:
+            self.front.push(t, req.rid, req)
         else:
             heapq.heappush(self._pending[req.rank], (t, req.rid, req))
         self.outstanding += 1
-
-    def _front_pass(self, now: float) -> None:
-        """The front end takes up, in order of sending, every request it starts by `now`; each
-        reaches its rank's queue t_front + t_front_token x prompt after its start."""
-        front, tf, per_token, free = self._front, self.t_front, self.t_front_token, self._front_free
-        while front and max(free, front[0][0]) <= now:
-            t, rid, req = heapq.heappop(front)
-            free = (t if t > free else free) + tf + per_token * req.prompt
-            heapq.heappush(self._pending[req.rank], (free, rid, req))
-        self._front_free = free
 
     def _step_time(self, n_dec: float, ctx_dec: float | np.ndarray, n_pref: float = 0.0,
                    ctx_pref: float = 0.0) -> float | np.ndarray:
@@ -148,12 +132,10 @@ class Simulator:
         for rank, heap in zip(self.ranks, self._pending, strict=True):
             if heap and heap[0][0] < t and (not only_accepting or rank.accepts_arrivals()):
                 t = heap[0][0]
-        front = self._front
-        if front:
-            # The next request the front end passes, if none sent earlier comes first (a request
-            # submitted later could only come sooner; the loop looks again after every step).
-            # A lower bound for any rank: cut a decode run there if some rank could take it.
-            d = max(self._front_free, front[0][0]) + self.t_front + self.t_front_token * front[0][2].prompt
+        if self.front.queue:
+            # A request submitted later could only come sooner; the loop looks again after every
+            # step. A lower bound for any rank: cut a decode run there if some rank could take it.
+            d = self.front.next_departure()
             if d < t and (not only_accepting or any(r.accepts_arrivals() for r in self.ranks)):
                 t = d
         return t
@@ -161,11 +143,12 @@ class Simulator:
     def run(self, on_finish: Callable[[Request], None]) -> None:
         """Step until every submitted request (including those `on_finish` submits) is done."""
         ranks, pending = self.ranks, self._pending
-        front = self._front
+        front = self.front
+        queued = front.queue
         while self.outstanding > 0:
             now = self.now
-            if front:
-                self._front_pass(now)
+            if queued:
+                front.pass_until(now, pending)
             for rank, heap in zip(ranks, pending, strict=True):
                 while heap and heap[0][0] <= now:
                     rank.enqueue(heapq.heappop(heap)[2])

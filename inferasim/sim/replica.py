@@ -5,11 +5,12 @@ step lasting as long as the slowest rank's batch, decode runs jumped over), on t
 schedulers of `inferasim.sim.engines`, and able to stop at a horizon so that a router can look at
 several replicas between arrivals (`inferasim.sim.cluster`).
 
-Serial front end (`StepParams.t_front`, as in `inferasim.sim.des`): one FIFO server per replica
-takes the client requests in order of arrival, t_front + t_front_token x prompt each, before
-they reach their rank's queue; a burst of C equal arrivals reaches the engine one service time
-apart. Requests whose KV comes from a prefill pool (the decode phase of a disaggregated request)
-already passed a front end there. With t_front = t_front_token = 0 nothing goes through it.
+Serial front end (`inferasim.sim.front.FrontEnd`, as in `inferasim.sim.des`): one FIFO server per
+replica takes the client requests in order of arrival, t_front + t_front_token x prompt each,
+before they reach their rank's queue. Requests whose KV comes from a prefill pool (the decode
+phase of a disaggregated request) already passed a front end there. A request routed here later
+that arrived earlier is served after those already taken up: at most a step late, as the
+cluster's clocks allow.
 
 Step times come from `inferasim.steptime.step_time` through `StepModel`, which splits it into a
 table over the batch's token count (dense, MoE, collectives, pipeline hops: everything that
@@ -28,6 +29,7 @@ import numpy as np
 
 from inferasim.sim.benchmark import EngineSched
 from inferasim.sim.engines import Core, SimRequest, core_class
+from inferasim.sim.front import FrontEnd
 from inferasim.steptime import LayoutCost, StepParams, step_time
 
 INF = math.inf
@@ -132,11 +134,7 @@ class Replica:
             for _ in range(dp)]
         self.step = StepModel(p, c, max(int(sched.max_batched_tokens), SGLANG_TABLE) + int(sched.max_num_seqs))
         self._pending: list[list[tuple[float, int, SimRequest]]] = [[] for _ in self.ranks]
-        self.t_front = float(p.t_front)
-        self.t_front_token = float(p.t_front_token)  # per prompt token, on top of t_front
-        self._front_on = self.t_front > 0.0 or self.t_front_token > 0.0
-        self._front: list[tuple[float, int, SimRequest]] = []  # arrived or to arrive, not yet taken up
-        self._front_free = 0.0  # when the front end has passed its last request
+        self.front: FrontEnd[SimRequest] = FrontEnd(p)
         self._pseq = 0
         self._rr = 0
         self.max_context = max_context
@@ -182,35 +180,14 @@ class Replica:
         req.replica = self.index
         self._blocked_at = -1.0
         self._pseq += 1
-        if self._front_on and not req.prebuilt:
-            heapq.heappush(self._front, (t, self._pseq, req))
+        if self.front.on and not req.prebuilt:
+            self.front.push(t, self._pseq, req)
         else:
             heapq.heappush(self._pending[rank], (t, self._pseq, req))
         self.outstanding += 1
         self.routed += 1
         self.routed_tokens += req.prompt + req.output
         return True
-
-    def _front_pass(self, now: float) -> None:
-        """The front end takes up, in order of arrival, every request it starts by `now` (a
-        request routed here later that arrived earlier is served after them: at most a step late,
-        as the cluster's clocks allow); each reaches its rank's queue one service time after its
-        start."""
-        front, tf, free, pending = self._front, self.t_front, self._front_free, self._pending
-        per_token = self.t_front_token
-        while front and (free if free > front[0][0] else front[0][0]) <= now:
-            t, seq, req = heapq.heappop(front)
-            free = (t if t > free else free) + tf + per_token * req.prompt
-            heapq.heappush(pending[req.rank], (free, seq, req))
-        self._front_free = free
-
-    def _front_next(self) -> float:
-        """When the front end next passes a request to a rank (inf when it holds none)."""
-        front = self._front
-        if not front:
-            return INF
-        t, _, req = front[0]
-        return (t if t > self._front_free else self._front_free) + self.t_front + self.t_front_token * req.prompt
 
     def _next_event(self, only_accepting: bool) -> float:
         t = INF
@@ -219,9 +196,9 @@ class Replica:
                 t = heap[0][0]
             if rank.loading and rank.loading[0][0] < t:
                 t = rank.loading[0][0]
-        if self._front:
+        if self.front.queue:
             # A lower bound whatever its rank: a decode run is cut there if some rank could take it.
-            d = self._front_next()
+            d = self.front.next_departure()
             if d < t and (not only_accepting or any(r.accepts_arrivals() for r in self.ranks)):
                 t = d
         return t
@@ -250,8 +227,8 @@ class Replica:
                 t = now + (rank._next_finish() - rank.G) * s_min
                 if t < lb:
                     lb = t
-        if self._front and self._front_next() + s_min < lb:
-            lb = self._front_next() + s_min
+        if self.front.queue and self.front.next_departure() + s_min < lb:
+            lb = self.front.next_departure() + s_min
         return max(lb, now)
 
     def next_activity(self) -> float:
@@ -266,7 +243,7 @@ class Replica:
             if rank.n_d or rank.prows or rank.waiting or (rank.loading and rank.loading[0][0] <= now) or \
                     (heap and heap[0][0] <= now):
                 return now
-        if self._front and self._front_next() <= now:
+        if self.front.queue and self.front.next_departure() <= now:
             return now
         return self._next_event(False)
 
@@ -290,14 +267,15 @@ class Replica:
         progress = self.progress
         iters = 0
         force = at_least_one
-        front = self._front
+        front = self.front
+        queued = front.queue
         while self.outstanding > 0:
             now = self.now
             if now >= horizon and not force:
                 return
             force = False
-            if front:
-                self._front_pass(now)
+            if queued:
+                front.pass_until(now, pending)
             if single:
                 heap = pending[0]
                 while heap and heap[0][0] <= now:
@@ -475,7 +453,7 @@ class Replica:
         queried = sum(r.query_tokens for r in ranks)
         running = sum(r.n_alive for r in ranks)
         waiting = sum(len(r.waiting) + len(r.loading) for r in ranks)
-        if self._front_on:
+        if self.front.on:
             waiting += self._at_front(self.now)
         while self._next_sample <= self.now:
             self.series.append((self._next_sample, in_use, cached, hits, queried, running, waiting))
@@ -485,15 +463,7 @@ class Replica:
         """Requests arrived by `now` that have not reached their rank's queue: queued at the front
         end or passing it (client requests in the pending heaps all came through it). Counts without
         passing anything: a sample must not change the run."""
-        n = sum(1 for heap in self._pending for _, _, req in heap if not req.prebuilt)
-        front = self._front
-        stack = [0]  # the heap's entries sent by `now` form a subtree at its root
-        while stack:
-            i = stack.pop()
-            if i < len(front) and front[i][0] <= now:
-                n += 1
-                stack += (2 * i + 1, 2 * i + 2)
-        return n
+        return sum(1 for heap in self._pending for _, _, req in heap if not req.prebuilt) + self.front.sent_by(now)
 
     @property
     def preemptions(self) -> int:

@@ -1,0 +1,69 @@
+"""The engine's serial front end in the discrete-event simulators (`sim.des`, `sim.replica`).
+
+One FIFO server per replica in front of the ranks' queues (SGLang's TokenizerManager and
+scheduler admission, vLLM's API server process): a request sent at t starts at max(t, the previous
+request's departure) and departs `t_front + t_front_token x prompt` later (the scalar form of
+`StepParams.front_time`), reaching its rank's pending queue then. Requests wait in `queue`,
+ordered by send time, until the owner's clock reaches their start. With t_front = t_front_token =
+0 the server is off (`on` False) and nothing goes through it.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from typing import Generic, Protocol, TypeVar
+
+from inferasim.steptime import StepParams
+
+
+class _Routed(Protocol):
+    rank: int
+    prompt: int
+
+
+R = TypeVar("R", bound=_Routed)
+
+
+class FrontEnd(Generic[R]):
+    __slots__ = ("t_front", "per_token", "on", "queue", "free")
+
+    def __init__(self, p: StepParams) -> None:
+        self.t_front = float(p.t_front)
+        self.per_token = float(p.t_front_token)  # per prompt token, on top of t_front
+        self.on = self.t_front > 0.0 or self.per_token > 0.0
+        self.queue: list[tuple[float, int, R]] = []  # sent, not yet taken up
+        self.free = 0.0  # when the server has passed its last request
+
+    def push(self, t: float, seq: int, req: R) -> None:
+        heapq.heappush(self.queue, (t, seq, req))
+
+    def pass_until(self, now: float, pending: list[list[tuple[float, int, R]]]) -> None:
+        """Take up, in order of sending, every request the server starts by `now`; each goes to
+        `pending[req.rank]` keyed by its departure."""
+        queue, tf, per_token, free = self.queue, self.t_front, self.per_token, self.free
+        while queue and (free if free > queue[0][0] else queue[0][0]) <= now:
+            t, seq, req = heapq.heappop(queue)
+            free = (t if t > free else free) + tf + per_token * req.prompt
+            heapq.heappush(pending[req.rank], (free, seq, req))
+        self.free = free
+
+    def next_departure(self) -> float:
+        """When the server next passes a request on, if none sent earlier comes first (inf when
+        it holds none): a lower bound for every rank."""
+        queue = self.queue
+        if not queue:
+            return math.inf
+        t, _, req = queue[0]
+        return (t if t > self.free else self.free) + self.t_front + self.per_token * req.prompt
+
+    def sent_by(self, now: float) -> int:
+        """Requests in the queue sent by `now`, counted without taking any up."""
+        queue, n = self.queue, 0
+        stack = [0]  # the heap's entries sent by `now` form a subtree at its root
+        while stack:
+            i = stack.pop()
+            if i < len(queue) and queue[i][0] <= now:
+                n += 1
+                stack += (2 * i + 1, 2 * i + 2)
+        return n
