@@ -212,7 +212,7 @@ class LayoutCost:
     peak_flops_dense: float
     peak_flops_moe: float
     peak_flops_attn: float
-    dense_width: float = 1e9  # output columns per GPU of the widest dense GEMM (MLP up under tp)
+    dense_width: float = 1e9  # FLOP-weighted harmonic width per GPU of the dense GEMMs (under tp)
     expert_width: float = 1e9  # output columns per GPU of one routed expert's up GEMM (under moe_tp)
     act_bytes: float = 2.0  # activation element size on the wire
     notes: tuple[str, ...] = field(default_factory=tuple)

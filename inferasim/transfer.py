@@ -105,7 +105,7 @@ def disagg_point(fitted: FittedAnchor, prefill_layout: Layout, prefill_workers: 
     the prefill pool from prefill-only steps, the decode pool from decode-only steps, plus the KV
     transfer; the arrival rate is the one both pools sustain (their rates matched). The anchor's
     per-request overhead and wave share carry over: they belong to the engine and the harness."""
-    from inferasim.sim.benchmark import engine_sched
+    from inferasim.sim.benchmark import engine_sched, front_end_wait
 
     model, gpu, prm = fitted.model, fitted.gpu, fitted.params
     pc = layout_cost(model, gpu, prefill_layout, fitted.precision, fitted.kv_dtype)
@@ -135,12 +135,9 @@ def disagg_point(fitted: FittedAnchor, prefill_layout: Layout, prefill_workers: 
         x_new = min(concurrency, cap * dws) / service
         x = 0.5 * x + 0.5 * x_new
     admission = max(concurrency / x - (ttft + (osl - 1) * tpot), 0.0)
-    # The serial front end (sim.benchmark.closed_loop): a wave's k-th arrival waits k x t_front,
-    # other requests queue for it at the arrival rate x (M/D/1).
-    # Each prefill worker has its own front end and takes 1/pws of the requests.
-    t_front = float(prm.front_time(isl))
-    rho = min(x / pws * t_front, 0.95)
-    front_steady = t_front + rho * t_front / (2.0 * (1.0 - rho))
-    front_wave = (min(concurrency, cap * dws) / pws + 1.0) / 2.0 * t_front
+    # The serial front end, as sim.benchmark.closed_loop prices it: each prefill worker has its own
+    # and takes 1/pws of the requests.
+    steady_wait, wave_wait = front_end_wait(float(prm.front_time(isl)), x / pws, min(concurrency, cap * dws) / pws)
+    front_steady, front_wave = float(steady_wait), float(wave_wait)
     front = (1 - prm.burst) * front_steady + prm.burst * max(front_wave, front_steady)
     return {"ttft": ttft + admission + prm.t_ttft + front, "tpot": tpot}

@@ -136,6 +136,15 @@ def _capacity(sched: EngineSched, isl: np.ndarray, osl: np.ndarray, kv_scale: fl
     return np.maximum(np.floor(sched.kv_tokens * kv_scale / blocks), 1.0)
 
 
+def front_end_wait(t_front: np.ndarray | float, rate: np.ndarray | float,
+                   wave: np.ndarray | float) -> tuple[np.ndarray, np.ndarray]:
+    """Time a request spends at the serial front end (service `t_front` each): outside waves its
+    own service plus an M/D/1 wait at arrival `rate` (utilisation capped); in a wave of `wave`
+    simultaneous arrivals, (wave + 1)/2 services on average."""
+    rho = np.minimum(rate * t_front, MAX_PREFILL_SHARE)
+    return t_front + rho * t_front / (2.0 * (1.0 - rho)), (wave + 1.0) / 2.0 * t_front
+
+
 def _prefill_rate(p: StepParams, c: LayoutCost, sched: EngineSched, isl: np.ndarray) -> np.ndarray:
     """Tokens/s of one dp rank doing nothing but prefill in full chunks."""
     chunk = np.broadcast_to(np.asarray(sched.prefill_chunk, dtype=float), np.shape(isl)).copy()
@@ -203,10 +212,7 @@ def closed_loop(p: StepParams, c: LayoutCost, sched: EngineSched, isl: np.ndarra
     # Serial front end (`t_front`): one process admits requests one at a time. In a wave of R
     # arrivals the k-th waits k x t_front (mean (R + 1)/2 x t_front); outside waves a request
     # queues behind others at the front end's arrival rate x (M/D/1, utilisation capped).
-    t_front = p.front_time(isl)
-    rho = np.minimum(x * t_front, MAX_PREFILL_SHARE)
-    front_steady = t_front + rho * t_front / (2.0 * (1.0 - rho))
-    front_wave = (running + 1.0) / 2.0 * t_front
+    front_steady, front_wave = front_end_wait(p.front_time(isl), x, running)
     steady_part = ttft + front_steady + p.t_ttft
     wave_excess = np.maximum(ttft_wave + front_wave - ttft - front_steady, 0.0)
     gamma = WAVE_GAMMA_MIXED if sched.mixed else WAVE_GAMMA_SEPARATE
