@@ -110,8 +110,8 @@ def prediction_error(config: ServingConfig | LiveDeployment, observed: ObservedW
                          fitted.kv_dtype)
     # Live traffic does not arrive in a benchmark's lock-stepped waves: the anchor's wave share
     # (`burst`, a property of the benchmark harness that measured it) does not apply here.
-    live = replace(fitted.params, burst=0.0)
-    r = closed_loop(live, cost, sched, np.array([float(isl)]), np.array([float(osl)]), np.array([conc]), hit)
+    params = replace(fitted.params, burst=0.0)
+    r = closed_loop(params, cost, sched, np.array([float(isl)]), np.array([float(osl)]), np.array([conc]), hit)
     ttft, tpot = float(r.ttft[0]), float(r.tpot[0])
     # Little's law with the predicted request latency: what `conc` requests in flight deliver.
     throughput = conc * osl / (ttft + max(osl - 1.0, 0.0) * tpot) * cfg.replicas

@@ -42,24 +42,17 @@ def read_live(manifest: Mapping[str, Any] | str | Path, *, gpu: str | None = Non
 
 
 def _search_key(anchor: Anchor) -> tuple[str, str, str, str]:
-    """What the search matches an anchor on: engine, model, GPU, precision (any version)."""
-    from inferasim.catalog.gpus import UnknownGPUError, get_gpu
-    from inferasim.catalog.models import normalize_precision, resolve_model_name
+    """What the search matches an anchor on: engine, model, GPU, precision (any version), with
+    names resolved as the anchor store resolves them (`KernelSet.normalized`) and the precision's
+    aliases folded ("" is the checkpoint's own, as "auto")."""
+    from inferasim.catalog.models import normalize_precision
 
-    ks = anchor.kernel_set
+    engine, _version, model, gpu, precision, *_ = anchor.kernel_set.normalized()
     try:
-        model = resolve_model_name(ks.model)
+        precision = normalize_precision(precision or "auto")
     except ValueError:
-        model = ks.model
-    try:
-        gpu = get_gpu(ks.gpu).name
-    except (UnknownGPUError, ValueError):
-        gpu = ks.gpu
-    try:
-        precision = normalize_precision(ks.precision or "auto")
-    except ValueError:
-        precision = ks.precision
-    return ks.engine, model, gpu, precision
+        pass  # a spelling the catalog does not know compares as given
+    return engine, model, gpu, precision
 
 
 def search_view(anchors: Iterable[Anchor], others: Iterable[Anchor] = ()) -> list[Anchor]:
