@@ -31,8 +31,9 @@ from inferasim.anchors import Anchor, BenchPoint, FitReport, KernelSet, LayoutMo
 from inferasim.catalog.engines import normalize_engine
 from inferasim.catalog.gpus import get_gpu
 from inferasim.catalog.models import get_model
-from inferasim.fit import FitPoint, predict_points
+from inferasim.fit import predict_points
 from inferasim.layout import Layout
+from inferasim.predictor import fit_points
 from inferasim.sim.benchmark import engine_sched
 from inferasim.steptime import PARAM_BOUNDS, StepParams, default_params, layout_cost
 
@@ -135,12 +136,6 @@ def scale_params(params: StepParams, scale: float) -> StepParams:
     return StepParams(**d)
 
 
-def _fit_points(points: Sequence[BenchPoint]) -> list[FitPoint]:
-    return [FitPoint(isl=p.isl, osl=p.osl, concurrency=p.concurrency,
-                     ttft=None if p.ttft_ms is None else p.ttft_ms / 1e3,
-                     tpot=None if p.tpot_ms is None else p.tpot_ms / 1e3) for p in points]
-
-
 def calibrate(kernel_set: KernelSet, layout: Layout, points: Sequence[BenchPoint], parent: Anchor | None, *,
               source: str, measured_at: str = "", measured_by: str = "inferasim canary calibration",
               engine_image: str = "", gpu_seconds: float = 0.0, notes: str = "") -> Calibration:
@@ -183,7 +178,7 @@ def calibrate(kernel_set: KernelSet, layout: Layout, points: Sequence[BenchPoint
     sched = engine_sched(engine, model, gpu, layout, precision, kernel_set.engine_version, kernel_set.kv_dtype)
     if sched.kv_tokens <= 0:
         raise CalibrationError(f"{model.name} does not fit {gpu.name} at {layout.label()} by the memory model")
-    fpts = _fit_points(points)
+    fpts = fit_points(points)  # validated above: positive TPOT, TTFT positive or None
     meas_tpot = np.array([p.tpot for p in fpts], dtype=float)
     ttft_idx = np.array([i for i, p in enumerate(fpts) if p.ttft is not None], dtype=int)
     meas_ttft = np.array([fpts[i].ttft for i in ttft_idx], dtype=float)

@@ -8,6 +8,7 @@ physics of `steptime` + `transfer` + `sim.benchmark`. `AnchoredPredictor` implem
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -264,6 +265,13 @@ def anchor_from_rows(rows: list[BenchRow], source: str, notes: str = "") -> Anch
     )
 
 
+def fit_points(points: Sequence[BenchPoint]) -> list[FitPoint]:
+    """An anchor's stored points (ms) as the fit's points (s)."""
+    return [FitPoint(isl=p.isl, osl=p.osl, concurrency=p.concurrency, scenario=p.scenario,
+                     ttft=p.ttft_ms / 1e3 if p.ttft_ms else None, tpot=p.tpot_ms / 1e3 if p.tpot_ms else None,
+                     batch_latency=p.batch_latency_s, throughput=p.throughput_tok_s) for p in points]
+
+
 def fitted_from_anchor(anchor: Anchor) -> FittedAnchor:
     """A FittedAnchor from a stored anchor: its parameters if it has them, else a fresh fit."""
     ks = anchor.kernel_set
@@ -276,9 +284,7 @@ def fitted_from_anchor(anchor: Anchor) -> FittedAnchor:
     layout = anchor.layout.to_layout()
     precision = ks.precision or "auto"
     kv_dtype = ks.kv_dtype
-    points = [FitPoint(isl=p.isl, osl=p.osl, concurrency=p.concurrency, scenario=p.scenario,
-                       ttft=p.ttft_ms / 1e3 if p.ttft_ms else None, tpot=p.tpot_ms / 1e3 if p.tpot_ms else None,
-                       batch_latency=p.batch_latency_s, throughput=p.throughput_tok_s) for p in anchor.points]
+    points = fit_points(anchor.points)
     if anchor.params:
         params = StepParams.from_dict(anchor.params)
         rep = anchor.fit
