@@ -53,6 +53,7 @@ from inferasim.render import (
     ServingConfig,
     _alias_map,
     _image,
+    flag_spelling,
 )
 
 __all__ = ["DeploymentError", "LiveDeployment", "engine_version_from_image", "kernel_set_of", "read_deployment"]
@@ -247,13 +248,7 @@ class _Flags:
         return flag is not None and self._canon(flag) in self.values
 
     def _canon(self, flag: str) -> str:
-        return _canonical(self.engine, flag, _alias_map(self.engine))
-
-
-def _canonical(engine: str, flag: str, aliases: dict[str, str]) -> str:
-    if engine == "atom" and flag.startswith("--"):
-        flag = "--" + flag[2:].replace("_", "-")  # A: FlexibleArgumentParser accepts snake and kebab
-    return aliases.get(flag, flag)
+        return flag_spelling(self.engine, flag, _alias_map(self.engine))
 
 
 def _parse_flags(engine: str, tokens: list[str]) -> _Flags:
@@ -268,7 +263,7 @@ def _parse_flags(engine: str, tokens: list[str]) -> _Flags:
             i += 1
             continue
         key, eq, inline = tok.partition("=")
-        canon = _canonical(engine, key, aliases)
+        canon = flag_spelling(engine, key, aliases)
         spec = catalog.get(canon)
         known = spec is not None or (engine == "vllm" and canon == "--model")
         takes_value = spec.takes_value if spec is not None else (
@@ -550,7 +545,7 @@ def _consumed(engine: str) -> set[str]:
              "max_num_seqs", "max_num_batched_tokens", "max_prefill_tokens", "memory_fraction", "kv_cache_dtype",
              "enable_prefix_caching", "disable_prefix_caching", "enable_chunked_prefill", "speculative",
              "quantization", "max_model_len", "disaggregation", "model", *_SERVER_ROLES)
-    out = {_canonical(engine, f, aliases) for r in roles if (f := flag_for(engine, r)) is not None}
+    out = {flag_spelling(engine, f, aliases) for r in roles if (f := flag_for(engine, r)) is not None}
     out |= {"--no-enable-chunked-prefill", "--model", "--speculative-num-steps", "--speculative-eagle-topk",
             "--speculative-num-draft-tokens", "--speculative-draft-model-path", "--num-speculative-tokens",
             "--draft-model"}

@@ -320,12 +320,17 @@ def _alias_map(engine: str) -> dict[str, str]:
     return out
 
 
+def flag_spelling(engine: str, flag: str, aliases: dict[str, str]) -> str:
+    """The engine's own spelling of `flag`: aliases resolved, ATOM snake->kebab (negations kept:
+    `inferasim.deployment` reads --no-X and --X apart)."""
+    if engine == "atom" and flag.startswith("--"):
+        flag = "--" + flag[2:].replace("_", "-")  # A: FlexibleArgumentParser accepts both spellings
+    return aliases.get(flag, flag)
+
+
 def _canonical(engine: str, flag: str, aliases: dict[str, str]) -> str:
-    """Canonical name used to detect duplicates: aliases resolved, negations folded, ATOM snake->kebab."""
-    key = flag.split("=", 1)[0]
-    if engine == "atom" and key.startswith("--"):
-        key = "--" + key[2:].replace("_", "-")  # A: FlexibleArgumentParser accepts both spellings
-    key = aliases.get(key, key)
+    """Canonical name used to detect duplicates: the engine's spelling with negations folded."""
+    key = flag_spelling(engine, flag.split("=", 1)[0], aliases)
     if key.startswith("--no-"):
         key = "--" + key[5:]  # --no-enable-prefix-caching conflicts with --enable-prefix-caching
     return key
