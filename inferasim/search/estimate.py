@@ -27,6 +27,8 @@ CONC_GRID = np.array([1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024], dtype=float)
 DISAGG_GRID = np.array([4, 16, 64, 256, 1024], dtype=float)  # pools are priced point by point
 TTFT_P90_RATIO = 1.6
 ITL_P90_RATIO = 1.25
+TTFT_P99_RATIO = 2.5
+ITL_P99_RATIO = 1.6
 
 
 @dataclass
@@ -64,9 +66,9 @@ def slo_ok(ttft: np.ndarray, tpot: np.ndarray, slo: SLO) -> np.ndarray:
     if slo.itl_p90_ms is not None:
         ok &= tpot * ITL_P90_RATIO * 1e3 <= slo.itl_p90_ms
     if slo.ttft_p99_ms is not None:
-        ok &= ttft * 2.5 * 1e3 <= slo.ttft_p99_ms
+        ok &= ttft * TTFT_P99_RATIO * 1e3 <= slo.ttft_p99_ms
     if slo.itl_p99_ms is not None:
-        ok &= tpot * 1.6 * 1e3 <= slo.itl_p99_ms
+        ok &= tpot * ITL_P99_RATIO * 1e3 <= slo.itl_p99_ms
     return ok
 
 
@@ -119,9 +121,9 @@ def _slo_ok_point(ttft: float, tpot: float, slo: SLO) -> bool:
         return False
     if slo.itl_p90_ms is not None and not tpot * ITL_P90_RATIO * 1e3 <= slo.itl_p90_ms:
         return False
-    if slo.ttft_p99_ms is not None and not ttft * 2.5 * 1e3 <= slo.ttft_p99_ms:
+    if slo.ttft_p99_ms is not None and not ttft * TTFT_P99_RATIO * 1e3 <= slo.ttft_p99_ms:
         return False
-    return not (slo.itl_p99_ms is not None and not tpot * 1.6 * 1e3 <= slo.itl_p99_ms)
+    return not (slo.itl_p99_ms is not None and not tpot * ITL_P99_RATIO * 1e3 <= slo.itl_p99_ms)
 
 
 def operate(e: Estimate, w: WorkloadShape, slo: SLO, max_gpus: int) -> Estimate:
