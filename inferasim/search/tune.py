@@ -4,7 +4,6 @@ recommendation, Pareto front and a short list of five."""
 from __future__ import annotations
 
 import copy
-import gc
 import math
 import time
 from collections import defaultdict
@@ -145,6 +144,7 @@ def _simulate_one(e: Estimate, w: WorkloadShape) -> dict[str, Any] | None:
     simulator does not apply (disaggregated candidates, no finite step time, no replayable
     workload). Returns the report's summary (no series)."""
     from inferasim.sim.api import simulate_workload
+    from inferasim.sim.collector import paused_collector
 
     c = e.candidate
     if c.disagg is not None or not math.isfinite(e.tpot) or w.source is None:
@@ -155,17 +155,12 @@ def _simulate_one(e: Estimate, w: WorkloadShape) -> dict[str, Any] | None:
         src = src.model_copy(update={"num_requests": min(src.num_requests, max(4 * (src.concurrency or 1), 200))})
     # The collector stays paused until the report (and with it the simulation's requests) is
     # dropped: the state dies by reference counting and is never scanned.
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with paused_collector():
         report = simulate_workload(e.fitted, c.layout, src, replicas=e.replicas, max_num_seqs=c.max_num_seqs,
                                    max_batched_tokens=c.max_batched_tokens,
                                    mixed=None if c.chunked_prefill else False, seed=1)
         d = report.as_dict(series=False)
         del report
-    finally:
-        if was_enabled:
-            gc.enable()
     return d
 
 

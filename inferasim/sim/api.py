@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import gc
 import math
 import time
 from collections.abc import Callable
@@ -16,6 +15,7 @@ from inferasim.memory import kv_dtype_bytes
 from inferasim.predictor import FittedAnchor
 from inferasim.sim.benchmark import engine_sched
 from inferasim.sim.cluster import ROUTERS, Cluster
+from inferasim.sim.collector import paused_collector
 from inferasim.sim.engines import SimRequest
 from inferasim.sim.replica import Replica
 from inferasim.sim.report import SimReport, build_report
@@ -71,15 +71,10 @@ def simulate_workload(fitted: FittedAnchor, layout: Layout,
     # the collector until `_simulate` has returned, so that the simulation's state is freed by
     # reference counting first (the report keeps only the requests) and the collector never
     # scans it; re-enabling it while the state is alive would cost a full scan of it (~10% of a run).
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with paused_collector():
         return _simulate(fitted, layout, workload, replicas, max_num_seqs, max_batched_tokens, mixed, seed, router,
                          prefix_caching, host_kv_bytes, disagg, schedule_policy, slo_ttft_ms, slo_itl_ms, jump,
                          sample_dt, progress)
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def _simulate(fitted: FittedAnchor, layout: Layout,

@@ -17,7 +17,6 @@ of the prompt); Azure requests have no identity.
 from __future__ import annotations
 
 import csv
-import gc
 import gzip
 import json
 import math
@@ -29,6 +28,7 @@ from typing import IO
 
 import numpy as np
 
+from inferasim.sim.collector import paused_collector
 from inferasim.sim.engines import SimRequest
 from inferasim.spec import StaticWorkload, TraceWorkload
 
@@ -270,14 +270,9 @@ def load_trace(path: str | Path, fmt: str = "auto", time_scale: float = 1.0,
     kind = _fmt(p, fmt)
     if kind not in ("mooncake", "azure"):
         raise WorkloadError(f"unknown trace format {fmt!r}; accepted: mooncake, azure, auto")
-    # Reading builds many small objects and no garbage cycles: pause the cycle collector.
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
+    # Reading builds many small objects and no garbage cycles.
+    with paused_collector():
         return load_mooncake(p, time_scale, sample) if kind == "mooncake" else load_azure(p, time_scale, sample)
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def trace_driver(tw: TraceWorkload) -> Driver:
