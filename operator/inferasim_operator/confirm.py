@@ -47,6 +47,7 @@ from inferasim_operator.models import (
     LayoutStatus,
     dump,
 )
+from inferasim_operator.times import age_s, iso, now_iso
 
 # A canary confirms the prediction when its measured ITL p90 is within this fraction of it.
 TOLERANCE = 0.25
@@ -79,7 +80,7 @@ def canary_deployment(dep: dict[str, Any], target_labels: dict[str, str], tuning
 
 async def start_confirmation(body: dict[str, Any], spec: TuningSpec, payload: dict[str, Any], book: Any,
                              kube: Kube) -> None:
-    from inferasim_operator.reconcile import now_iso, post_event
+    from inferasim_operator.reconcile import post_event
 
     mode = spec.confirmation.mode
     shortlist = payload.get("shortlist", [])
@@ -131,12 +132,12 @@ async def start_confirmation(body: dict[str, Any], spec: TuningSpec, payload: di
 
 async def confirm_progress(body: dict[str, Any], spec: TuningSpec, book: Any, kube: Kube, settings: Any) -> bool:
     """Canary states; after the window, measure and decide. True when confirmation is over."""
-    from inferasim_operator.reconcile import _iso_age_s, parse_duration, post_event
+    from inferasim_operator.reconcile import parse_duration, post_event
 
     conf = dict(book.get("confirmation") or {})
     canaries = [dict(c) for c in conf.get("canaries") or []]
     window = parse_duration(spec.confirmation.window, "confirmation.window") or 0.0
-    age = _iso_age_s(conf.get("started")) or 0.0
+    age = age_s(conf.get("started")) or 0.0
     for c in canaries:
         dep = await asyncio.to_thread(kube.get_deployment, book.namespace, c["name"])
         if dep is None:
@@ -261,15 +262,9 @@ def build_canary_anchor(spec: TuningSpec, c: dict[str, Any], observed: ObservedW
     return calibrate(ks, layout, points, parent,
                      source=f"canary Deployment {namespace}/{c['name']}; Prometheus {prom_url} "
                             f"{observed.selector} over {observed.window}",
-                     measured_at=observed_iso(observed.observed_at), measured_by="inferasim-operator canary",
+                     measured_at=iso(observed.observed_at), measured_by="inferasim-operator canary",
                      engine_image=c.get("image", ""), gpu_seconds=window_s * int(c.get("gpus") or 1),
                      notes="window queries: " + " | ".join(window.queries))
-
-
-def observed_iso(ts: float) -> str:
-    import datetime as dt
-
-    return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 async def store_canary_anchor(body: dict[str, Any], spec: TuningSpec, book: Any, kube: Kube, settings: Any,
@@ -277,7 +272,7 @@ async def store_canary_anchor(body: dict[str, Any], spec: TuningSpec, book: Any,
     """Turn one measured canary into a ServingAnchor (provenance canary); record it in ``c``.
     A measurement that cannot be calibrated is a Warning Event and a message, never a crash: the
     confirmation verdict does not depend on it."""
-    from inferasim_operator.reconcile import anchor_dirs, now_iso, parse_duration, post_event, sync_anchors
+    from inferasim_operator.reconcile import anchor_dirs, parse_duration, post_event, sync_anchors
 
     window_s = parse_duration(spec.confirmation.window, "confirmation.window") or 0.0
     await sync_anchors(kube, settings)  # the parent may be a ServingAnchor harvested moments ago

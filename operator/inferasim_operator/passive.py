@@ -18,7 +18,6 @@ and the tuning re-tuned; back under the threshold the condition is cleared.
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import time
 from typing import Any
 
@@ -41,6 +40,7 @@ from inferasim_operator.models import (
     PredictionErrorStatus,
     dump,
 )
+from inferasim_operator.times import epoch, iso, now_iso
 
 KIND = "passive"
 
@@ -54,20 +54,6 @@ def passive_anchor_name(kernel_set: KernelSet, layout: Layout) -> str:
     """Deterministic: one passive anchor per kernel set and layout, refreshed by every fit (and
     apart from a harvested anchor of the same kernel set and layout, which it never replaces)."""
     return f"passive-{kernel_set.key()}-{_dns(layout.label())}"[:253]
-
-
-def iso(ts: float) -> str:
-    return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def epoch(text: str | None) -> float | None:
-    """Unix seconds of an RFC 3339 time as the operator writes it (None when absent or unreadable)."""
-    if not text:
-        return None
-    try:
-        return dt.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC).timestamp()
-    except ValueError:
-        return None
 
 
 def passive_object(anchor: Anchor, name: str, deployment: str, tuning: str) -> dict[str, Any]:
@@ -157,7 +143,7 @@ async def fit_and_store(body: dict[str, Any], spec: TuningSpec, book: Any, kube:
     """Fit the passive anchor of ``live`` from windows after ``since`` and write its ServingAnchor.
     Not identifiable, no data or no Prometheus answer: a status message and None (never an error:
     the tuning goes on with the anchors it has)."""
-    from inferasim_operator.reconcile import now_iso, post_event
+    from inferasim_operator.reconcile import post_event
 
     assert spec.workload.prometheus is not None
     prom = spec.workload.prometheus

@@ -9,7 +9,6 @@ search runs in a child process (search.py).
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import json
 import logging
 import math
@@ -58,6 +57,7 @@ from inferasim_operator.models import (
     dump,
 )
 from inferasim_operator.search import SearchFailed, SearchTimeout, run_search
+from inferasim_operator.times import RFC3339, age_s, now_iso
 
 log = logging.getLogger("inferasim_operator")
 
@@ -183,20 +183,6 @@ def parse_duration(text: str | None, field_name: str) -> float | None:
     if not isinstance(text, str) or not _DURATION.match(text.strip()):
         raise SpecError(f"{field_name}: {text!r} is not a duration such as 30m, 24h or 1h30m")
     return sum(float(n) * _UNIT_S[u] for n, u in re.findall(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)", text))
-
-
-def now_iso() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _iso_age_s(text: str | None) -> float | None:
-    if not text:
-        return None
-    try:
-        t = dt.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC)
-    except ValueError:
-        return None
-    return (dt.datetime.now(dt.UTC) - t).total_seconds()
 
 
 # --------------------------------------------------------------------------------------------
@@ -483,8 +469,8 @@ def _count_gpu_seconds(job: dict[str, Any], result: str) -> None:
     gpus = int((job["metadata"].get("annotations") or {}).get("inferasim.io/gpus", "1") or 1)
     if not start:
         return
-    s = _iso_age_s(start if isinstance(start, str) else start.strftime("%Y-%m-%dT%H:%M:%SZ"))
-    e = _iso_age_s(end if isinstance(end, str) else end.strftime("%Y-%m-%dT%H:%M:%SZ")) if end else 0.0
+    s = age_s(start if isinstance(start, str) else start.strftime(RFC3339))
+    e = age_s(end if isinstance(end, str) else end.strftime(RFC3339)) if end else 0.0
     if s is not None and e is not None and s >= e:
         engine = (job["metadata"].get("labels") or {}).get("inferasim.io/engine", "")
         metrics.HARVEST_GPU_SECONDS.labels(engine=engine, result=result).inc((s - e) * gpus)
@@ -976,7 +962,7 @@ async def _tick(body: dict[str, Any], uid: str, phase: str, kube: Kube, settings
         if not done:
             return "confirming"
     every = parse_duration(spec.retune.every, "retune.every")
-    age = _iso_age_s(status.get("lastTuneTime"))
+    age = age_s(status.get("lastTuneTime"))
     if every and age is not None and age >= every:
         return await reconcile(body, kube, settings, trigger="schedule", force=True,
                                reason=f"scheduled re-tune (every {spec.retune.every})")
