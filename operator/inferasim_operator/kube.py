@@ -3,6 +3,7 @@ callers run them with asyncio.to_thread). Objects go in and come out as plain di
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from kubernetes import client, config
@@ -63,6 +64,15 @@ class Kube:
     def _dict(self, obj: Any) -> dict[str, Any]:
         return obj if isinstance(obj, dict) else self.api.sanitize_for_serialization(obj)
 
+    def _read(self, read: Callable[..., Any], *args: Any) -> dict[str, Any] | None:
+        """`read(*args)` as a dict; None when the object does not exist (404)."""
+        try:
+            return self._dict(read(*args))
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
     # -- ServingTuning -------------------------------------------------------------------------
 
     def get_tuning(self, namespace: str, name: str) -> dict[str, Any]:
@@ -90,12 +100,7 @@ class Kube:
             raise
 
     def get_anchor(self, name: str) -> dict[str, Any] | None:
-        try:
-            return self.custom.get_cluster_custom_object(GROUP, VERSION, ANCHOR_PLURAL, name)
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
+        return self._read(self.custom.get_cluster_custom_object, GROUP, VERSION, ANCHOR_PLURAL, name)
 
     def apply_anchor(self, body: dict[str, Any], old: dict[str, Any] | None = None) -> bool:
         """Create the ServingAnchor, or merge-patch its labels, annotations and spec to ``body``'s
@@ -117,12 +122,7 @@ class Kube:
     # -- Jobs and pods -------------------------------------------------------------------------
 
     def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
-        try:
-            return self._dict(self.batch.read_namespaced_job(name, namespace))
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
+        return self._read(self.batch.read_namespaced_job, name, namespace)
 
     def list_jobs(self, label_selector: str) -> list[dict[str, Any]]:
         """Jobs with these labels in every namespace (one anchor is harvested once per cluster)."""
@@ -155,20 +155,10 @@ class Kube:
                                                              "data": body["data"]})
 
     def get_config_map(self, namespace: str, name: str) -> dict[str, Any] | None:
-        try:
-            return self._dict(self.core.read_namespaced_config_map(name, namespace))
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
+        return self._read(self.core.read_namespaced_config_map, name, namespace)
 
     def get_deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
-        try:
-            return self._dict(self.apps.read_namespaced_deployment(name, namespace))
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
+        return self._read(self.apps.read_namespaced_deployment, name, namespace)
 
     def apply_deployment(self, body: dict[str, Any]) -> None:
         ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
