@@ -47,6 +47,15 @@ from inferasim.steptime import LayoutCost, StepParams, layout_cost, step_time
 # for separate batches every gamma other than 0 made SGLang worse (-0.2 to +0.5 tried).
 WAVE_GAMMA_MIXED = 0.25
 WAVE_GAMMA_SEPARATE = 0.0
+# SGLang's overlap scheduler (srt/managers/scheduler.py, event_loop_overlap) reads a batch's results,
+# first tokens included, only after it has launched the next batch. When the next batch is another
+# prefill (eager kernels, not a captured graph) its launch waits behind the GPU, and the earlier
+# batch's first tokens leave late: sgl-project/sglang PR #11856 added
+# SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP for this, off by default through v0.5.10. Priced as this
+# share of the next prefill batch for every batch of a wave but its last. Chosen with `inferasim
+# validate` on shared/data/aic-silicon among 0-1: SGLang TTFT 18.5% at 0, 17.6-18.1% at 0.2-0.35,
+# 19.0% at 1 (where the anchors' own TTFT fits best, 7.6% against 8.0% at 0.3).
+SGLANG_CONSECUTIVE_PREFILL_DELAY = 0.3
 FIXED_POINT_ITERATIONS = 24
 MIN_KV_TOKENS = 16384  # below this a benchmark of a few requests of a few thousand tokens cannot run
 TIGHT_MEMORY_FRACTION = 0.95
@@ -63,6 +72,9 @@ class EngineSched:
     max_batched_tokens: int  # per-step token budget (vLLM) / chunked prefill size (SGLang)
     kv_tokens: int  # KV pool of one dp rank, in tokens
     block_size: int
+    # Prompt tokens one prefill batch may carry (SGLang --max-prefill-tokens, default 16384; a
+    # separate cap from the chunk size). vLLM has none beyond its step budget.
+    max_prefill_tokens: int = 16384
 
     @property
     def prefill_chunk(self) -> int | np.ndarray:
@@ -115,6 +127,8 @@ def _engine_sched(engine: str, model: ModelSpec, gpu: GPU, layout: Layout, preci
         engine=engine, mixed=mixed, max_num_seqs=max_num_seqs or d.max_num_seqs,
         max_batched_tokens=max_batched_tokens or d.max_num_batched_tokens,
         kv_tokens=max(plan.kv_tokens, 0), block_size=max(d.block_size, 1),
+        # The deployment renderer raises SGLang's --max-prefill-tokens with a larger chunk size.
+        max_prefill_tokens=max(d.max_prefill_tokens, max_batched_tokens or 0),
     )
 
 
@@ -149,6 +163,32 @@ def _prefill_rate(p: StepParams, c: LayoutCost, sched: EngineSched, isl: np.ndar
     """Tokens/s of one dp rank doing nothing but prefill in full chunks."""
     chunk = np.broadcast_to(np.asarray(sched.prefill_chunk, dtype=float), np.shape(isl)).copy()
     return chunk / step_time(p, c, 0.0, 0.0, chunk, isl / 2.0)
+
+
+def _sglang_wave(p: StepParams, c: LayoutCost, sched: EngineSched, b: np.ndarray, new: np.ndarray,
+                 ctx: np.ndarray, pos: np.ndarray, batches: np.ndarray, t_batch: np.ndarray,
+                 total_batches: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """SGLang's prefill batches in a wave of `b` prompts of `new` tokens: (mean batches a request
+    waits for its first token, one batch's time, batches in the wave).
+
+    PrefillAdder (srt/managers/schedule_policy.py, add_one_req) refuses every request after a
+    batch's first whose prompt is >= the tokens left of --max-prefill-tokens. Where the chunk size
+    is that large too (B200, B300, MI300-class defaults: 16384) a batch holds ceil(16384 / isl) - 1
+    whole prompts and never splits the last: 15 prompts of 1024 tokens, one of 8192. A smaller
+    chunk (H100: 8192) binds first, and batches are full chunks as the caller prices them. Then every
+    batch of the wave but the last hands its first tokens out late (SGLANG_CONSECUTIVE_PREFILL_DELAY)."""
+    budget = np.asarray(sched.prefill_chunk, dtype=float)
+    # (The search hands in arrays of chunk sizes; a deployment with a larger one is rendered with
+    # --max-prefill-tokens raised to match.)
+    limit = np.maximum(float(sched.max_prefill_tokens), budget)
+    whole = (budget >= limit) & (new < limit)
+    per_batch = np.where(whole, np.maximum(np.ceil(limit / np.maximum(new, 1.0)) - 1.0, 1.0), 1.0)
+    n_whole = np.ceil(b / per_batch)
+    t_whole = step_time(p, c, 0.0, ctx, np.minimum(per_batch, b) * new, pos)
+    total = np.where(whole, n_whole, total_batches)
+    waited = np.where(whole, (n_whole + 1.0) / 2.0, batches)
+    waited = waited + SGLANG_CONSECUTIVE_PREFILL_DELAY * (1.0 - 1.0 / np.maximum(total, 1.0))
+    return waited, np.where(whole, t_whole, t_batch), total
 
 
 def closed_loop(p: StepParams, c: LayoutCost, sched: EngineSched, isl: np.ndarray, osl: np.ndarray,
@@ -208,6 +248,10 @@ def closed_loop(p: StepParams, c: LayoutCost, sched: EngineSched, isl: np.ndarra
     a = new / budget
     batches = np.maximum(a * (b + 1.0) / 2.0 + 0.5, 1.0)
     t_batch = step_time(p, c, b / 2.0 if sched.mixed else 0.0, ctx, np.minimum(budget, b * new), pos)
+    total_batches = np.maximum(np.ceil(b * new / budget), 1.0)
+    if sched.engine == "sglang":
+        batches, t_batch, total_batches = _sglang_wave(p, c, sched, b, new, ctx, pos, batches, t_batch,
+                                                       total_batches)
     ttft_wave = 0.5 * t_dec + batches * t_batch
     # Serial front end (`t_front`): one process admits requests one at a time. In a wave of R
     # arrivals the k-th waits k x t_front (mean (R + 1)/2 x t_front); outside waves a request
@@ -222,7 +266,6 @@ def closed_loop(p: StepParams, c: LayoutCost, sched: EngineSched, isl: np.ndarra
     # prefilled: whole prefill batches stall it (separate batches), or their chunks slow its
     # steps (mixed). No later arrivals interrupt it: every client of the wave is busy. The
     # steady-state stretch T_dec / (1 - u) applies to the share of requests outside waves.
-    total_batches = np.maximum(np.ceil(b * new / budget), 1.0)
     per_batch_stall = t_batch if not sched.mixed else np.maximum(t_batch - step_time(p, c, b / 2.0, ctx), 0.0)
     stall = (total_batches - 1.0) / 2.0 * per_batch_stall
     tpot_wave = t_dec + stall / np.maximum(osl - 1.0, 1.0)

@@ -18,7 +18,8 @@ as those of `scheduler.py` (a test replays closed loops through both).
   batch of all running requests; retraction when a decode step does not fit. Radix (token-level)
   prefix cache; `--schedule-policy` fcfs or lpm (longest prefix match first, on queues of at most
   128 requests as SGLang does); `--enable-mixed-chunk` puts the running decodes into prefill
-  batches (their tokens come out of the chunk budget).
+  batches (their tokens come out of the chunk budget). Prefill batches keep to the chunk size and
+  to `--max-prefill-tokens`; first tokens leave late when a prefill batch follows a prefill batch.
 - `AtomCore` (ATOM, and vLLM V0 without chunked prefill): prefill first. Partial prefills
   continue, then waiting requests are admitted FCFS while their new tokens fit
   `max_num_batched_tokens` (the last one may be chunked) and the blocks of the whole sequence are
@@ -54,7 +55,7 @@ from itertools import accumulate
 
 import numpy as np
 
-from inferasim.sim.benchmark import EngineSched
+from inferasim.sim.benchmark import SGLANG_CONSECUTIVE_PREFILL_DELAY, EngineSched
 from inferasim.sim.prefix import NO_MATCH, KVPool, Match, Node
 
 # SGLang scheduler constants (python/sglang/global_config.py, srt/managers/scheduler.py and
@@ -64,7 +65,7 @@ SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR = 0.14
 SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS = 600
 SGLANG_CLIP_MAX_NEW_TOKENS = 4096
 SGLANG_RETRACT_DECODE_STEPS = 20
-SGLANG_MAX_PREFILL_TOKENS = 16384
+SGLANG_MAX_PREFILL_TOKENS = 16384  # --max-prefill-tokens default; a deployment's is EngineSched.max_prefill_tokens
 SGLANG_LPM_MAX_QUEUE = 128  # schedule_policy.py: longer queues fall back to fcfs
 
 
@@ -782,6 +783,8 @@ class SglangCore(Core):
         self.sum_over = 0
         self._otok = 0
         self._lpm_sorted_epoch = -1
+        self.max_prefill = int(sched.max_prefill_tokens)
+        self._t_prefill = 0.0  # when the prefill batch being run was scheduled
 
     def max_request_tokens(self) -> int:
         return self.kv.capacity_tokens - 1  # admission is a strict inequality
@@ -861,11 +864,17 @@ class SglangCore(Core):
         return ext + mn + (m.revived + m.host_blocks) * self.B < kv.free * self.B - self._reserved(self.ratio)
 
     def schedule(self, now: float) -> Batch:
+        """PrefillAdder's budgets: `rem_chunk` (--chunked-prefill-size) and `rem_input`
+        (--max-prefill-tokens) both shrink by every entry's new tokens (and by the decodes mixed
+        in); an entry after the first whose new tokens are >= rem_input closes the batch, one
+        above rem_chunk is chunked to it."""
         kv, B = self.kv, self.B
         pre: list[tuple[Row, int, int]] = []
-        rem_chunk = min(max(self.max_tokens, 256), SGLANG_MAX_PREFILL_TOKENS)
+        rem_chunk = max(self.max_tokens, 256)
+        rem_input = self.max_prefill
         n_mix = self.n_d if self.mixed_chunk else 0
         rem_chunk -= n_mix
+        rem_input -= n_mix
         avail = kv.free * B - self._reserved(self.ratio)
         row = self.chunked
         if row is not None:
@@ -877,12 +886,14 @@ class SglangCore(Core):
                 kv.alloc(blocks)
                 pre.append((row, chunk, comp))
                 rem_chunk -= chunk
+                rem_input -= chunk
                 if chunk == remaining:
                     self.chunked = None
         if self.policy == "lpm" and self.waiting and self.chunked is None:
             self._sort_lpm()
         waiting = self.waiting
-        while waiting and rem_chunk > 0 and self.chunked is None and self.n_alive < self.max_seqs:
+        while (waiting and rem_chunk > 0 and rem_input > 0 and self.chunked is None
+               and self.n_alive < self.max_seqs):
             req = waiting[0]
             if req.prebuilt:
                 mn = min(req.output - 1, SGLANG_CLIP_MAX_NEW_TOKENS)
@@ -895,6 +906,8 @@ class SglangCore(Core):
             ext, mn, m = self._demand(req)
             extra = (m.revived + m.host_blocks) * B
             if ext + mn + extra >= avail:
+                break
+            if ext >= rem_input and pre:
                 break
             waiting.popleft()
             if m.host:
@@ -910,8 +923,10 @@ class SglangCore(Core):
                 self.chunked = row
             pre.append((row, chunk, h))
             rem_chunk -= chunk
+            rem_input -= chunk
         if pre:
             self._decoded = False
+            self._t_prefill = now
             n_d = 0
             ctx = 0.0
             if n_mix:
@@ -935,6 +950,24 @@ class SglangCore(Core):
         n = self.n_d
         self.batch = b = Batch(n, (self.sum_cb + n * self.G) / n + 1.0, pre)
         return b
+
+    def commit(self, t_end: float) -> list[SimRequest]:
+        """As the base, then the overlap scheduler's late first tokens (as
+        scheduler.SglangScheduler.commit): when the next batch is another prefill, the first
+        tokens of this prefill batch leave SGLANG_CONSECUTIVE_PREFILL_DELAY x its duration late."""
+        pre = self.batch.pre
+        if not pre:
+            return super().commit(t_end)
+        fresh = [row.req for row, _, _ in pre if row.req.first_token is None]
+        done = super().commit(t_end)
+        if fresh and (self.chunked is not None or self._head_admissible()):
+            t_tok = t_end + SGLANG_CONSECUTIVE_PREFILL_DELAY * (t_end - self._t_prefill) + self.delay
+            for req in fresh:
+                if req.first_token is not None:
+                    req.first_token = t_tok
+                    if req.finish is not None:
+                        req.finish = t_tok
+        return done
 
     def _retract(self) -> None:
         """SGLang retract_decode: drop the requests with the fewest outputs (then the longest

@@ -12,7 +12,9 @@ the host KV tier and KV arriving from a prefill pool, on the faster schedulers o
 - `SglangScheduler` (SGLang without mixed chunking): a prefill-only batch whenever the head of
   the queue passes SGLang's KV admission check (prompt + clipped max_new_tokens against free
   tokens minus `new_token_ratio` x the running requests' remaining outputs), else one decode-only
-  batch of all running requests; retraction when a decode step does not fit.
+  batch of all running requests; retraction when a decode step does not fit. A prefill batch
+  keeps to the chunk size and to `--max-prefill-tokens` (PrefillAdder), and its first tokens
+  leave late when another prefill batch follows it (the overlap scheduler).
 
 The interface the event loop uses:
     enqueue(req)              a request reached this rank
@@ -35,7 +37,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from inferasim.sim.benchmark import EngineSched
+from inferasim.sim.benchmark import SGLANG_CONSECUTIVE_PREFILL_DELAY, EngineSched
 from inferasim.sim.kvcache import DecodeBlocks, KVCache
 
 
@@ -411,13 +413,13 @@ class VllmScheduler(Scheduler):
 # SGLang scheduler constants (python/sglang/global_config.py, srt/managers/scheduler.py and
 # schedule_policy.py): new_token_ratio starts at 0.7 and decays linearly over 600 decode steps to
 # 0.7 x 0.14; max_new_tokens estimates are clipped at 4096; a retraction frees room for 20 decode
-# steps of the remaining requests.
+# steps of the remaining requests. --max-prefill-tokens comes with the deployment
+# (EngineSched.max_prefill_tokens).
 SGLANG_INIT_NEW_TOKEN_RATIO = 0.7
 SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR = 0.14
 SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS = 600
 SGLANG_CLIP_MAX_NEW_TOKENS = 4096
 SGLANG_RETRACT_DECODE_STEPS = 20
-SGLANG_MAX_PREFILL_TOKENS = 16384
 
 
 def _sum_clipped(rem: np.ndarray, steps: np.ndarray, clip: int) -> np.ndarray:
@@ -444,6 +446,7 @@ class SglangScheduler(Scheduler):
         self.min_ratio = SGLANG_INIT_NEW_TOKEN_RATIO * SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR
         self.decay = (SGLANG_INIT_NEW_TOKEN_RATIO - self.min_ratio) / SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS
         self._decoded = False  # the last step was a decode step (the ratio decays per decode)
+        self._t_prefill = 0.0  # when the prefill batch being run was scheduled
 
     def max_request_tokens(self) -> int:
         return self.kv.capacity_tokens - 1  # admission is a strict inequality
@@ -473,9 +476,13 @@ class SglangScheduler(Scheduler):
         return ext + mn < self.kv.free_blocks * self.kv.block_size - self._reserved(self.ratio)
 
     def schedule(self, now: float) -> Batch:
+        """PrefillAdder's budgets: `rem_chunk` (--chunked-prefill-size) and `rem_input`
+        (--max-prefill-tokens) both shrink by every entry's new tokens; an entry after the first
+        whose new tokens are >= rem_input closes the batch, one above rem_chunk is chunked to it."""
         r, kv = self.run, self.kv
         batch = Batch()
-        rem_chunk = min(self.sched.prefill_chunk, SGLANG_MAX_PREFILL_TOKENS)
+        rem_chunk = int(self.sched.prefill_chunk)
+        rem_input = int(self.sched.max_prefill_tokens)
         avail = kv.free_blocks * kv.block_size - self._reserved(self.ratio)
         if self.chunked_row is not None:
             row = self.chunked_row
@@ -486,12 +493,15 @@ class SglangScheduler(Scheduler):
             batch.pre_chunks.append(chunk)
             batch.pre_starts.append(int(r.comp[row]))
             rem_chunk -= chunk
+            rem_input -= chunk
             if chunk == remaining:
                 self.chunked_row = None
-        while (self.waiting and rem_chunk > 0 and self.chunked_row is None
+        while (self.waiting and rem_chunk > 0 and rem_input > 0 and self.chunked_row is None
                and r.n_alive < self.sched.max_num_seqs):
             ext, mn = self._demand(self.waiting[0])
             if ext + mn >= avail:
+                break
+            if ext >= rem_input and batch.pre_rows:
                 break
             req = self.waiting.popleft()
             chunk = min(ext, rem_chunk)
@@ -503,8 +513,10 @@ class SglangScheduler(Scheduler):
             batch.pre_chunks.append(chunk)
             batch.pre_starts.append(0)
             rem_chunk -= chunk
+            rem_input -= chunk
         if batch.pre_rows:
             self._decoded = False
+            self._t_prefill = now
             return batch
         n = r.n
         if n == 0:
@@ -520,6 +532,25 @@ class SglangScheduler(Scheduler):
         batch.dec_rows = rows
         batch.ctx_dec = float(r.comp[rows].mean()) + 1.0
         return batch
+
+    def commit(self, batch: Batch, t_end: float) -> list[Request]:
+        """As the base, then the overlap scheduler's late first tokens: when the next batch is
+        another prefill (a chunked request goes on, or the queue head is admissible now), the
+        tokens this prefill batch sampled first leave SGLANG_CONSECUTIVE_PREFILL_DELAY x its
+        duration late (a request asking one token finishes with it, so its finish moves too)."""
+        if not batch.pre_rows:
+            return super().commit(batch, t_end)
+        rid = self.run.rid
+        fresh = [req for req in (self.reqs[int(rid[row])] for row in batch.pre_rows) if req.first_token is None]
+        finished = super().commit(batch, t_end)
+        if fresh and (self.chunked_row is not None or self._head_admissible()):
+            t_tok = t_end + SGLANG_CONSECUTIVE_PREFILL_DELAY * (t_end - self._t_prefill) + self.delay
+            for req in fresh:
+                if req.first_token is not None:
+                    req.first_token = t_tok
+                    if req.finish is not None:
+                        req.finish = t_tok
+        return finished
 
     def _retract(self) -> None:
         """SGLang retract_decode: drop the requests with the fewest outputs (then the longest

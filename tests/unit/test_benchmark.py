@@ -122,3 +122,33 @@ def test_a_nightly_vllm_build_schedules_like_the_current_release() -> None:
     _, v0 = setup("vllm", version="0.6.3")
     _, current = setup("vllm", version="0.19.0")
     assert nightly.mixed and current.mixed and not v0.mixed
+
+
+def test_sglang_wave_needs_a_second_prefill_batch_at_sixteen_1024_token_prompts() -> None:
+    # B200 defaults: chunk 16384 = --max-prefill-tokens, so a batch holds 15 whole 1024-token
+    # prompts (PrefillAdder refuses the 16th: 1024 >= 1024 tokens left). The 16th client's wave
+    # takes a second batch, and the first batch's first tokens then wait for it (overlap
+    # scheduler): TTFT jumps between 15 and 16 clients more than between any neighbours around.
+    cost, sched = setup("sglang", tp=8, gpu="B200")
+    assert sched.prefill_chunk == sched.max_prefill_tokens == 16384
+    conc = np.arange(12.0, 20.0)
+    p = StepParams(burst=1.0, t_front=0.0)
+    r = closed_loop(p, cost, sched, np.full(conc.size, 1024.0), np.full(conc.size, 1024.0), conc)
+    steps = np.diff(r.ttft)
+    jump = steps[list(conc[1:]).index(16.0)]
+    assert jump > 3.0 * np.delete(steps, list(conc[1:]).index(16.0)).max()
+    # vLLM's mixed chunked steps have no such edge.
+    vcost, vsched = setup("vllm", tp=8, gpu="B200")
+    v = closed_loop(p, vcost, vsched, np.full(conc.size, 1024.0), np.full(conc.size, 1024.0), conc)
+    assert np.diff(v.ttft).max() < 2.0 * np.diff(v.ttft).min()
+
+
+def test_sglang_prompts_half_the_prefill_budget_or_longer_go_one_per_batch() -> None:
+    # On B200 defaults two 8191-token prompts share a batch and two 8192-token ones do not: the
+    # wave's batching, and with it TTFT, changes at that edge and nowhere near it.
+    cost, sched = setup("sglang", tp=8, gpu="B200")
+    p = StepParams(burst=1.0, t_front=0.0)
+    isl = np.array([8190.0, 8191.0, 8192.0, 8193.0])
+    r = closed_loop(p, cost, sched, isl, np.full(4, 1024.0), np.full(4, 16.0))
+    edge, before, after = abs(r.ttft[2] - r.ttft[1]), abs(r.ttft[1] - r.ttft[0]), abs(r.ttft[3] - r.ttft[2])
+    assert edge > 10.0 * max(before, after)

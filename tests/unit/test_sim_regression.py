@@ -34,8 +34,14 @@ OFFLINE = {"vllm": (20.19504802176494, 1032), "sglang": (20.18291013497794, 1031
 @pytest.fixture(autouse=True)
 def _step_model_of_the_pinned_numbers(monkeypatch: pytest.MonkeyPatch) -> None:
     """The numbers pin the simulator's scheduling; they were taken before the step-time model got
-    its GEMM shape factor, so the factor is off here (1 exactly)."""
+    its GEMM shape factor and before SGLang's consecutive-prefill delay, so both are off here (the
+    delay has tests of its own in test_sglang_prefill_batches.py)."""
+    import inferasim.sim.engines as engines
+    import inferasim.sim.scheduler as scheduler
     import inferasim.steptime as steptime
+
+    monkeypatch.setattr(scheduler, "SGLANG_CONSECUTIVE_PREFILL_DELAY", 0.0)
+    monkeypatch.setattr(engines, "SGLANG_CONSECUTIVE_PREFILL_DELAY", 0.0)
 
     monkeypatch.setattr(steptime, "GEMM_M0", 0.0)
     monkeypatch.setattr(steptime, "GEMM_N0", 0.0)

@@ -1,0 +1,204 @@
+"""SGLang's prefill batches in both discrete-event schedulers (`sim.scheduler.SglangScheduler`
+and `sim.engines.SglangCore`): PrefillAdder's two budgets (--chunked-prefill-size and
+--max-prefill-tokens) and the overlap scheduler's late first tokens after a prefill batch that
+another prefill batch follows (`benchmark.SGLANG_CONSECUTIVE_PREFILL_DELAY`)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+import inferasim.sim.engines as engines
+import inferasim.sim.scheduler as scheduler
+from inferasim.catalog.gpus import get_gpu
+from inferasim.catalog.models import get_model
+from inferasim.layout import Layout
+from inferasim.sim.benchmark import SGLANG_CONSECUTIVE_PREFILL_DELAY, EngineSched, engine_sched
+from inferasim.sim.des import simulate_closed_loop
+from inferasim.sim.engines import SglangCore, SimRequest
+from inferasim.sim.replica import Replica
+from inferasim.sim.scheduler import Request, SglangScheduler, make_scheduler
+from inferasim.steptime import StepParams, layout_cost, step_time
+
+MODEL = get_model("meta-llama/Meta-Llama-3.1-8B")
+GPU = get_gpu("H100")
+KV = 1_000_000
+DELIVERY = 0.05
+
+
+def _sched(chunk: int, max_prefill: int = 16384) -> EngineSched:
+    return EngineSched(engine="sglang", mixed=False, max_num_seqs=1024, max_batched_tokens=chunk, kv_tokens=KV,
+                       block_size=1, max_prefill_tokens=max_prefill)
+
+
+class _Ref:
+    """scheduler.SglangScheduler driven step by step: batches as lists of prefill chunk sizes."""
+
+    def __init__(self, s: EngineSched, prompts: list[int], output: int = 4) -> None:
+        self.core = make_scheduler(s, KV, DELIVERY)
+        assert isinstance(self.core, SglangScheduler)
+        self.reqs = [Request(rid=i, arrival=0.0, prompt=n, output=output) for i, n in enumerate(prompts)]
+        for r in self.reqs:
+            self.core.enqueue(r)
+        self._b: scheduler.Batch | None = None
+
+    def step(self, now: float) -> list[int]:
+        self._b = self.core.schedule(now)
+        assert not self._b.n_dec
+        return list(self._b.pre_chunks)
+
+    def commit(self, t_end: float) -> None:
+        assert self._b is not None
+        self.core.commit(self._b, t_end)
+
+
+class _Fast:
+    """engines.SglangCore driven step by step, the same way."""
+
+    def __init__(self, s: EngineSched, prompts: list[int], output: int = 4) -> None:
+        self.core = SglangCore(s, KV, DELIVERY)
+        self.reqs = [SimRequest(i, 0.0, n, output) for i, n in enumerate(prompts)]
+        for r in self.reqs:
+            self.core.enqueue(r)
+
+    def step(self, now: float) -> list[int]:
+        b = self.core.schedule(now)
+        assert not b.n_dec
+        return [chunk for _, chunk, _ in b.pre]
+
+    def commit(self, t_end: float) -> None:
+        self.core.commit(t_end)
+
+
+DRIVERS = pytest.mark.parametrize("drv", [_Ref, _Fast], ids=["scheduler", "engines"])
+
+
+# -- PrefillAdder's budgets -------------------------------------------------------------------------
+
+@DRIVERS
+def test_max_prefill_tokens_refuses_the_16th_1024_token_prompt(drv) -> None:  # noqa: ANN001
+    """16 x 1024 = 16384 would fill --max-prefill-tokens exactly; SGLang refuses the 16th prompt
+    (1024 >= the 1024 tokens left) instead of taking it: 15 + 1."""
+    d = drv(_sched(16384), [1024] * 16)
+    assert d.step(0.0) == [1024] * 15
+    d.commit(1.0)
+    assert d.step(1.0) == [1024]
+
+
+@DRIVERS
+def test_8192_token_prompts_go_one_per_batch(drv) -> None:  # noqa: ANN001
+    d = drv(_sched(16384), [8192, 8192])
+    assert d.step(0.0) == [8192]
+    d.commit(1.0)
+    assert d.step(1.0) == [8192]
+
+
+@DRIVERS
+def test_a_smaller_chunk_binds_first_and_chunks_the_last_request(drv) -> None:  # noqa: ANN001
+    d = drv(_sched(8192), [1024] * 10)
+    assert d.step(0.0) == [1024] * 8
+    d.commit(1.0)
+    assert d.step(1.0) == [1024, 1024]
+
+    d = drv(_sched(8192), [3000] * 6)
+    assert d.step(0.0) == [3000, 3000, 2192]  # the third is chunked to what the chunk has left
+    d.commit(1.0)
+    assert d.step(1.0) == [808, 3000, 3000, 1384]  # its rest first, then the queue, chunked again
+    d.commit(2.0)
+    assert d.step(2.0) == [1616]
+
+    # --max-prefill-tokens still binds behind a first entry: 20000 >= 16384 - 1000 is refused, not
+    # chunked into the short prompt's batch; it starts the next batch, chunked.
+    d = drv(_sched(8192), [1000, 20000])
+    assert d.step(0.0) == [1000]
+    d.commit(1.0)
+    assert d.step(1.0) == [8192]
+
+
+@DRIVERS
+def test_the_first_entry_is_taken_whole_up_to_the_chunk(drv) -> None:  # noqa: ANN001
+    """--max-prefill-tokens never refuses a batch's first request: with a chunk larger than it, a
+    prompt between the two runs whole (and alone), not cut at --max-prefill-tokens."""
+    d = drv(_sched(32768), [20000, 1000])
+    assert d.step(0.0) == [20000]
+    d.commit(1.0)
+    assert d.step(1.0) == [1000]
+    d = drv(_sched(32768), [40000])
+    assert d.step(0.0) == [32768]
+
+
+# -- late first tokens after consecutive prefill batches ---------------------------------------------
+
+@DRIVERS
+def test_first_tokens_of_a_prefill_batch_followed_by_a_prefill_leave_late(drv) -> None:  # noqa: ANN001
+    d = drv(_sched(16384), [1024] * 16)
+    assert len(d.step(2.0)) == 15
+    d.commit(2.8)  # the 16th prompt is admissible now: the next batch is another prefill
+    first = [r.first_token for r in d.reqs[:15]]
+    assert first == pytest.approx([2.8 + SGLANG_CONSECUTIVE_PREFILL_DELAY * 0.8 + DELIVERY] * 15, rel=1e-12)
+    assert SGLANG_CONSECUTIVE_PREFILL_DELAY * 0.8 > 0.2  # really late, not just the delivery delay
+    assert d.reqs[15].first_token is None
+    assert len(d.step(2.8)) == 1
+    d.commit(3.0)  # the queue is empty: a decode batch follows, nothing is late
+    assert d.reqs[15].first_token == 3.0 + DELIVERY
+
+
+@DRIVERS
+def test_a_chunked_request_going_on_makes_the_next_batch_a_prefill(drv) -> None:  # noqa: ANN001
+    d = drv(_sched(8192), [3000] * 3)
+    d.step(0.0)
+    d.commit(1.0)
+    late = 1.0 + SGLANG_CONSECUTIVE_PREFILL_DELAY * 1.0 + DELIVERY
+    assert [r.first_token for r in d.reqs[:2]] == pytest.approx([late] * 2, rel=1e-12)
+    assert d.reqs[2].first_token is None
+    assert d.step(1.0) == [808]
+    d.commit(1.5)
+    assert d.reqs[2].first_token == 1.5 + DELIVERY
+
+
+@DRIVERS
+def test_a_one_token_request_finishes_with_its_late_first_token(drv) -> None:  # noqa: ANN001
+    d = drv(_sched(16384), [1024] * 16, output=1)
+    d.step(0.0)
+    d.commit(1.0)
+    late = 1.0 + SGLANG_CONSECUTIVE_PREFILL_DELAY + DELIVERY
+    for r in d.reqs[:15]:
+        assert r.first_token == pytest.approx(late) and r.finish == r.first_token
+
+
+@DRIVERS
+def test_without_the_delay_first_tokens_are_batch_end_plus_delivery(drv, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    monkeypatch.setattr(scheduler, "SGLANG_CONSECUTIVE_PREFILL_DELAY", 0.0)
+    monkeypatch.setattr(engines, "SGLANG_CONSECUTIVE_PREFILL_DELAY", 0.0)
+    d = drv(_sched(16384), [1024] * 16)
+    d.step(2.0)
+    d.commit(2.8)
+    assert [r.first_token for r in d.reqs[:15]] == [2.8 + DELIVERY] * 15
+    d.step(2.8)
+    d.commit(3.0)
+    assert d.reqs[15].first_token == 3.0 + DELIVERY
+
+
+# -- through the simulators ---------------------------------------------------------------------------
+
+def test_both_simulators_price_the_late_wave_of_16_prompts() -> None:
+    """16 x 1024 prompts at t = 0 (B200-style chunk = --max-prefill-tokens = 16384): a batch of
+    15 ends at t1 and its first tokens leave 0.3 t1 late; the 16th runs alone and is on time."""
+    lay = Layout(tp=1)
+    p, c = StepParams(), layout_cost(MODEL, GPU, lay)
+    s = dataclasses.replace(engine_sched("sglang", MODEL, GPU, lay), max_batched_tokens=16384,
+                            max_prefill_tokens=16384)
+    t1 = float(step_time(p, c, 0.0, 0.0, 15 * 1024, 512.0))
+    t2 = float(step_time(p, c, 0.0, 0.0, 1024, 512.0))
+    want = [t1 + SGLANG_CONSECUTIVE_PREFILL_DELAY * t1 + p.t_ttft] * 15 + [t1 + t2 + p.t_ttft]
+
+    old = simulate_closed_loop(p, c, s, 1024, 8, 16, num_requests=16)
+    assert [r.first_token for r in old.requests] == pytest.approx(want, rel=1e-12)
+
+    rep = Replica(p, c, s, delivery_delay=p.t_ttft)
+    reqs = [SimRequest(i, 0.0, 1024, 8) for i in range(16)]
+    for r in reqs:
+        assert rep.submit(r, 0.0)
+    rep.run_until(float("inf"), lambda r: None)
+    assert [r.first_token for r in reqs] == pytest.approx(want, rel=1e-12)
