@@ -175,3 +175,28 @@ def test_thin_gemm_slices_stop_prefill_scaling_as_one_over_tp() -> None:
     finally:
         steptime.GEMM_M0, steptime.GEMM_N0 = orig
     assert flat > speedup
+
+
+def test_a_named_front_end_default_holds_against_prefill_compute(monkeypatch: pytest.MonkeyPatch) -> None:
+    # One prompt length cannot tell a per-request front-end cost from prefill compute: both grow
+    # TTFT with the clients of a wave. A default that names a front-end cost (vLLM's API server,
+    # 2 ms) is held by a tight prior (fit.FRONT_PRIOR_SIGMA) instead of the wide one around the
+    # floor that SGLang's default keeps. Data made with a 20 ms front end move it less.
+    import inferasim.fit as fit
+    from inferasim.sim.benchmark import closed_loop, engine_sched
+
+    model, gpu, lay = get_model(LLAMA70), get_gpu("H100"), Layout(tp=4)
+    cost = layout_cost(model, gpu, lay, "fp8")
+    sched = engine_sched("vllm", model, gpu, lay, "fp8")
+    prior = default_params(gpu, "vllm")
+    assert prior.t_front == pytest.approx(2e-3)
+    assert default_params(gpu, "sglang").t_front == 0.0
+    conc = np.array([4.0, 8.0, 16.0, 32.0, 64.0])
+    r = closed_loop(replace(prior, t_front=0.02), cost, sched, np.full(5, 1024.0), np.full(5, 1024.0), conc)
+    points = [fit.FitPoint(isl=1024, osl=1024, concurrency=int(c), ttft=float(t), tpot=float(o))
+              for c, t, o in zip(conc, r.ttft, r.tpot, strict=True)]
+    held = fit.fit_params(cost, sched, points, prior).params.t_front
+    monkeypatch.setattr(fit, "FRONT_PRIOR_SIGMA", fit.PRIOR_SIGMA["t_front"])
+    loose = fit.fit_params(cost, sched, points, prior).params.t_front
+    assert 2e-3 / np.e < held < 2e-3 * np.e
+    assert abs(np.log(loose / 2e-3)) > abs(np.log(held / 2e-3))
