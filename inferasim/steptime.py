@@ -136,7 +136,9 @@ def default_params(gpu: GPU, engine: str = "vllm") -> StepParams:
     # Per-request latency outside the engine steps (HTTP, tokenizer process, IPC to the
     # scheduler, first chunk out). Where one anchor pins it, SGLang's fits land at 0.1-0.3 s and
     # vLLM's at 0.03-0.1 s on the dev data (shared/data/aic-silicon); the defaults sit inside.
-    t_ttft = 0.15 if engine == "sglang" else 0.045
+    # vLLM's API-server share now sits in t_front (below); 0.03 s chosen among 0.02-0.06 s with
+    # `inferasim validate` (vLLM TTFT 13.5% at 0.045 s, 13.1-13.3% at 0.025-0.035 s).
+    t_ttft = 0.15 if engine == "sglang" else 0.03
     # vLLM's serial per-prompt-token front-end cost (see StepParams.t_front_token): 1 us per token
     # was chosen among 0.5-3 us with `inferasim validate` (vLLM TTFT 14.8% -> 14.5%). SGLang's
     # per-request t_front already takes its front end, and every per-token value made it worse
