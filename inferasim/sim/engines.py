@@ -55,8 +55,9 @@ from itertools import accumulate
 
 import numpy as np
 
-from inferasim.sim.benchmark import SGLANG_CONSECUTIVE_PREFILL_DELAY, EngineSched
+from inferasim.sim.benchmark import EngineSched
 from inferasim.sim.prefix import NO_MATCH, KVPool, Match, Node
+from inferasim.sim.scheduler import hand_out_late
 
 # SGLang scheduler constants (python/sglang/global_config.py, srt/managers/scheduler.py and
 # schedule_policy.py), as in inferasim.sim.scheduler.
@@ -961,12 +962,7 @@ class SglangCore(Core):
         fresh = [row.req for row, _, _ in pre if row.req.first_token is None]
         done = super().commit(t_end)
         if fresh and (self.chunked is not None or self._head_admissible()):
-            t_tok = t_end + SGLANG_CONSECUTIVE_PREFILL_DELAY * (t_end - self._t_prefill) + self.delay
-            for req in fresh:
-                if req.first_token is not None:
-                    req.first_token = t_tok
-                    if req.finish is not None:
-                        req.finish = t_tok
+            hand_out_late(fresh, t_end, self._t_prefill, self.delay)
         return done
 
     def _retract(self) -> None:

@@ -34,6 +34,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -422,6 +423,19 @@ SGLANG_CLIP_MAX_NEW_TOKENS = 4096
 SGLANG_RETRACT_DECODE_STEPS = 20
 
 
+def hand_out_late(fresh: list[Any], t_end: float, t_start: float, delivery: float) -> None:
+    """SGLang's late first tokens (SGLANG_CONSECUTIVE_PREFILL_DELAY): the requests a prefill batch
+    run from `t_start` to `t_end` gave their first token get it that share of the batch late; a
+    request asking one token finishes with it, so its finish moves too. (Shared with
+    engines.SglangCore; requests of either simulator carry `first_token` and `finish`.)"""
+    t_tok = t_end + SGLANG_CONSECUTIVE_PREFILL_DELAY * (t_end - t_start) + delivery
+    for req in fresh:
+        if req.first_token is not None:
+            req.first_token = t_tok
+            if req.finish is not None:
+                req.finish = t_tok
+
+
 def _sum_clipped(rem: np.ndarray, steps: np.ndarray, clip: int) -> np.ndarray:
     """sum_i min(rem_i - j, clip) for every j in `steps`, in O(N log N + len(steps))."""
     base = int(rem.sum()) - rem.size * steps
@@ -544,12 +558,7 @@ class SglangScheduler(Scheduler):
         fresh = [req for req in (self.reqs[int(rid[row])] for row in batch.pre_rows) if req.first_token is None]
         finished = super().commit(batch, t_end)
         if fresh and (self.chunked_row is not None or self._head_admissible()):
-            t_tok = t_end + SGLANG_CONSECUTIVE_PREFILL_DELAY * (t_end - self._t_prefill) + self.delay
-            for req in fresh:
-                if req.first_token is not None:
-                    req.first_token = t_tok
-                    if req.finish is not None:
-                        req.finish = t_tok
+            hand_out_late(fresh, t_end, self._t_prefill, self.delay)
         return finished
 
     def _retract(self) -> None:

@@ -9,7 +9,6 @@ import dataclasses
 
 import pytest
 
-import inferasim.sim.engines as engines
 import inferasim.sim.scheduler as scheduler
 from inferasim.catalog.gpus import get_gpu
 from inferasim.catalog.models import get_model
@@ -169,8 +168,7 @@ def test_a_one_token_request_finishes_with_its_late_first_token(drv) -> None:  #
 
 @DRIVERS
 def test_without_the_delay_first_tokens_are_batch_end_plus_delivery(drv, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
-    monkeypatch.setattr(scheduler, "SGLANG_CONSECUTIVE_PREFILL_DELAY", 0.0)
-    monkeypatch.setattr(engines, "SGLANG_CONSECUTIVE_PREFILL_DELAY", 0.0)
+    monkeypatch.setattr(scheduler, "SGLANG_CONSECUTIVE_PREFILL_DELAY", 0.0)  # both simulators use it there
     d = drv(_sched(16384), [1024] * 16)
     d.step(2.0)
     d.commit(2.8)
