@@ -89,7 +89,9 @@ def estimate_group(fitted: FittedAnchor, candidates: list[Candidate], w: Workloa
         if not idx:
             continue
         sel = np.concatenate([np.arange(i * g, (i + 1) * g) for i in idx])
-        sched = replace(base, mixed=mixed, max_num_seqs=mns[sel], max_batched_tokens=mbt[sel])
+        # A larger SGLang chunk is deployed with --max-prefill-tokens raised to match (render.py).
+        sched = replace(base, mixed=mixed, max_num_seqs=mns[sel], max_batched_tokens=mbt[sel],
+                        max_prefill_tokens=np.maximum(base.max_prefill_tokens, mbt[sel]))
         # Real traffic is not a lock-stepped benchmark: no wave term.
         params = replace(fitted.params, burst=0.0)
         r = closed_loop(params, cost, sched, np.full(sel.size, w.isl), np.full(sel.size, w.osl), conc[sel], w.hit)

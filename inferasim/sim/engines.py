@@ -786,6 +786,8 @@ class SglangCore(Core):
         self._lpm_sorted_epoch = -1
         self.max_prefill = int(sched.max_prefill_tokens)
         self._t_prefill = 0.0  # when the prefill batch being run was scheduled
+        self._late: list[SimRequest] = []  # first tokens of the last prefill batch, maybe late
+        self._late_end = 0.0  # when that batch ended
 
     def max_request_tokens(self) -> int:
         return self.kv.capacity_tokens - 1  # admission is a strict inequality
@@ -954,15 +956,16 @@ class SglangCore(Core):
 
     def commit(self, t_end: float) -> list[SimRequest]:
         """As the base, then the overlap scheduler's late first tokens (as
-        scheduler.SglangScheduler.commit): when the next batch is another prefill, the first
-        tokens of this prefill batch leave SGLANG_CONSECUTIVE_PREFILL_DELAY x its duration late."""
+        scheduler.SglangScheduler.commit, through scheduler.hand_out_late)."""
         pre = self.batch.pre
         if not pre:
+            self._late = []
             return super().commit(t_end)
+        hand_out_late(self._late, self._late_end, self._t_prefill, t_end, self.delay)
         fresh = [row.req for row, _, _ in pre if row.req.first_token is None]
         done = super().commit(t_end)
-        if fresh and (self.chunked is not None or self._head_admissible()):
-            hand_out_late(fresh, t_end, self._t_prefill, self.delay)
+        self._late = [req for req in fresh if req.first_token is not None and req.finish is None]
+        self._late_end = t_end
         return done
 
     def _retract(self) -> None:

@@ -423,17 +423,20 @@ SGLANG_CLIP_MAX_NEW_TOKENS = 4096
 SGLANG_RETRACT_DECODE_STEPS = 20
 
 
-def hand_out_late(fresh: list[Any], t_end: float, t_start: float, delivery: float) -> None:
-    """SGLang's late first tokens (SGLANG_CONSECUTIVE_PREFILL_DELAY): the requests a prefill batch
-    run from `t_start` to `t_end` gave their first token get it that share of the batch late; a
-    request asking one token finishes with it, so its finish moves too. (Shared with
-    engines.SglangCore; requests of either simulator carry `first_token` and `finish`.)"""
-    t_tok = t_end + SGLANG_CONSECUTIVE_PREFILL_DELAY * (t_end - t_start) + delivery
-    for req in fresh:
-        if req.first_token is not None:
-            req.first_token = t_tok
-            if req.finish is not None:
-                req.finish = t_tok
+def hand_out_late(late: list[Any], t_prev: float, t_start: float, t_end: float, delivery: float) -> None:
+    """SGLang's late first tokens (SGLANG_CONSECUTIVE_PREFILL_DELAY): the overlap scheduler reads
+    a prefill batch's results only after launching the next batch. `late` are the requests whose
+    first token the prefill batch that ended at `t_prev` sampled; when the batch that ran next was
+    another prefill and started right away (`t_start` == `t_prev`), their first token leaves that
+    share of it late (never after it ends, so before any second token). Shared with
+    engines.SglangCore; requests of either simulator carry `first_token` (and engines' `t_last`)."""
+    if not late or t_start > t_prev + 1e-12:
+        return
+    t_tok = t_prev + SGLANG_CONSECUTIVE_PREFILL_DELAY * (t_end - t_prev)
+    for req in late:
+        req.first_token = t_tok + delivery
+        if getattr(req, "t_last", None) is not None:
+            req.t_last = t_tok
 
 
 def _sum_clipped(rem: np.ndarray, steps: np.ndarray, clip: int) -> np.ndarray:
@@ -461,6 +464,8 @@ class SglangScheduler(Scheduler):
         self.decay = (SGLANG_INIT_NEW_TOKEN_RATIO - self.min_ratio) / SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS
         self._decoded = False  # the last step was a decode step (the ratio decays per decode)
         self._t_prefill = 0.0  # when the prefill batch being run was scheduled
+        self._late: list[Request] = []  # first tokens of the last prefill batch, maybe late
+        self._late_end = 0.0  # when that batch ended
 
     def max_request_tokens(self) -> int:
         return self.kv.capacity_tokens - 1  # admission is a strict inequality
@@ -548,17 +553,18 @@ class SglangScheduler(Scheduler):
         return batch
 
     def commit(self, batch: Batch, t_end: float) -> list[Request]:
-        """As the base, then the overlap scheduler's late first tokens: when the next batch is
-        another prefill (a chunked request goes on, or the queue head is admissible now), the
-        tokens this prefill batch sampled first leave SGLANG_CONSECUTIVE_PREFILL_DELAY x its
-        duration late (a request asking one token finishes with it, so its finish moves too)."""
+        """As the base, then the overlap scheduler's late first tokens (hand_out_late): those of
+        the previous prefill batch move into this one when this one is a prefill batch too."""
         if not batch.pre_rows:
+            self._late = []
             return super().commit(batch, t_end)
+        hand_out_late(self._late, self._late_end, self._t_prefill, t_end, self.delay)
         rid = self.run.rid
         fresh = [req for req in (self.reqs[int(rid[row])] for row in batch.pre_rows) if req.first_token is None]
         finished = super().commit(batch, t_end)
-        if fresh and (self.chunked_row is not None or self._head_admissible()):
-            hand_out_late(fresh, t_end, self._t_prefill, self.delay)
+        # A request that finished with its first token is handed back now: it stays on time.
+        self._late = [req for req in fresh if req.first_token is not None and req.finish is None]
+        self._late_end = t_end
         return finished
 
     def _retract(self) -> None:

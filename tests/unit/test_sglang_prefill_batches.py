@@ -51,6 +51,16 @@ class _Ref:
         assert self._b is not None
         self.core.commit(self._b, t_end)
 
+    def decode(self, now: float, t_end: float) -> None:
+        b = self.core.schedule(now)
+        assert b.n_dec and not b.pre_rows
+        self.core.commit(b, t_end)
+
+    def add(self, prompt: int, arrival: float) -> None:
+        r = Request(rid=len(self.reqs), arrival=arrival, prompt=prompt, output=4)
+        self.reqs.append(r)
+        self.core.enqueue(r)
+
 
 class _Fast:
     """engines.SglangCore driven step by step, the same way."""
@@ -68,6 +78,16 @@ class _Fast:
 
     def commit(self, t_end: float) -> None:
         self.core.commit(t_end)
+
+    def decode(self, now: float, t_end: float) -> None:
+        b = self.core.schedule(now)
+        assert b.n_dec and not b.pre
+        self.core.commit(t_end)
+
+    def add(self, prompt: int, arrival: float) -> None:
+        r = SimRequest(len(self.reqs), arrival, prompt, 4)
+        self.reqs.append(r)
+        self.core.enqueue(r)
 
 
 DRIVERS = pytest.mark.parametrize("drv", [_Ref, _Fast], ids=["scheduler", "engines"])
@@ -133,13 +153,15 @@ def test_the_first_entry_is_taken_whole_up_to_the_chunk(drv) -> None:  # noqa: A
 def test_first_tokens_of_a_prefill_batch_followed_by_a_prefill_leave_late(drv) -> None:  # noqa: ANN001
     d = drv(_sched(16384), [1024] * 16)
     assert len(d.step(2.0)) == 15
-    d.commit(2.8)  # the 16th prompt is admissible now: the next batch is another prefill
-    first = [r.first_token for r in d.reqs[:15]]
-    assert first == pytest.approx([2.8 + SGLANG_CONSECUTIVE_PREFILL_DELAY * 0.8 + DELIVERY] * 15, rel=1e-12)
-    assert SGLANG_CONSECUTIVE_PREFILL_DELAY * 0.8 > 0.2  # really late, not just the delivery delay
-    assert d.reqs[15].first_token is None
+    d.commit(2.8)
+    assert [r.first_token for r in d.reqs[:15]] == [2.8 + DELIVERY] * 15  # until the next batch shows
     assert len(d.step(2.8)) == 1
-    d.commit(3.0)  # the queue is empty: a decode batch follows, nothing is late
+    d.commit(3.0)  # another prefill, launched at once: the 15 leave 0.3 of it late, before it ends
+    late = 2.8 + SGLANG_CONSECUTIVE_PREFILL_DELAY * 0.2 + DELIVERY
+    assert [r.first_token for r in d.reqs[:15]] == pytest.approx([late] * 15, rel=1e-12)
+    assert 2.8 + DELIVERY < late < 3.0 + DELIVERY
+    assert d.reqs[15].first_token == 3.0 + DELIVERY
+    d.decode(3.0, 3.01)  # a decode batch follows the 16th: it stays on time
     assert d.reqs[15].first_token == 3.0 + DELIVERY
 
 
@@ -148,22 +170,34 @@ def test_a_chunked_request_going_on_makes_the_next_batch_a_prefill(drv) -> None:
     d = drv(_sched(8192), [3000] * 3)
     d.step(0.0)
     d.commit(1.0)
-    late = 1.0 + SGLANG_CONSECUTIVE_PREFILL_DELAY * 1.0 + DELIVERY
-    assert [r.first_token for r in d.reqs[:2]] == pytest.approx([late] * 2, rel=1e-12)
-    assert d.reqs[2].first_token is None
     assert d.step(1.0) == [808]
     d.commit(1.5)
+    late = 1.0 + SGLANG_CONSECUTIVE_PREFILL_DELAY * 0.5 + DELIVERY
+    assert [r.first_token for r in d.reqs[:2]] == pytest.approx([late] * 2, rel=1e-12)
     assert d.reqs[2].first_token == 1.5 + DELIVERY
 
 
 @DRIVERS
-def test_a_one_token_request_finishes_with_its_late_first_token(drv) -> None:  # noqa: ANN001
+def test_a_one_token_request_is_handed_back_on_time(drv) -> None:  # noqa: ANN001
     d = drv(_sched(16384), [1024] * 16, output=1)
     d.step(0.0)
     d.commit(1.0)
-    late = 1.0 + SGLANG_CONSECUTIVE_PREFILL_DELAY + DELIVERY
+    d.step(1.0)
+    d.commit(1.2)
     for r in d.reqs[:15]:
-        assert r.first_token == pytest.approx(late) and r.finish == r.first_token
+        assert r.first_token == r.finish == 1.0 + DELIVERY
+
+
+@DRIVERS
+def test_a_prefill_after_an_idle_gap_delays_nothing(drv) -> None:  # noqa: ANN001
+    # The overlap scheduler reads a batch's results at once when nothing else is launched.
+    d = drv(_sched(16384), [1024] * 15)
+    d.step(0.0)
+    d.commit(1.0)
+    d.add(1024, 2.0)
+    assert d.step(2.0) == [1024]
+    d.commit(2.3)
+    assert [r.first_token for r in d.reqs[:15]] == [1.0 + DELIVERY] * 15
 
 
 @DRIVERS
@@ -172,9 +206,9 @@ def test_without_the_delay_first_tokens_are_batch_end_plus_delivery(drv, monkeyp
     d = drv(_sched(16384), [1024] * 16)
     d.step(2.0)
     d.commit(2.8)
-    assert [r.first_token for r in d.reqs[:15]] == [2.8 + DELIVERY] * 15
     d.step(2.8)
     d.commit(3.0)
+    assert [r.first_token for r in d.reqs[:15]] == [2.8 + DELIVERY] * 15
     assert d.reqs[15].first_token == 3.0 + DELIVERY
 
 
@@ -182,14 +216,15 @@ def test_without_the_delay_first_tokens_are_batch_end_plus_delivery(drv, monkeyp
 
 def test_both_simulators_price_the_late_wave_of_16_prompts() -> None:
     """16 x 1024 prompts at t = 0 (B200-style chunk = --max-prefill-tokens = 16384): a batch of
-    15 ends at t1 and its first tokens leave 0.3 t1 late; the 16th runs alone and is on time."""
+    15 ends at t1, the 16th runs alone for t2 right after it, and the 15 first tokens leave 0.3 t2
+    late; the 16th is on time."""
     lay = Layout(tp=1)
     p, c = StepParams(), layout_cost(MODEL, GPU, lay)
     s = dataclasses.replace(engine_sched("sglang", MODEL, GPU, lay), max_batched_tokens=16384,
                             max_prefill_tokens=16384)
     t1 = float(step_time(p, c, 0.0, 0.0, 15 * 1024, 512.0))
     t2 = float(step_time(p, c, 0.0, 0.0, 1024, 512.0))
-    want = [t1 + SGLANG_CONSECUTIVE_PREFILL_DELAY * t1 + p.t_ttft] * 15 + [t1 + t2 + p.t_ttft]
+    want = [t1 + SGLANG_CONSECUTIVE_PREFILL_DELAY * t2 + p.t_ttft] * 15 + [t1 + t2 + p.t_ttft]
 
     old = simulate_closed_loop(p, c, s, 1024, 8, 16, num_requests=16)
     assert [r.first_token for r in old.requests] == pytest.approx(want, rel=1e-12)
@@ -200,3 +235,15 @@ def test_both_simulators_price_the_late_wave_of_16_prompts() -> None:
         assert rep.submit(r, 0.0)
     rep.run_until(float("inf"), lambda r: None)
     assert [r.first_token for r in reqs] == pytest.approx(want, rel=1e-12)
+
+
+def test_a_late_first_token_never_follows_the_second() -> None:
+    # Short outputs right behind a long batch: the second token must not beat the first.
+    lay = Layout(tp=1)
+    p, c = StepParams(), layout_cost(MODEL, GPU, lay)
+    s = dataclasses.replace(engine_sched("sglang", MODEL, GPU, lay), max_batched_tokens=16384,
+                            max_prefill_tokens=16384)
+    for osl in (2, 3):
+        res = simulate_closed_loop(p, c, s, 1024, osl, 16, num_requests=64)
+        assert all(r.finish >= r.first_token for r in res.requests)
+        assert res.tpot_mean > 0
