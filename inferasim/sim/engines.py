@@ -786,7 +786,7 @@ class SglangCore(Core):
         self._lpm_sorted_epoch = -1
         self.max_prefill = int(sched.max_prefill_tokens)
         self._t_prefill = 0.0  # when the prefill batch being run was scheduled
-        self._late: list[SimRequest] = []  # first tokens of the last prefill batch, maybe late
+        self._late: list[Row] = []  # rows whose first token the last prefill batch sampled
         self._late_end = 0.0  # when that batch ended
 
     def max_request_tokens(self) -> int:
@@ -961,10 +961,14 @@ class SglangCore(Core):
         if not pre:
             self._late = []
             return super().commit(t_end)
-        hand_out_late(self._late, self._late_end, self._t_prefill, t_end, self.delay)
-        fresh = [row.req for row, _, _ in pre if row.req.first_token is None]
+        if self._late:
+            hand_out_late([row.req for row in self._late], self._late_end, self._t_prefill, t_end, self.delay)
+            for row in self._late:
+                if row in self.joiners:  # the first decode gap starts at the late first token
+                    self.joiners[row] = row.req.t_last
+        fresh = [row for row, _, _ in pre if row.req.first_token is None]
         done = super().commit(t_end)
-        self._late = [req for req in fresh if req.first_token is not None and req.finish is None]
+        self._late = [row for row in fresh if row.req.first_token is not None and row.req.finish is None]
         self._late_end = t_end
         return done
 
