@@ -57,16 +57,18 @@ import numpy as np
 
 from inferasim.sim.benchmark import EngineSched
 from inferasim.sim.prefix import NO_MATCH, KVPool, Match, Node
-from inferasim.sim.scheduler import hand_out_late
 
-# SGLang scheduler constants (python/sglang/global_config.py, srt/managers/scheduler.py and
-# schedule_policy.py), as in inferasim.sim.scheduler.
-SGLANG_INIT_NEW_TOKEN_RATIO = 0.7
-SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR = 0.14
-SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS = 600
-SGLANG_CLIP_MAX_NEW_TOKENS = 4096
-SGLANG_RETRACT_DECODE_STEPS = 20
-SGLANG_MAX_PREFILL_TOKENS = 16384  # --max-prefill-tokens default; a deployment's is EngineSched.max_prefill_tokens
+# SGLang scheduler constants: the reference scheduler's (python/sglang/global_config.py,
+# srt/managers/scheduler.py and schedule_policy.py).
+from inferasim.sim.scheduler import (
+    SGLANG_CLIP_MAX_NEW_TOKENS,
+    SGLANG_INIT_NEW_TOKEN_RATIO,
+    SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR,
+    SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS,
+    SGLANG_RETRACT_DECODE_STEPS,
+    hand_out_late,
+)
+
 SGLANG_LPM_MAX_QUEUE = 128  # schedule_policy.py: longer queues fall back to fcfs
 
 

@@ -258,8 +258,6 @@ def test_batches_keep_to_the_sequence_and_token_limits(engine: str, mixed: bool 
     """Under a queue that never empties, no step runs more than max_num_seqs requests or more
     tokens than the engine's budget; only vLLM and SGLang with --enable-mixed-chunk put prefill
     chunks into decode steps."""
-    from inferasim.sim.engines import SGLANG_MAX_PREFILL_TOKENS
-
     max_seqs, budget = 6, 1024
     seen = {"steps": 0, "mixed": 0, "full": 0}
     for cls in (VllmCore, SglangCore, AtomCore):
@@ -267,7 +265,7 @@ def test_batches_keep_to_the_sequence_and_token_limits(engine: str, mixed: bool 
             b = _orig(self, now)
             assert self.n_alive <= max_seqs
             if engine == "sglang":
-                assert b.n_pref + (b.n_dec if b.n_pref else 0) <= min(max(budget, 256), SGLANG_MAX_PREFILL_TOKENS)
+                assert b.n_pref + (b.n_dec if b.n_pref else 0) <= min(max(budget, 256), self.max_prefill)
             elif b.n_pref:
                 assert b.n_pref + b.n_dec <= budget
             assert b.n_dec <= max_seqs
