@@ -303,6 +303,19 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if any((d.get(k) or {}).get("n") for k in ("tpot", "ttft")):
         print("disaggregated: " + ", ".join(f"{k} median {pct((d.get(k) or {}).get('median_ape'))}"
                                            for k in ("tpot", "ttft", "throughput_per_gpu")))
+    for split, per_value in (s.get("splits") or {}).items():
+        split_rows = []
+        for value, sec in per_value.items():
+            counts = sec.get("counts") or {}
+            # A group of disaggregated rows only (reach "disagg") shows its disaggregated figures.
+            block = sec if counts.get("scored_agg") or not counts.get("scored_disagg") else sec.get("disagg") or {}
+            split_rows.append((value, counts.get("scored_agg", 0) + counts.get("scored_disagg", 0),
+                               *(pct((block.get(k) or {}).get("median_ape"))
+                                 for k in ("tpot", "ttft", "throughput_per_gpu")),
+                               pct(sec.get("anchor_share")), (sec.get("unpredicted") or {}).get("n", 0)))
+        print(table([split, "scored rows", "TPOT", "TTFT", "throughput/GPU", "anchor share", "unpredicted"],
+                    split_rows,
+                    title=f"median APE by {split}"))
     print(f"wrote {out / 'predictions.csv'} and {out / 'summary.json'}")
     return 0
 
@@ -823,7 +836,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("data", help="CSV of measured runs (schema of shared/data/aic-silicon/silicon_dev.csv)")
     p.add_argument("--anchor-rule", default="min-gpus", choices=("min-gpus",))
     p.add_argument("--out", required=True, help="folder for predictions.csv and summary.json")
-    p.add_argument("--split-by", default="", help="comma list of engine, gpu, model")
+    p.add_argument("--split-by", default="",
+                   help="comma list of engine, gpu, model, reach (reach: what a prediction carries from "
+                        "its anchor: another length pair, another layout, both, or disaggregated pools)")
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("anchors", help="list, show, check shipped anchors; build anchors from a CSV; fit one from "

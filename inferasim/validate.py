@@ -42,6 +42,7 @@ __all__ = [
     "RowResult",
     "ValidationResult",
     "filter_rows",
+    "row_reach",
     "load_rows",
     "metric_values",
     "ranking_fidelity",
@@ -58,7 +59,17 @@ ANCHOR_RULES = ("min-gpus",)
 MODES = ("agg", "disagg")
 SCENARIOS = ("closed", "offline")
 METRICS = ("tpot", "ttft", "throughput_per_gpu", "batch_latency")
-SPLIT_KEYS: dict[str, str] = {"engine": "backend", "gpu": "system", "model": "model_path"}
+# Split key -> the BenchRow field it groups by; "reach" is derived (see row_reach).
+SPLIT_KEYS: dict[str, str] = {"engine": "backend", "gpu": "system", "model": "model_path", "reach": ""}
+# How far a scored row lies from its kernel set's anchor: what the prediction had to carry.
+# Every row at the anchor's layout and length pair is itself anchor, so concurrency alone never
+# separates a scored row from its anchor.
+REACH_ANCHOR = "anchor"
+REACH_LENGTHS = "lengths"  # anchor layout, another (isl, osl)
+REACH_LAYOUT = "layout"  # another layout, the anchor's (isl, osl)
+REACH_BOTH = "layout+lengths"
+REACH_DISAGG = "disagg"  # disaggregated pools, carried from the aggregated anchor
+REACH_NONE = "no anchor"
 
 REQUIRED_COLUMNS = (
     "backend",
@@ -647,6 +658,28 @@ def _reason(exc: BaseException) -> str:
     return f"predictor error: {type(exc).__name__}: {exc}"
 
 
+def row_reach(row: BenchRow, anchor: AnchorChoice | None) -> str:
+    """What the prediction of `row` carries from `anchor`: another length pair, another layout,
+    both, or a disaggregated deployment (REACH_* values)."""
+    if anchor is None:
+        return REACH_NONE
+    if row.mode == "disagg":
+        return REACH_DISAGG
+    other_layout = row.layout != anchor.layout
+    other_lengths = (row.isl, row.osl) != (anchor.isl, anchor.osl)
+    if other_layout and other_lengths:
+        return REACH_BOTH
+    if other_layout:
+        return REACH_LAYOUT
+    return REACH_LENGTHS if other_lengths else REACH_ANCHOR
+
+
+def _split_value(split: str, row: BenchRow, anchors: dict[KernelKey, AnchorChoice]) -> str:
+    if split == "reach":
+        return row_reach(row, anchors.get(row.kernel_key))
+    return str(getattr(row, SPLIT_KEYS[split]))
+
+
 def _check_splits(split_by: Sequence[str]) -> tuple[str, ...]:
     if isinstance(split_by, str):
         split_by = (split_by,)
@@ -744,14 +777,13 @@ def run_validation(
     summary = _section(results, n_anchor, len(filtered), len(rows), len(anchors), excluded)
     summary["splits"] = {}
     for split in splits:
-        attr = SPLIT_KEYS[split]
-        values = sorted({getattr(r, attr) for r in filtered})
+        values = sorted({_split_value(split, r, anchors) for r in filtered})
         per_value: dict[str, Any] = {}
         for value in values:
-            sub_filtered = [r for r in filtered if getattr(r, attr) == value]
-            sub_results = [r for r in results if getattr(r.row, attr) == value]
+            sub_filtered = [r for r in filtered if _split_value(split, r, anchors) == value]
+            sub_results = [r for r in results if _split_value(split, r.row, anchors) == value]
             sub_anchor = sum(1 for r in sub_filtered if id(r) in anchor_ids)
-            sub_kernels = sum(1 for k in anchors if getattr(anchors[k].rows[0], attr) == value)
+            sub_kernels = len({r.kernel_key for r in sub_filtered if r.kernel_key in anchors})
             per_value[value] = _section(
                 sub_results, sub_anchor, len(sub_filtered), len(sub_filtered), sub_kernels
             )
@@ -783,14 +815,14 @@ _CSV_HEAD = (
     "osl",
     "concurrency",
 )
-_CSV_TAIL = ("extrapolated", "anchor", "status", "reason")
+_CSV_TAIL = ("extrapolated", "anchor", "reach", "status", "reason")
 
 
 def _fmt(value: float | None) -> str:
     return "" if value is None else repr(float(value))
 
 
-def _csv_record(r: RowResult) -> list[str]:
+def _csv_record(r: RowResult, reach: str) -> list[str]:
     row = r.row
     lay = row.layout
     record = [
@@ -815,7 +847,7 @@ def _csv_record(r: RowResult) -> list[str]:
             _fmt(lo_hi[1] if lo_hi else None),
             _fmt(r.ape(m)),
         ]
-    record += ["true" if r.extrapolated else "false", r.anchor, r.status, r.reason]
+    record += ["true" if r.extrapolated else "false", r.anchor, reach, r.status, r.reason]
     return record
 
 
@@ -831,7 +863,7 @@ def write_outputs(result: ValidationResult, out_dir: Path) -> None:
         writer = csv.writer(fh)
         writer.writerow(header)
         for r in result.results:
-            writer.writerow(_csv_record(r))
+            writer.writerow(_csv_record(r, row_reach(r.row, result.anchors.get(r.row.kernel_key))))
     (out_dir / "summary.json").write_text(
         json.dumps(result.summary, indent=2, allow_nan=False) + "\n", encoding="utf-8"
     )

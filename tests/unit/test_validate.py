@@ -16,6 +16,7 @@ from inferasim.validate import (
     RowPrediction,
     load_rows,
     metric_values,
+    row_reach,
     run_validation,
     select_anchors,
     throughput_per_gpu,
@@ -477,6 +478,39 @@ def test_disagg_rows_need_an_agg_anchor(tmp_path: Path) -> None:
     assert d1.measured["throughput_per_gpu"] == pytest.approx(16 * 1000 / (100 + 127 * 10) * 128 / 6)
 
 
+def test_reach_split_names_what_each_prediction_carries(tmp_path: Path) -> None:
+    pools = {"prefill_num_workers": 1, "prefill_tp_size": 2, "decode_num_workers": 2, "decode_tp_size": 2}
+    # Per model the anchor is tp1 at 512x256 (smallest isl + osl), at both concurrencies.
+    records = _two_kernel_sets() + [
+        rec(mode="disagg", tp="", c=16, isl=512, osl=256, model="m/A", rid="d1", **pools),
+        rec(mode="disagg", tp="", c=16, model="m/NoAgg", rid="d2", **pools),
+    ]
+    rows = rows_of(tmp_path, records)
+    result = run_validation(rows, DoublePredictor(rows, fn=tpot_110), split_by=("reach",))
+    anchors = select_anchors(rows)
+    reach = {r.row.id: row_reach(r.row, anchors.get(r.row.kernel_key)) for r in result.results}
+    by_id = {r.row.id: r.row for r in result.results}
+    for rid, value in reach.items():
+        row = by_id[rid]
+        if row.mode == "disagg":
+            assert value == ("disagg" if row.model_path == "m/A" else "no anchor")
+        elif row.layout.tp == 1:
+            assert value == "lengths" and row.isl == 2048
+        else:
+            assert value == ("layout" if row.isl == 512 else "layout+lengths")
+    per = result.summary["splits"]["reach"]
+    assert set(per) == {"anchor", "lengths", "layout", "layout+lengths", "disagg", "no anchor"}
+    assert per["anchor"]["counts"]["anchor_rows"] == 4 and per["anchor"]["tpot"]["n"] == 0
+    assert [per[k]["tpot"]["n"] for k in ("lengths", "layout", "layout+lengths")] == [4, 8, 8]
+    assert per["disagg"]["disagg"]["tpot"]["n"] == 1 and per["disagg"]["tpot"]["n"] == 0
+    assert per["no anchor"]["unpredicted"]["n"] == 1
+    assert per["layout"]["tpot"]["median_ape"] == pytest.approx(0.1)
+    # predictions.csv carries the same reach per row
+    write_outputs(result, tmp_path / "out")
+    with (tmp_path / "out" / "predictions.csv").open() as fh:
+        assert {ln["id"]: ln["reach"] for ln in csv.DictReader(fh)} == reach
+
+
 def test_throughput_formula_on_hand_computed_row(tmp_path: Path) -> None:
     (row,) = rows_of(tmp_path, [rec(tp=2, dp=2, isl=1000, osl=101, c=32, ttft=200.0, tpot=8.0)])
     # 32 * 1000 / (200 + 100 * 8) * 101 / 4 = 32000 / 1000 * 101 / 4 = 808
@@ -600,7 +634,7 @@ def test_splits_and_outputs(tmp_path: Path) -> None:
     assert len(lines) == len(result.results) == 23
     first = lines[0]
     for col in ("id", "mode", "scenario", "backend", "gpus", "concurrency", "tpot_measured", "tpot_predicted",
-                "tpot_lo", "tpot_hi", "extrapolated", "anchor", "status", "reason"):
+                "tpot_lo", "tpot_hi", "extrapolated", "anchor", "reach", "status", "reason"):
         assert col in first
     assert float(first["tpot_predicted"]) == pytest.approx(1.1 * float(first["tpot_measured"]))
     assert {ln["status"] for ln in lines} == {"ok"}
