@@ -35,6 +35,7 @@ import yaml
 
 from inferasim.catalog.engines import (
     DEFAULT_HOST,
+    SGLANG_MAX_PREFILL_TOKENS,
     default_image,
     default_port,
     engine_flags,
@@ -164,8 +165,6 @@ _VLLM_KV_TRANSFER = {"kv_connector": "NixlConnector", "kv_role": "kv_both"}  # n
 # handshake port 6301 (the default in notes 5.3).
 _ATOM_KV_ROLE = {"prefill": "kv_producer", "decode": "kv_consumer"}
 _ATOM_HANDSHAKE_PORT = 6301
-
-_SGLANG_MAX_PREFILL_TOKENS_DEFAULT = 16384  # S --max-prefill-tokens default (notes 5.2)
 
 _DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -532,7 +531,7 @@ def _scheduler_args(cfg: ServingConfig, args: _Args) -> None:
                 args.add(_role(eng, "max_prefill_tokens"), cfg.max_num_batched_tokens)
         elif cfg.max_num_batched_tokens is not None:
             args.add(_role(eng, "max_num_batched_tokens"), cfg.max_num_batched_tokens)
-            if cfg.max_num_batched_tokens > _SGLANG_MAX_PREFILL_TOKENS_DEFAULT:
+            if cfg.max_num_batched_tokens > SGLANG_MAX_PREFILL_TOKENS:
                 args.add(_role(eng, "max_prefill_tokens"), cfg.max_num_batched_tokens)
     else:
         if cfg.max_num_batched_tokens is not None:

@@ -27,6 +27,7 @@ __all__ = [
     "METRIC_PREFIX",
     "LATENCY_BUCKETS",
     "SGLANG_ITL_BUCKETS",
+    "SGLANG_MAX_PREFILL_TOKENS",
     "SGLANG_TTFT_BUCKETS",
     "VLLM_ITL_BUCKETS",
     "VLLM_TTFT_BUCKETS",
@@ -130,6 +131,10 @@ VLLM_MLA_BLOCK_SIZES: dict[str, int] = {
     "rocm_aiter_mla": 1,  # V10 platforms/rocm.py: AITER MLA requires block_size 1
 }
 
+# S server_args.py: --max-prefill-tokens default, the prompt tokens one prefill batch may carry
+# (notes 5.2); a separate cap from --chunked-prefill-size.
+SGLANG_MAX_PREFILL_TOKENS = 16384
+
 # Largest batch of SGLang's request-to-token pool when --max-running-requests is unset (S,
 # model_runner.init_memory_pool, not in the notes): min(max(kv_tokens / context_len * 512, 2048), 4096).
 _SGLANG_REQ_POOL_MIN = 2048
@@ -188,7 +193,7 @@ def sglang_mem_fraction_static(
     pp: int = 1,
     dp_attention: int = 1,
     speculative_algorithm: str | None = None,
-    max_prefill_tokens: int = 16384,
+    max_prefill_tokens: int = SGLANG_MAX_PREFILL_TOKENS,
 ) -> float:
     """SGLang's default ``--mem-fraction-static`` (S ``_handle_gpu_memory_settings``; notes 5.4).
 
@@ -339,7 +344,7 @@ def _sglang_defaults(
         engine="sglang",
         max_num_seqs=_SGLANG_REQ_POOL_MIN,
         max_num_batched_tokens=chunked_rank,
-        max_prefill_tokens=16384,
+        max_prefill_tokens=SGLANG_MAX_PREFILL_TOKENS,
         block_size=1,
         memory_fraction=fraction,
         memory_rule="sglang",

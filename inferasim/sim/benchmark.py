@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from inferasim.catalog.engines import engine_defaults, normalize_engine
+from inferasim.catalog.engines import SGLANG_MAX_PREFILL_TOKENS, engine_defaults, normalize_engine
 from inferasim.catalog.gpus import GPU
 from inferasim.catalog.models import ModelSpec
 from inferasim.layout import Layout
@@ -72,9 +72,9 @@ class EngineSched:
     max_batched_tokens: int  # per-step token budget (vLLM) / chunked prefill size (SGLang)
     kv_tokens: int  # KV pool of one dp rank, in tokens
     block_size: int
-    # Prompt tokens one prefill batch may carry (SGLang --max-prefill-tokens, default 16384; a
-    # separate cap from the chunk size). vLLM has none beyond its step budget.
-    max_prefill_tokens: int = 16384
+    # Prompt tokens one prefill batch may carry (SGLang --max-prefill-tokens; a separate cap from
+    # the chunk size). vLLM has none beyond its step budget.
+    max_prefill_tokens: int = SGLANG_MAX_PREFILL_TOKENS
 
     @property
     def prefill_chunk(self) -> int | np.ndarray:
