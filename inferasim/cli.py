@@ -308,8 +308,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
         for value, sec in per_value.items():
             counts = sec.get("counts") or {}
             # A group of disaggregated rows only (reach "disagg") shows its disaggregated figures.
-            block = sec if counts.get("scored_agg") or not counts.get("scored_disagg") else sec.get("disagg") or {}
-            split_rows.append((value, counts.get("scored_agg", 0) + counts.get("scored_disagg", 0),
+            agg = bool(counts.get("scored_agg")) or not counts.get("scored_disagg")
+            block = sec if agg else sec.get("disagg") or {}
+            split_rows.append((value, counts.get("scored_agg" if agg else "scored_disagg", 0),
                                *(pct((block.get(k) or {}).get("median_ape"))
                                  for k in ("tpot", "ttft", "throughput_per_gpu")),
                                pct(sec.get("anchor_share")), (sec.get("unpredicted") or {}).get("n", 0)))
