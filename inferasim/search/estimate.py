@@ -18,7 +18,7 @@ import numpy as np
 from inferasim.predictor import FittedAnchor
 from inferasim.search.space import Candidate
 from inferasim.search.workload import WorkloadShape
-from inferasim.sim.benchmark import closed_loop, engine_sched
+from inferasim.sim.benchmark import closed_loop, engine_sched, rank_chunk
 from inferasim.spec import SLO
 from inferasim.steptime import layout_cost
 from inferasim.transfer import disagg_point
@@ -80,7 +80,10 @@ def estimate_group(fitted: FittedAnchor, candidates: list[Candidate], w: Workloa
                         fitted.engine_version, fitted.kv_dtype)
     n, g = len(candidates), CONC_GRID.size
     mns = np.repeat([float(c.max_num_seqs) for c in candidates], g)
-    mbt = np.repeat([float(c.max_batched_tokens) for c in candidates], g)
+    flag = np.repeat([float(c.max_batched_tokens) for c in candidates], g)
+    # The flag's per-rank budget (SGLang divides its chunk by dp_size under DP attention).
+    mbt = np.repeat([float(rank_chunk(base.engine, c.max_batched_tokens, first.layout.dp) or 0)
+                     for c in candidates], g)
     conc = np.tile(CONC_GRID, n)
     out: list[Estimate] = []
     # Mixed vs separate prefill is a branch of the estimator: evaluate the two groups apart.
@@ -91,7 +94,7 @@ def estimate_group(fitted: FittedAnchor, candidates: list[Candidate], w: Workloa
         sel = np.concatenate([np.arange(i * g, (i + 1) * g) for i in idx])
         # A larger SGLang chunk is deployed with --max-prefill-tokens raised to match (render.py).
         sched = replace(base, mixed=mixed, max_num_seqs=mns[sel], max_batched_tokens=mbt[sel],
-                        max_prefill_tokens=np.maximum(base.max_prefill_tokens, mbt[sel]))
+                        max_prefill_tokens=np.maximum(base.max_prefill_tokens, flag[sel]))
         # Real traffic is not a lock-stepped benchmark: no wave term.
         params = replace(fitted.params, burst=0.0)
         r = closed_loop(params, cost, sched, np.full(sel.size, w.isl), np.full(sel.size, w.osl), conc[sel], w.hit)

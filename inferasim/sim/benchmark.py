@@ -102,6 +102,15 @@ def engine_sched(engine: str, model: ModelSpec, gpu: GPU, layout: Layout, precis
                          max_num_seqs, max_batched_tokens)
 
 
+def rank_chunk(engine: str, max_batched_tokens: int | None, dp: int) -> int | None:
+    """The per-rank token budget a `--chunked-prefill-size` / `--max-num-batched-tokens` flag gives:
+    SGLang divides its chunk by dp_size under DP attention (S server_args
+    _handle_data_parallelism); vLLM and ATOM budget each rank with the flag as it is."""
+    if max_batched_tokens is None or engine != "sglang" or dp <= 1:
+        return max_batched_tokens
+    return max(int(max_batched_tokens) // int(dp), 1)
+
+
 @functools.lru_cache(maxsize=4096)
 def _engine_sched(engine: str, model: ModelSpec, gpu: GPU, layout: Layout, precision: str, engine_version: str,
                   kv_dtype: str, max_num_seqs: int | None, max_batched_tokens: int | None) -> EngineSched:
@@ -125,7 +134,7 @@ def _engine_sched(engine: str, model: ModelSpec, gpu: GPU, layout: Layout, preci
         mixed = False
     return EngineSched(
         engine=engine, mixed=mixed, max_num_seqs=max_num_seqs or d.max_num_seqs,
-        max_batched_tokens=max_batched_tokens or d.max_num_batched_tokens,
+        max_batched_tokens=rank_chunk(engine, max_batched_tokens, layout.dp) or d.max_num_batched_tokens,
         kv_tokens=max(plan.kv_tokens, 0), block_size=max(d.block_size, 1),
         # The deployment renderer raises SGLang's --max-prefill-tokens with a larger chunk size
         # (the search's arrays of chunk sizes do the same in search.estimate).

@@ -13,10 +13,13 @@ import pytest
 
 from inferasim.catalog.gpus import get_gpu
 from inferasim.catalog.models import get_model
+from inferasim.layout import Layout
 from inferasim.predictor import unanchored
-from inferasim.search.space import build_space
+from inferasim.search.estimate import CONC_GRID, estimate_group
+from inferasim.search.space import Candidate, build_space
 from inferasim.search.tune import tune
-from inferasim.sim.benchmark import engine_sched
+from inferasim.search.workload import WorkloadShape
+from inferasim.sim.benchmark import closed_loop, engine_sched
 from inferasim.sim.des import simulate_closed_loop
 from inferasim.spec import SearchSpace, SpecError, parse_spec
 from inferasim.steptime import layout_cost
@@ -236,3 +239,45 @@ def test_objective_shorthands() -> None:
     assert parse_spec(small_spec(objective="max-goodput")).objective.maximize == "goodput"
     with pytest.raises(SpecError, match="objective.*min-cost"):
         parse_spec(small_spec(objective="cheapest"))
+
+
+def test_sglang_dp_attention_candidates_price_the_per_rank_chunk() -> None:
+    """SGLang divides --chunked-prefill-size by dp_size under DP attention: a candidate rendered with
+    a 16384-token chunk at dp 4 prefills 4096 tokens per rank, and the search must price that."""
+    model, gpu = get_model("deepseek-ai/DeepSeek-V3"), get_gpu("B200")
+    layout = Layout(tp=8, pp=1, dp=4, moe_tp=1, moe_ep=8)
+    fitted = unanchored("sglang", model, gpu, "fp8", layout)
+    w = WorkloadShape(isl=8192, osl=512, hit=0.0, rate=None, concurrency=64, kind="closed")
+    cand = Candidate(engine="sglang", precision="fp8", layout=layout, max_num_seqs=256, max_batched_tokens=16384)
+    est = estimate_group(fitted, [cand], w)[0]
+    base = engine_sched("sglang", model, gpu, layout, "fp8", "", fitted.kv_dtype)
+    cost = layout_cost(model, gpu, layout, "fp8", fitted.kv_dtype)
+    params = replace(fitted.params, burst=0.0)
+    conc = np.array([64.0])
+
+    def ttft(per_rank_chunk: int) -> float:
+        sched = replace(base, max_num_seqs=256, max_batched_tokens=per_rank_chunk,
+                        max_prefill_tokens=max(base.max_prefill_tokens, 16384))
+        return float(closed_loop(params, cost, sched, np.array([8192.0]), np.array([512.0]), conc).ttft[0])
+
+    at64 = int(np.flatnonzero(CONC_GRID == 64)[0])
+    assert est.curve_ttft[at64] == pytest.approx(ttft(16384 // 4), rel=1e-9)
+    # and a chunk priced undivided would have given another TTFT
+    assert abs(ttft(16384) - ttft(16384 // 4)) > 1e-3 * ttft(16384 // 4)
+
+
+def test_an_explicit_sglang_chunk_flag_is_divided_like_the_default() -> None:
+    """engine_sched reads a --chunked-prefill-size given by hand as SGLang does its default: per
+    attention-DP rank; --max-prefill-tokens is not divided. vLLM keeps its budget per rank as given."""
+    model, gpu = get_model("deepseek-ai/DeepSeek-V3"), get_gpu("B200")
+    dp4 = Layout(tp=8, pp=1, dp=4, moe_tp=1, moe_ep=8)
+    default = engine_sched("sglang", model, gpu, dp4, "fp8")
+    given = engine_sched("sglang", model, gpu, dp4, "fp8", max_batched_tokens=16384)
+    assert given.max_batched_tokens == 16384 // 4 == default.max_batched_tokens  # B200 default chunk 16384
+    assert given.max_prefill_tokens == 16384
+    assert engine_sched("sglang", model, gpu, dp4, "fp8", max_batched_tokens=32768).max_prefill_tokens == 32768
+    tp8 = Layout(tp=8, pp=1, dp=1, moe_tp=1, moe_ep=8)
+    assert engine_sched("sglang", model, gpu, tp8, "fp8", max_batched_tokens=16384).max_batched_tokens == 16384
+    minimax = get_model("MiniMaxAI/MiniMax-M2.5")
+    vdp2 = Layout(tp=2, pp=1, dp=2, moe_tp=1, moe_ep=4)
+    assert engine_sched("vllm", minimax, gpu, vdp2, "fp8", max_batched_tokens=8192).max_batched_tokens == 8192
