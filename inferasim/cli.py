@@ -235,8 +235,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
         load = {"request_rate": args.request_rate}
     conc = args.concurrency or 1
     extrap = fitted._extrapolation(conc // replicas or 1, isl, osl) or not anchored
-    spread = fitted._spread(extrap, layout, isl, osl, "tpot")
-    spread_ttft = fitted._spread(extrap, layout, isl, osl, "ttft")
+    per_replica = (args.concurrency // replicas or 1) if args.concurrency else None
+    spread = fitted._spread(extrap, layout, isl, osl, "tpot", concurrency=per_replica)
+    spread_ttft = fitted._spread(extrap, layout, isl, osl, "ttft", concurrency=per_replica)
     import math
 
     gpus = layout.gpus * replicas

@@ -27,11 +27,45 @@ from inferasim.validate import Layout as RowLayout
 
 # Interval: +-z x (fit rms in log space, widened off the anchor's layout and lengths).
 INTERVAL_Z = 1.64
-# Extra log-spread per step away from the anchor (layout, lengths, range), per metric: TTFT carries
-# queueing and per-request overhead that layouts change less predictably than step times. Sized so
-# that the nominal 90% band covers about 90% of the dev data's measured values
-# (shared/data/aic-silicon, `inferasim validate`).
-TRANSFER_SPREAD: dict[str, float] = {"tpot": 0.07, "ttft": 0.14, "batch_latency": 0.07, "throughput": 0.07}
+# Log-spread each way a prediction carries away from its anchor, added to the anchor's own fit residual
+# in quadrature, per engine and metric: a step for another layout (growing a little per doubling of
+# the GPU count), a part per doubling of the prompt or output length beyond the anchor's range, and
+# one for a concurrency outside its sweep. Sized on shared/data/aic-silicon (`inferasim validate
+# --split-by reach,engine`) so that the nominal 90% band holds about 90% of the measured values in
+# each group of what a prediction carries (another layout, other lengths, both), for each engine:
+# vLLM's TTFT carried to another layout misses by a median |log error| of 0.12 whatever the GPU
+# ratio, SGLang's TTFT carried to 8x longer prompts by 0.3 with a p90 near 1. Before (one
+# engine-blind step of 0.14 each), the TTFT band was +-100% wide for another layout and held 79%
+# of SGLang's longer-prompt rows. ATOM, with no data here, takes vLLM's (mixed batches too); where
+# an engine has no offline figure, its offline metrics take TPOT's.
+@dataclass(frozen=True)
+class TransferSpread:
+    layout: float
+    layout_per_doubling: float
+    length: float  # per doubling of isl or osl beyond the anchor's range
+    range: float  # concurrency outside the anchor's sweep
+
+
+# Offline batches (vLLM's benchmark_latency / benchmark_throughput) sized on
+# shared/data/argonne-offline the same way.
+_OFFLINE_SPREAD = TransferSpread(0.14, 0.10, 0.02, 0.0)
+_MIXED_SPREADS = {"tpot": TransferSpread(0.06, 0.10, 0.03, 0.15), "ttft": TransferSpread(0.14, 0.30, 0.05, 0.0),
+                  "batch_latency": _OFFLINE_SPREAD, "throughput": _OFFLINE_SPREAD}
+TRANSFER_SPREADS: dict[str, dict[str, TransferSpread]] = {
+    "vllm": _MIXED_SPREADS,
+    "atom": _MIXED_SPREADS,
+    "sglang": {"tpot": TransferSpread(0.16, 0.30, 0.05, 0.15), "ttft": TransferSpread(0.16, 0.0, 0.14, 0.10)},
+}
+# A measurement-free (unanchored) estimate: its default residual plus this, for ranking only.
+UNANCHORED_SPREAD: dict[str, float] = {"tpot": 0.14, "ttft": 0.28}
+
+
+def _doublings_outside(value: int, measured: tuple[int, int]) -> float:
+    """How many doublings `value` lies beyond the measured range (0 inside it)."""
+    lo, hi = measured
+    if value <= 0 or lo <= value <= hi:
+        return 0.0
+    return abs(math.log2(value / (lo if value < lo else hi)))
 
 
 def to_layout(row_layout: RowLayout) -> Layout:
@@ -131,17 +165,27 @@ class FittedAnchor:
     def params(self) -> StepParams:
         return self.fit.params
 
-    def _spread(self, extrapolated: bool, layout: Layout, isl: int, osl: int, metric: str = "tpot") -> float:
+    def _spread(self, extrapolated: bool, layout: Layout, isl: int, osl: int, metric: str = "tpot",
+                concurrency: int | None = None) -> float:
+        """Half-width (log) of the nominal 90% band of `metric` at a target deployment."""
         res = self.fit.residuals.get(metric)
         base = max(float(np.sqrt(np.mean(np.square(res)))) if res else self.fit.rms_log_error, 0.03)
-        steps = 0
+        parts = [base]
+        by_metric = TRANSFER_SPREADS.get(self.engine, _MIXED_SPREADS)
+        spread = by_metric.get(metric, by_metric["tpot"])  # offline batch latency, throughput: as TPOT
         if layout != self.layout:
-            steps += 1 + abs(math.log2(layout.gpus / self.layout.gpus))
-        if (isl, osl) != (self.isl_range[0], self.osl_range[0]):
-            steps += 1
-        if extrapolated:
-            steps += 1
-        return INTERVAL_Z * math.hypot(base, TRANSFER_SPREAD.get(metric, 0.10) * steps)
+            doublings = abs(math.log2(layout.gpus / self.layout.gpus))
+            parts.append(spread.layout * (1.0 + spread.layout_per_doubling * doublings))
+        if self.isl_range[1] <= 0:  # unanchored: no measured range to measure distances from
+            parts.append(UNANCHORED_SPREAD.get(metric, UNANCHORED_SPREAD["tpot"]))
+        else:
+            lengths = _doublings_outside(isl, self.isl_range) + _doublings_outside(osl, self.osl_range)
+            parts.append(spread.length * lengths)
+            outside = (not self.conc_range[0] <= concurrency <= self.conc_range[1]) if concurrency is not None \
+                else (extrapolated and lengths == 0.0)
+            if outside:
+                parts.append(spread.range)
+        return INTERVAL_Z * float(np.sqrt(np.sum(np.square(parts))))
 
     def _extrapolation(self, conc: int, isl: int, osl: int) -> bool:
         return not (self.conc_range[0] <= conc <= self.conc_range[1] and
@@ -178,7 +222,7 @@ class FittedAnchor:
         def band(metric: str, v: float | None, scale: float = 1.0) -> tuple[float, float] | None:
             if v is None or not np.isfinite(v):
                 return None
-            spread = self._spread(extrapolated, layout, row.isl, row.osl, metric)
+            spread = self._spread(extrapolated, layout, row.isl, row.osl, metric, concurrency=clients(row))
             return (v * scale * math.exp(-spread), v * scale * math.exp(spread))
 
         interval = {k: b for k, b in (("ttft", band("ttft", pred["ttft"], 1e3)),

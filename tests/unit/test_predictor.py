@@ -170,3 +170,47 @@ def test_schema_layouts_read_as_the_deployment_that_ran() -> None:
     for r in rows:
         assert clients(r) == r.concurrency * r.layout.dp
         assert clients(replace(r, scenario="offline")) == r.concurrency
+
+
+def test_interval_widens_with_what_a_prediction_carries(silicon) -> None:
+    """The band grows with each doubling of prompt or output length beyond the anchor's range and
+    with another layout (a little more per doubling of GPUs), and a concurrency outside the sweep
+    adds to TPOT's; within the anchor's own range and layout it is the fit residual alone."""
+    from inferasim.layout import Layout
+
+    key = next(k for k in select_anchors(silicon) if k[0] == "vllm" and "Llama-3.1-70B" in k[2]
+               and k[3] == "h100_sxm")
+    fitted = fit_anchor_rows(select_anchors(silicon)[key].rows)
+    lay, isl, osl = fitted.layout, fitted.isl_range[0], fitted.osl_range[0]
+    conc = fitted.conc_range[0]
+    for metric in ("ttft", "tpot"):
+        home = fitted._spread(False, lay, isl, osl, metric, concurrency=conc)
+        residual = np.sqrt(np.mean(np.square(fitted.fit.residuals[metric])))
+        assert home == pytest.approx(1.64 * max(residual, 0.03))
+        longer = [fitted._spread(True, lay, isl * 2 ** k, osl, metric, concurrency=conc) for k in (1, 2, 3)]
+        assert home < longer[0] < longer[1] < longer[2]
+        wider = [fitted._spread(False, Layout(tp=lay.tp * 2 ** k), isl, osl, metric, concurrency=conc)
+                 for k in (1, 2)]
+        assert home < wider[0] < wider[1]
+    assert fitted._spread(True, lay, isl, osl, "tpot", concurrency=fitted.conc_range[1] * 4) > \
+        fitted._spread(False, lay, isl, osl, "tpot", concurrency=conc)
+
+
+def test_interval_coverage_is_near_nominal_in_every_reach_group(silicon) -> None:
+    """The nominal 90% bands hold 80-97% of the measured TTFT and TPOT in each group of what a
+    prediction carries (another layout, other lengths, both) for each engine: a band sized for one
+    group only (too wide for layouts, too narrow for longer prompts) fails here."""
+    from inferasim.validate import row_reach
+
+    res = run_validation(silicon, AnchoredPredictor())
+    groups: dict[tuple[str, str, str], list[bool]] = {}
+    for r in res.results:
+        if r.status != "ok" or r.row.mode != "agg" or r.row.backend not in ("vllm", "sglang"):
+            continue
+        reach = row_reach(r.row, res.anchors[r.row.kernel_key])
+        for metric in ("ttft", "tpot"):
+            lo, hi = r.interval[metric]
+            groups.setdefault((metric, r.row.backend, reach), []).append(lo <= r.measured[metric] <= hi)
+    assert len(groups) == 12
+    for group, inside in groups.items():
+        assert 0.80 <= float(np.mean(inside)) <= 0.97, (group, float(np.mean(inside)), len(inside))
