@@ -250,6 +250,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
         "interval": {"ttft_ms": [ttft * 1e3 * math.exp(-spread_ttft), ttft * 1e3 * math.exp(spread_ttft)],
                      "tpot_ms": [tpot * 1e3 * math.exp(-spread), tpot * 1e3 * math.exp(spread)]},
         "extrapolated": extrap, "stable": stable,
+        "carries": fitted.carries(layout, isl, osl, per_replica),
         "anchor": fitted.anchor_id if anchored else None,
         "mode": "anchored" if anchored else "unanchored: use for ranking within one engine",
     }
@@ -260,7 +261,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
             ("TPOT (ms)", f"{out['tpot_ms']:.2f}  [{out['interval']['tpot_ms'][0]:.2f}, "
                           f"{out['interval']['tpot_ms'][1]:.2f}]"),
             ("output tok/s", f"{tput:,.0f}"), ("tok/s per GPU", f"{tput / gpus:,.0f}"),
-            ("extrapolated", extrap), ("stable", stable), ("anchor", out["anchor"] or out["mode"])]
+            ("extrapolated", extrap), ("stable", stable),
+            ("carries", "; ".join(out["carries"]) or "nothing: the anchor's own layout, lengths and sweep"),
+            ("anchor", out["anchor"] or out["mode"])]
     emit(out, args.output, table(["prediction", "value"], rows))
     return 0
 

@@ -187,6 +187,25 @@ class FittedAnchor:
                 parts.append(spread.range)
         return INTERVAL_Z * float(np.sqrt(np.sum(np.square(parts))))
 
+    def carries(self, layout: Layout, isl: int, osl: int, concurrency: int | None = None) -> list[str]:
+        """What a prediction at this deployment carries from the anchor, in words (what widens
+        its interval): another layout, lengths beyond the measured range, a concurrency outside
+        the sweep. Empty at the anchor's own layout, lengths and sweep."""
+        if self.isl_range[1] <= 0:
+            return ["no measurement: GPU-family defaults (rank within one engine only)"]
+        out = []
+        if layout != self.layout:
+            ratio = layout.gpus / self.layout.gpus
+            out.append(f"layout {self.layout.label()} -> {layout.label()} (x{ratio:g} GPUs)")
+        for name, value, rng in (("prompt", isl, self.isl_range), ("output", osl, self.osl_range)):
+            doublings = _doublings_outside(value, rng)
+            if doublings > 0:
+                measured = f"{rng[0]}" if rng[0] == rng[1] else f"{rng[0]}-{rng[1]}"
+                out.append(f"{name} {value} tokens, {doublings:.1f} doublings from the anchor's {measured}")
+        if concurrency is not None and not self.conc_range[0] <= concurrency <= self.conc_range[1]:
+            out.append(f"concurrency {concurrency} outside the anchor's {self.conc_range[0]}-{self.conc_range[1]}")
+        return out
+
     def _extrapolation(self, conc: int, isl: int, osl: int) -> bool:
         return not (self.conc_range[0] <= conc <= self.conc_range[1] and
                     self.isl_range[0] <= isl <= self.isl_range[1] and

@@ -83,6 +83,8 @@ class TuneResult:
                 "interval_log": spread, "stage": e.stage,
             },
             "meets_slo": e.meets_slo, "extrapolated": not e.anchored,
+            # what the prediction carries from its anchor (what `interval_log` is wide for)
+            "carries": e.fitted.carries(c.layout, int(self.workload.isl), int(osl), self.workload.concurrency),
             "anchor": e.fitted.anchor_id if e.anchored else None,
             "mode": "anchored" if e.anchored else "unanchored: ranked within its engine only",
             "notes": e.notes,

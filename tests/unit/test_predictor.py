@@ -112,9 +112,20 @@ def test_predict_cli_uses_shipped_anchor_and_flags_unanchored() -> None:
     d = json.loads(r.stdout)
     assert d["anchor"] and d["mode"] == "anchored"
     assert d["interval"]["tpot_ms"][0] < d["tpot_ms"] < d["interval"]["tpot_ms"][1]
+    # the shipped H100 fp8 anchor is tp2 at 1024x1024: tp4 carries a layout, not lengths
+    assert len(d["carries"]) == 1 and "x2 GPUs" in d["carries"][0]
+    i = base.index("--isl")
+    longer = base[:i] + ["--isl", "8192"] + base[i + 2:]
+    r = subprocess.run(longer + ["--gpu", "h100_sxm", "--tp", "4"], capture_output=True, text=True, timeout=120)
+    d8 = json.loads(r.stdout)
+    assert any("prompt 8192 tokens, 3.0 doublings" in c for c in d8["carries"])
+    # and the band widens with what it carries
+    width = d["interval"]["ttft_ms"][1] / d["interval"]["ttft_ms"][0]
+    assert d8["interval"]["ttft_ms"][1] / d8["interval"]["ttft_ms"][0] > width
     r = subprocess.run(base + ["--gpu", "MI355X", "--tp", "4"], capture_output=True, text=True, timeout=120)
     d = json.loads(r.stdout)
     assert d["anchor"] is None and d["mode"].startswith("unanchored")
+    assert d["carries"] and "no measurement" in d["carries"][0]
     r = subprocess.run(base + ["--gpu", "MI355X", "--tp", "4", "--require-anchor"], capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 2 and "nearest" in r.stderr

@@ -117,6 +117,7 @@ def test_tune_cli_json_shape(tmp_path: Path) -> None:
     assert d["recommendation"]["engine"] == "vllm"
     assert len(d["shortlist"]) == 5 and d["pareto"]
     assert d["recommendation"]["mode"].startswith("unanchored")  # no H100 bf16 vLLM anchor for Llama-8B
+    assert "no measurement" in d["recommendation"]["carries"][0]
     assert d["missing_anchors"] and d["missing_anchors"][0]["harvest_gpu_hours"] > 0
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump(small_spec(workload={"static": {"kind": "poisson"}})))
