@@ -33,11 +33,12 @@ INTERVAL_Z = 1.64
 # one for a concurrency outside its sweep. Sized on shared/data/aic-silicon (`inferasim validate
 # --split-by reach,engine`) so that the nominal 90% band holds about 90% of the measured values in
 # each group of what a prediction carries (another layout, other lengths, both), for each engine:
-# vLLM's TTFT carried to another layout misses by a median |log error| of 0.12 whatever the GPU
-# ratio, SGLang's TTFT carried to 8x longer prompts by 0.3 with a p90 near 1. Before (one
-# engine-blind step of 0.14 each), the TTFT band was +-100% wide for another layout and held 79%
-# of SGLang's longer-prompt rows. ATOM, with no data here, takes vLLM's (mixed batches too); where
-# an engine has no offline figure, its offline metrics take TPOT's.
+# vLLM's TTFT carried to another layout misses by a median |log error| of 0.12 at 2x the GPUs and
+# 0.17 at 4x, and SGLang's TTFT carried to 8x longer prompts or outputs by 0.20 (p90 0.90, against
+# 0.36 for vLLM). Before (one engine-blind step of 0.14 each), the TTFT band was a factor 2.0 either
+# way for another layout and held 79% of SGLang's longer-length rows. ATOM, with no data here,
+# takes vLLM's (mixed batches too); where an engine has no offline figure, its offline metrics take
+# TPOT's.
 @dataclass(frozen=True)
 class TransferSpread:
     layout: float
