@@ -25,6 +25,12 @@ API server process) then passes requests one at a time, t_front + t_front_token 
 order of arrival, as `inferasim.sim.des` models it: a burst of C equal requests reaches the
 schedulers one service time apart. Token
 counts are read back from the scheduler's running set after every step.
+
+SGLang's late first tokens: its overlap scheduler hands a prefill batch's first tokens out only
+after launching the next batch, and when that batch is another prefill they leave part-way into
+it (`sim.scheduler.hand_out_late`, which the schedulers apply at the next commit). So the loop
+holds a prefill batch's first tokens back until the next step is committed, then delivers each at
+the time the scheduler gives it, waking for it if that time lies inside the step in progress.
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ import numpy as np
 from inferasim.emulator.metrics import EngineMetrics
 from inferasim.emulator.timing import VirtualClock
 from inferasim.sim.benchmark import EngineSched
-from inferasim.sim.scheduler import Batch, Request, Scheduler, make_scheduler
+from inferasim.sim.scheduler import Batch, Request, RunningSet, Scheduler, SglangScheduler, make_scheduler
 from inferasim.steptime import LayoutCost, StepParams, step_time
 
 # Real seconds between wakes: a floor, plus a share per open stream (one write each per wake),
@@ -118,6 +124,11 @@ class EngineLoop:
         self._emitted = np.zeros(cap, dtype=np.int64)
         self._last = np.zeros(cap, dtype=np.float64)
         self._dirty: set[int] = set()
+        # SGLang: first tokens the last prefill batch sampled, held until the next step says when
+        # they leave (slot -> the scheduler's request), and first tokens whose time is known but
+        # has not come yet (emulated time, serial, slot).
+        self._held: dict[int, Request] = {}
+        self._releases: list[tuple[float, int, int]] = []
         self._aborts: list[EmuRequest] = []
         self._serial = 0
         self._front_free = 0.0  # emulated time the serial front end has passed its last request
@@ -277,6 +288,11 @@ class EngineLoop:
         """Commit every step that has ended by `now_v`, deliver their tokens, then commit the
         step in progress. Returns the emulated time to wake at, or None when idle."""
         ranks = self.ranks
+        if self._release_due(now_v) and now_v < self.v:
+            # Woken for a late first token inside the step in progress: deliver it, nothing more
+            # (the next step is committed at this one's end, as always).
+            self._flush()
+            return min(self.v, self._releases[0][0]) if self._releases else self.v
         guard = 0
         while True:
             guard += 1
@@ -303,7 +319,7 @@ class EngineLoop:
                 k = min(min(int(limits[i]) for i in busy), MAX_JUMP)  # type: ignore[arg-type]
                 end = self._jump(busy, k, now_v)
                 if end > now_v:
-                    return end
+                    return min(end, self._releases[0][0]) if self._releases else end
                 continue
             batches = [rank.schedule(self.v) for rank in ranks]
             dt = 0.0
@@ -325,11 +341,13 @@ class EngineLoop:
             start = self.v
             for i, (rank, b) in enumerate(zip(ranks, batches, strict=True)):
                 if not b.empty:
-                    self._commit_step(i, rank, b, start, end)
+                    self._commit_step(i, rank, b, start, end, now_v)
             self.v = end
             self.steps += 1
             if future:
-                return end
+                if self._release_due(now_v):
+                    self._flush()  # first tokens released on time by the step just committed
+                return min(end, self._releases[0][0]) if self._releases else end
 
     def _jump(self, busy: list[int], k: int, now_v: float) -> float:
         """Commit the pure decode steps (of all busy ranks) that ended by `now_v`, up to k and
@@ -348,6 +366,9 @@ class EngineLoop:
         if nxt is not None:
             # An arrival joins the first step that starts at or after it.
             k = max(1, min(k, int(np.searchsorted(ends - times, nxt, side="left"))))
+        # A decode step after a prefill batch: the held first tokens leave on time, before it.
+        for i, _ in states:
+            self._deliver_held_first(i, self.ranks[i], now_v)
         k_due = int(np.searchsorted(ends[:k], now_v, side="right"))
         if k_due < 1:
             self._flush()  # deliver what has ended before committing a step that has not
@@ -372,7 +393,8 @@ class EngineLoop:
         self.steps += k_due
         return end
 
-    def _commit_step(self, i: int, rank: Scheduler, batch: Batch, start: float, end: float) -> None:
+    def _commit_step(self, i: int, rank: Scheduler, batch: Batch, start: float, end: float,
+                     now_v: float | None = None) -> None:
         r = rank.run
         pre_before = rank.preemptions
         if batch.pre_rows:
@@ -382,8 +404,71 @@ class EngineLoop:
                     if req is not None and req.first_sched_v is None:
                         req.first_sched_v = start
                         self.metrics.on_admitted(i, req.prompt)
+        sglang = isinstance(rank, SglangScheduler)
+        previous = list(rank._late) if sglang else []  # type: ignore[attr-defined]
         finished = rank.commit(batch, end)
         self.metrics.on_preempted(i, rank.preemptions - pre_before)
+        # The previous prefill batch's first tokens: this commit has set when they leave.
+        release: dict[int, float] = {}
+        for sim in previous:
+            if self._held.get(sim.rid) is sim:
+                del self._held[sim.rid]
+                release[sim.rid] = (sim.first_token if sim.first_token is not None else end) - rank.delay
+        if sglang:
+            for sim in rank._late:  # type: ignore[attr-defined]
+                self._held[sim.rid] = sim
+        self._account(i, r, finished, end, release, now_v)
+
+    def _deliver_held_first(self, i: int, rank: Scheduler, now_v: float) -> None:
+        """Deliver a rank's held first tokens at their on-time stamp (the next step is a decode)."""
+        held = [sim for sim in getattr(rank, "_late", ()) if self._held.get(sim.rid) is sim]
+        if not held:
+            return
+        release: dict[int, float] = {}
+        for sim in held:
+            del self._held[sim.rid]
+            release[sim.rid] = (sim.first_token if sim.first_token is not None else self.v) - rank.delay
+        rows = np.array(sorted(release), dtype=np.int64)
+        self._emitted[rows] += 1
+        stamps = np.array([release[int(rid)] for rid in rows])
+        self._last[rows] = stamps
+        ttfts = []
+        prompts = 0
+        for rid, t in zip(rows.tolist(), stamps.tolist(), strict=True):
+            req = self._slots[rid]
+            if req is not None:
+                req.first_tok_v = t
+                ttfts.append(t - req.recv_v)
+                prompts += req.prompt
+            self._schedule_delivery(rid, t, now_v)
+        self.metrics.on_first_tokens(i, np.asarray(ttfts), prompts)
+        self.metrics.on_tokens(i, int(rows.size), None, None, np.array([float(rows.size + prompts)]))
+        self._gen_total += int(rows.size)
+        rank._late = []  # type: ignore[attr-defined]
+
+    def _schedule_delivery(self, rid: int, t: float, now_v: float | None) -> None:
+        if now_v is None or t <= now_v:
+            self._dirty.add(rid)
+        else:
+            req = self._slots[rid]
+            heapq.heappush(self._releases, (t, req.serial if req is not None else 0, rid))
+
+    def _release_due(self, now_v: float) -> bool:
+        """Mark the late first tokens whose time has come for delivery."""
+        heap = self._releases
+        due = False
+        while heap and heap[0][0] <= now_v:
+            _, serial, rid = heapq.heappop(heap)
+            req = self._slots[rid]
+            if req is not None and req.serial == serial:
+                self._dirty.add(rid)
+                due = True
+        return due
+
+    def _account(self, i: int, r: RunningSet, finished: list[Request], end: float, release: dict[int, float],
+                 now_v: float | None) -> None:
+        """Token accounting of one committed step: new tokens per request (held first tokens
+        excluded), first-token stamps (a released one at its own time), gaps, finishes."""
         n = r.n
         rids = r.rid[:n]
         gens = r.gen[:n]
@@ -392,27 +477,39 @@ class EngineLoop:
             gens = np.concatenate([gens, np.array([f.generated for f in finished], dtype=np.int64)])
         new = gens - self._emitted[rids]
         got = new > 0
+        if self._held:
+            got &= ~np.isin(rids, np.fromiter(self._held, dtype=np.int64, count=len(self._held)))
         rows = rids[got]
         n_new = new[got]
         total = int(n_new.sum())
         prompt_first = 0
+        later_gaps: list[float] = []
         if rows.size:
             before = self._emitted[rows]
             first = before == 0
             if first.any():
                 ttfts = []
-                for rid in rows[first].tolist():
+                for rid, k in zip(rows[first].tolist(), n_new[first].tolist(), strict=True):
                     req = self._slots[rid]
+                    t_first = release.get(rid, end)
+                    if k > 1:  # a late first token and the next one in this step
+                        later_gaps.append(end - t_first)
                     if req is not None:
-                        req.first_tok_v = end
-                        ttfts.append(end - req.recv_v)
+                        req.first_tok_v = t_first
+                        ttfts.append(t_first - req.recv_v)
                         prompt_first += req.prompt
                 self.metrics.on_first_tokens(i, np.asarray(ttfts), prompt_first)
             cont = rows[~first]
             gaps = end - self._last[cont] if cont.size else None
+            if later_gaps:
+                gaps = np.concatenate([gaps, later_gaps]) if gaps is not None else np.asarray(later_gaps)
             self._emitted[rows] = before + n_new
             self._last[rows] = end
-            self._dirty.update(rows.tolist())
+            for rid in rows.tolist():
+                if rid in release:
+                    self._schedule_delivery(rid, release[rid], now_v)
+                else:
+                    self._dirty.add(rid)
         else:
             gaps = None
         self.metrics.on_tokens(i, total, gaps, None, np.array([float(total + prompt_first)]))

@@ -288,3 +288,58 @@ def test_closed_loop_estimator_charges_the_front_end_per_prompt_token() -> None:
         base, tok = (closed_loop(StepParams(t_front_token=t), c, s, np.array([float(isl)]), np.array([256.0]),
                                  np.array([1.0])).ttft[0] for t in (0.0, 2e-5))
         assert tok - base == pytest.approx(2e-5 * isl, rel=0.05)
+
+
+def _drive(loop: EngineLoop, clock: _FrozenClock, until_done: list) -> None:  # noqa: ANN001
+    """Run the emulator's loop with perfect wakes: always at the time it asks for."""
+    for _ in range(100000):
+        wake = loop._advance(clock.t)
+        if all(r.finished for r in until_done):
+            return
+        assert wake is not None
+        clock.t = max(clock.t, wake)
+    raise AssertionError("the emulated engine did not finish")
+
+
+def test_emulator_hands_out_sglang_first_tokens_late_as_the_simulator_does() -> None:
+    """SGLang's overlap scheduler releases a prefill batch's first tokens only after launching the
+    next batch: in a wave of consecutive prefill batches they leave part-way into the next one.
+    The emulator must stamp and deliver them then, at the same times as the DES, and not sooner."""
+    from inferasim.sim import scheduler as sched_mod
+
+    c, s = _setup("sglang")
+    p = StepParams(t_ttft=0.0)
+    n, prompt, output = 24, 1024, 8
+    metrics = EngineMetrics("sglang", "m", 1, 4096, s.block_size, s.kv_tokens)
+    clock = _FrozenClock(0.0)
+    loop = EngineLoop(p, c, s, metrics, clock)  # type: ignore[arg-type]
+    seen: dict[int, float] = {}
+
+    def sink(req) -> bool:  # noqa: ANN001
+        if req.emitted >= 1 and req.serial not in seen:
+            seen[req.serial] = clock.t
+        return True
+
+    reqs = [loop.submit(prompt, output, output, "length", sink) for _ in range(n)]
+    _drive(loop, clock, reqs)
+
+    def des(delay: float) -> list[float]:
+        old = sched_mod.SGLANG_CONSECUTIVE_PREFILL_DELAY
+        sched_mod.SGLANG_CONSECUTIVE_PREFILL_DELAY = delay
+        try:
+            sim = Simulator(p, c, s, delivery_delay=0.0)
+            burst = [Request(rid=i, arrival=0.0, prompt=prompt, output=output) for i in range(n)]
+            for req in burst:
+                sim.submit(req, 0.0)
+            sim.run(lambda req: None)
+            return [float(r.first_token) for r in burst]
+        finally:
+            sched_mod.SGLANG_CONSECUTIVE_PREFILL_DELAY = old
+
+    late, on_time = des(sched_mod.SGLANG_CONSECUTIVE_PREFILL_DELAY), des(0.0)
+    assert sum(a > b + 1e-9 for a, b in zip(late, on_time, strict=True)) >= n // 2  # the wave has late tokens
+    stamped = [r.first_tok_v for r in reqs]
+    np.testing.assert_allclose(sorted(stamped), sorted(late), rtol=1e-9)
+    # delivered when stamped: not at the end of their own batch, not a step later
+    for r in reqs:
+        assert seen[r.serial] == pytest.approx(r.first_tok_v, abs=1e-9)
