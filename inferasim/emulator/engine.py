@@ -442,7 +442,7 @@ class EngineLoop:
                 prompts += req.prompt
             self._schedule_delivery(rid, t, now_v)
         self.metrics.on_first_tokens(i, np.asarray(ttfts), prompts)
-        self.metrics.on_tokens(i, int(rows.size), None, None, np.array([float(rows.size + prompts)]))
+        self.metrics.on_tokens(i, int(rows.size), None)  # no step of its own: no iteration tokens
         self._gen_total += int(rows.size)
         rank._late = []  # type: ignore[attr-defined]
 
