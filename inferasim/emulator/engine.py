@@ -404,8 +404,7 @@ class EngineLoop:
                     if req is not None and req.first_sched_v is None:
                         req.first_sched_v = start
                         self.metrics.on_admitted(i, req.prompt)
-        sglang = isinstance(rank, SglangScheduler)
-        previous = list(rank._late) if sglang else []  # type: ignore[attr-defined]
+        previous = list(rank.held_first_tokens) if isinstance(rank, SglangScheduler) else []
         finished = rank.commit(batch, end)
         self.metrics.on_preempted(i, rank.preemptions - pre_before)
         # The previous prefill batch's first tokens: this commit has set when they leave.
@@ -414,14 +413,16 @@ class EngineLoop:
             if self._held.get(sim.rid) is sim:
                 del self._held[sim.rid]
                 release[sim.rid] = (sim.first_token if sim.first_token is not None else end) - rank.delay
-        if sglang:
-            for sim in rank._late:  # type: ignore[attr-defined]
+        if isinstance(rank, SglangScheduler):
+            for sim in rank.held_first_tokens:
                 self._held[sim.rid] = sim
         self._account(i, r, finished, end, release, now_v)
 
     def _deliver_held_first(self, i: int, rank: Scheduler, now_v: float) -> None:
         """Deliver a rank's held first tokens at their on-time stamp (the next step is a decode)."""
-        held = [sim for sim in getattr(rank, "_late", ()) if self._held.get(sim.rid) is sim]
+        if not isinstance(rank, SglangScheduler):
+            return
+        held = [sim for sim in rank.held_first_tokens if self._held.get(sim.rid) is sim]
         if not held:
             return
         release: dict[int, float] = {}
@@ -444,7 +445,7 @@ class EngineLoop:
         self.metrics.on_first_tokens(i, np.asarray(ttfts), prompts)
         self.metrics.on_tokens(i, int(rows.size), None)  # no step of its own: no iteration tokens
         self._gen_total += int(rows.size)
-        rank._late = []  # type: ignore[attr-defined]
+        rank.release_on_time()
 
     def _schedule_delivery(self, rid: int, t: float, now_v: float | None) -> None:
         if now_v is None or t <= now_v:

@@ -552,6 +552,17 @@ class SglangScheduler(Scheduler):
         batch.ctx_dec = float(r.comp[rows].mean()) + 1.0
         return batch
 
+    @property
+    def held_first_tokens(self) -> list[Request]:
+        """Requests whose first token the last prefill batch sampled: when it leaves depends on
+        the next step (late if that is a prefill batch launched back to back; see commit)."""
+        return self._late
+
+    def release_on_time(self) -> None:
+        """A decode step follows (the emulator's decode runs): the held first tokens keep their
+        on-time stamp."""
+        self._late = []
+
     def commit(self, batch: Batch, t_end: float) -> list[Request]:
         """As the base, then the overlap scheduler's late first tokens (hand_out_late): those of
         the previous prefill batch move into this one when this one is a prefill batch too."""
