@@ -278,7 +278,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from inferasim.predictor import AnchoredPredictor
     from inferasim.validate import load_rows, run_validation, write_outputs
 
-    split_by = tuple(s for s in (args.split_by or "").split(",") if s)
+    # Repeated flags add up (--split-by engine --split-by gpu), as do comma lists; a key twice counts once.
+    split_by = tuple(dict.fromkeys(s.strip() for flag in (args.split_by or []) for s in flag.split(",") if s.strip()))
     rows = load_rows(args.data)
     result = run_validation(rows, AnchoredPredictor(), rule=args.anchor_rule, split_by=split_by,
                             progress=_progress)
@@ -841,9 +842,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("data", help="CSV of measured runs (schema of shared/data/aic-silicon/silicon_dev.csv)")
     p.add_argument("--anchor-rule", default="min-gpus", choices=("min-gpus",))
     p.add_argument("--out", required=True, help="folder for predictions.csv and summary.json")
-    p.add_argument("--split-by", default="",
-                   help="comma list of engine, gpu, model, reach (reach: what a prediction carries from "
-                        "its anchor: another length pair, another layout, both, or disaggregated pools)")
+    p.add_argument("--split-by", action="append", default=[],
+                   help="engine, gpu, model or reach; a comma list or the flag repeated (reach: what a "
+                        "prediction carries from its anchor: another length pair, another layout, both, or "
+                        "disaggregated pools)")
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("anchors", help="list, show, check shipped anchors; build anchors from a CSV; fit one from "
