@@ -129,6 +129,9 @@ class EngineLoop:
         # has not come yet (emulated time, serial, slot).
         self._held: dict[int, Request] = {}
         self._releases: list[tuple[float, int, int]] = []
+        # Late first tokens whose time has come: delivered on their own at a wake inside the step
+        # in progress, whose own tokens (in _dirty) must wait for its end.
+        self._due: set[int] = set()
         self._aborts: list[EmuRequest] = []
         self._serial = 0
         self._front_free = 0.0  # emulated time the serial front end has passed its last request
@@ -290,8 +293,9 @@ class EngineLoop:
         ranks = self.ranks
         if self._release_due(now_v) and now_v < self.v:
             # Woken for a late first token inside the step in progress: deliver it, nothing more
-            # (the next step is committed at this one's end, as always).
-            self._flush()
+            # (the step in progress keeps its tokens until its end, and the next step is
+            # committed then, as always).
+            self._flush_due()
             return min(self.v, self._releases[0][0]) if self._releases else self.v
         guard = 0
         while True:
@@ -345,8 +349,9 @@ class EngineLoop:
             self.v = end
             self.steps += 1
             if future:
-                if self._release_due(now_v):
-                    self._flush()  # first tokens released on time by the step just committed
+                # First tokens this commit released at a time already passed leave now, not with
+                # the step just committed.
+                self._flush_due()
                 return min(end, self._releases[0][0]) if self._releases else end
 
     def _jump(self, busy: list[int], k: int, now_v: float) -> float:
@@ -417,6 +422,11 @@ class EngineLoop:
             for sim in rank.held_first_tokens:
                 self._held[sim.rid] = sim
         self._account(i, r, finished, end, release, now_v)
+        # A released request that this step retracted is neither running nor finished, so the
+        # accounting above did not see it; its first token was sampled all the same.
+        missed = {rid: t for rid, t in release.items() if self._emitted[rid] == 0 and self._slots[rid] is not None}
+        if missed:
+            self._emit_first_tokens(i, missed, now_v)
 
     def _deliver_held_first(self, i: int, rank: Scheduler, now_v: float) -> None:
         """Deliver a rank's held first tokens at their on-time stamp (the next step is a decode)."""
@@ -429,6 +439,12 @@ class EngineLoop:
         for sim in held:
             del self._held[sim.rid]
             release[sim.rid] = (sim.first_token if sim.first_token is not None else self.v) - rank.delay
+        self._emit_first_tokens(i, release, now_v)
+        rank.release_on_time()
+
+    def _emit_first_tokens(self, i: int, release: dict[int, float], now_v: float | None) -> None:
+        """Count and stamp held first tokens outside a step's accounting (slot -> stamp), and
+        schedule their delivery at the stamp."""
         rows = np.array(sorted(release), dtype=np.int64)
         self._emitted[rows] += 1
         stamps = np.array([release[int(rid)] for rid in rows])
@@ -445,26 +461,50 @@ class EngineLoop:
         self.metrics.on_first_tokens(i, np.asarray(ttfts), prompts)
         self.metrics.on_tokens(i, int(rows.size), None)  # no step of its own: no iteration tokens
         self._gen_total += int(rows.size)
-        rank.release_on_time()
 
     def _schedule_delivery(self, rid: int, t: float, now_v: float | None) -> None:
         if now_v is None or t <= now_v:
-            self._dirty.add(rid)
+            self._due.add(rid)
         else:
             req = self._slots[rid]
             heapq.heappush(self._releases, (t, req.serial if req is not None else 0, rid))
 
     def _release_due(self, now_v: float) -> bool:
-        """Mark the late first tokens whose time has come for delivery."""
+        """Mark the late first tokens whose time has come for delivery; True if any wait."""
         heap = self._releases
-        due = False
         while heap and heap[0][0] <= now_v:
             _, serial, rid = heapq.heappop(heap)
             req = self._slots[rid]
             if req is not None and req.serial == serial:
+                self._due.add(rid)
+        return bool(self._due)
+
+    def _flush_due(self) -> None:
+        """Deliver the late first tokens whose time has come, and nothing else: whatever else is
+        marked for delivery may belong to the step in progress. The client sees each request as it
+        stood at its first token (one token, not finished); tokens committed after it, and its
+        finish, go with the next full flush, at their own step's end."""
+        if not self._due:
+            return
+        due, self._due = self._due, set()
+        for rid in due:
+            req = self._slots[rid]
+            if req is None:
+                continue
+            if int(self._emitted[rid]) > 1 or req.finished:
+                self._dirty.add(rid)  # the rest, later
+            finished, req.finished = req.finished, False
+            req.emitted = max(req.emitted, 1)
+            try:
+                delivered = req.sink(req)
+            except Exception as exc:  # a broken client must not stop the engine
+                req.error = f"delivery failed: {exc}"
+                delivered = True
                 self._dirty.add(rid)
-                due = True
-        return due
+            finally:
+                req.finished = finished
+            if not delivered:
+                self._dirty.add(rid)
 
     def _account(self, i: int, r: RunningSet, finished: list[Request], end: float, release: dict[int, float],
                  now_v: float | None) -> None:
@@ -626,6 +666,10 @@ class EngineLoop:
 
     # ---- delivery ------------------------------------------------------------------------------------
     def _flush(self) -> None:
+        """Deliver everything marked (called when every committed step has ended)."""
+        if self._due:
+            self._dirty |= self._due
+            self._due = set()
         if not self._dirty:
             return
         dirty, self._dirty = self._dirty, set()

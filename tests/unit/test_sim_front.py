@@ -343,3 +343,105 @@ def test_emulator_hands_out_sglang_first_tokens_late_as_the_simulator_does() -> 
     # delivered when stamped: not at the end of their own batch, not a step later
     for r in reqs:
         assert seen[r.serial] == pytest.approx(r.first_tok_v, abs=1e-9)
+
+
+def _deliveries(engine: str, dp: int = 1):  # noqa: ANN202
+    """An SGLang emulator on a frozen clock whose sink records (clock, serial, tokens, finished)."""
+    c, s = _setup(engine, dp)
+    clock = _FrozenClock(0.0)
+    loop = EngineLoop(StepParams(t_ttft=0.0), c, s, EngineMetrics(engine, "m", dp, 4096, s.block_size, s.kv_tokens),
+                      clock)  # type: ignore[arg-type]
+    log: list[tuple[float, int, int, bool]] = []
+
+    def sink(req) -> bool:  # noqa: ANN001
+        log.append((clock.t, req.serial, req.emitted, req.finished))
+        return True
+    return loop, clock, log, sink
+
+
+def test_emulator_wakes_for_a_late_first_token_without_sending_the_step_in_progress() -> None:
+    """A wakes part-way into the prefill batch after its own to hand out its late first token;
+    B (one output token) is prefilled in that batch and must reach the client at its end, not at
+    A's wake (the old wake flushed everything marked, B's finish included)."""
+    loop, clock, log, sink = _deliveries("sglang")
+    a = loop.submit(2048, 8, 8, "length", sink)
+    wake = loop._advance(clock.t)  # A's prefill batch
+    clock.t = wake / 2
+    b = loop.submit(2048, 1, 1, "length", sink)  # arrives during it: prefilled right after
+    for _ in range(4):
+        clock.t = wake
+        wake = loop._advance(clock.t)
+    first_a = next(t for t, serial, n, _ in log if serial == a.serial and n >= 1)
+    assert a.first_tok_v < b.finish_v and first_a == pytest.approx(a.first_tok_v, abs=1e-12)
+    b_sent = [t for t, serial, _, _ in log if serial == b.serial]
+    assert b_sent and min(b_sent) == pytest.approx(b.finish_v, abs=1e-12)
+
+
+def test_emulator_sends_an_on_time_first_token_at_its_stamp_not_a_step_later() -> None:
+    """dp 2: A's prefill batch on rank 0 is followed by A's decode while rank 1 prefills B. A's
+    first token is on time (a decode follows) and leaves when that step is committed, not with
+    A's second token at its end."""
+    loop, clock, log, sink = _deliveries("sglang", dp=2)
+    a = loop.submit(2048, 8, 8, "length", sink)
+    wake = loop._advance(clock.t)
+    clock.t = wake / 2
+    b = loop.submit(2048, 8, 8, "length", sink)
+    assert a.rank != b.rank
+    for _ in range(50):
+        clock.t = wake
+        wake = loop._advance(clock.t)
+        if a.emitted:
+            break
+    first_a = next(t for t, serial, n, _ in log if serial == a.serial and n >= 1)
+    assert first_a == pytest.approx(a.first_tok_v, abs=1e-12)
+    assert next(n for _, serial, n, _ in log if serial == a.serial) == 1  # the first token alone
+
+
+def test_emulator_keeps_the_first_token_of_a_request_retracted_right_after_its_prefill(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A request retracted (KV full) in the step right after its prefill batch has still sampled
+    its first token: the emulator stamps it then, as the DES does (the old emulator lost it and
+    stamped the token of the request's second prefill instead)."""
+    from inferasim.sim import scheduler as sched_mod
+
+    retracted_held = [0]
+    preempt = sched_mod.SglangScheduler._preempt
+
+    def spy(self, row: int, to_head: bool = True) -> None:  # noqa: ANN001
+        req = self.reqs[int(self.run.rid[row])]
+        retracted_held[0] += int(self.run.gen[row]) == 1 and any(x is req for x in self.held_first_tokens)
+        preempt(self, row, to_head)
+    monkeypatch.setattr(sched_mod.SglangScheduler, "_preempt", spy)
+
+    rng = np.random.default_rng(0)
+    lay = Layout(tp=1)
+    c = layout_cost(MODEL, GPU, lay)
+    s = dataclasses.replace(engine_sched("sglang", MODEL, GPU, lay), kv_tokens=1500)
+    p = StepParams(t_ttft=0.0, t_front=0.0, t_front_token=0.0)
+    n = 1500
+    arrivals = np.cumsum(rng.exponential(1 / 300.0, n))
+    prompts, outs = rng.integers(50, 400, n), rng.integers(2, 10, n)
+    clock = _FrozenClock(0.0)
+    loop = EngineLoop(p, c, s, EngineMetrics("sglang", "m", 1, 4096, s.block_size, s.kv_tokens), clock)  # type: ignore[arg-type]
+    emu: list = []
+    wake = loop._advance(clock.t)
+    i = 0
+    for _ in range(10**6):
+        if i == n and all(r.finished for r in emu):
+            break
+        if i < n and (wake is None or arrivals[i] < wake):
+            clock.t = max(clock.t, float(arrivals[i]))
+            emu.append(loop.submit(int(prompts[i]), int(outs[i]), int(outs[i]), "length", lambda r: True))
+            i += 1
+            if wake is None or not loop._busy():
+                wake = loop._advance(clock.t)
+        else:
+            clock.t = max(clock.t, wake)
+            wake = loop._advance(clock.t)
+    assert retracted_held[0] >= 1  # the case under test happened
+    sim = Simulator(p, c, s, delivery_delay=0.0)
+    des = [Request(rid=k, arrival=float(arrivals[k]), prompt=int(prompts[k]), output=int(outs[k])) for k in range(n)]
+    for r in des:
+        sim.submit(r, r.arrival)
+    sim.run(lambda r: None)
+    np.testing.assert_allclose([r.first_tok_v for r in emu], [r.first_token for r in des], rtol=0, atol=1e-9)
