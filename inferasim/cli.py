@@ -233,9 +233,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
         ttft, tpot, tput, stable = float(r.ttft[0]), float(r.tpot[0]), float(r.throughput[0]) * replicas, \
             bool(r.stable[0])
         load = {"request_rate": args.request_rate}
-    conc = args.concurrency or 1
-    extrap = fitted._extrapolation(conc // replicas or 1, isl, osl) or not anchored
-    per_replica = (args.concurrency // replicas or 1) if args.concurrency else None
+        # Held against the anchor's concurrency sweep: the requests in flight at this rate.
+        per_replica = max(int(round(float(r.running[0]))), 1)
+    extrap = fitted._extrapolation(per_replica, isl, osl) or not anchored
     spread = fitted._spread(extrap, layout, isl, osl, "tpot", concurrency=per_replica)
     spread_ttft = fitted._spread(extrap, layout, isl, osl, "ttft", concurrency=per_replica)
     import math

@@ -43,6 +43,9 @@ class Estimate:
     max_rate_slo: float = 0.0  # req/s per replica within the SLO
     ttft: float = float("nan")  # at the operating point
     tpot: float = float("nan")
+    # Requests in flight per replica at the operating point (the clients of a closed loop, the
+    # steady running count at a request rate): what the anchor's concurrency sweep is held against.
+    conc: float = float("nan")
     replicas: int = 1
     meets_slo: bool = False
     stage: int = 1
@@ -158,6 +161,7 @@ def operate(e: Estimate, w: WorkloadShape, slo: SLO, max_gpus: int) -> Estimate:
             xp = rates[order]
             e.ttft = float(np.interp(per_replica, xp, e.curve_ttft[order]))
             e.tpot = float(np.interp(per_replica, xp, e.curve_tpot[order]))
+            e.conc = float(np.interp(per_replica, xp, e.curve_conc[order]))
         if need > budget_replicas:
             e.notes.append(f"needs {need} replicas for {w.rate:.2f} req/s; the budget allows {budget_replicas}")
     else:
@@ -165,6 +169,7 @@ def operate(e: Estimate, w: WorkloadShape, slo: SLO, max_gpus: int) -> Estimate:
         e.replicas = 1
         e.ttft = float(np.interp(conc, e.curve_conc, e.curve_ttft))
         e.tpot = float(np.interp(conc, e.curve_conc, e.curve_tpot))
+        e.conc = conc
     e.ttft_p90 = e.ttft * TTFT_P90_RATIO
     e.itl_p90 = e.tpot * ITL_P90_RATIO
     e.meets_slo = _slo_ok_point(e.ttft, e.tpot, slo) and not any(

@@ -62,9 +62,12 @@ class TuneResult:
     def entry(self, e: Estimate) -> dict[str, Any]:
         c = e.candidate
         osl = self.workload.osl
-        spread = e.fitted._spread(not e.anchored or e.fitted._extrapolation(
-            int(max(self.workload.concurrency or 1, 1)), int(self.workload.isl), int(osl)), c.layout,
-            int(self.workload.isl), int(osl))
+        isl = int(self.workload.isl)
+        # Held against the anchor's sweep: requests in flight per replica at the operating point
+        # (a request-rate workload has no client count of its own).
+        conc = max(int(round(e.conc)), 1) if math.isfinite(e.conc) else None
+        spread = e.fitted._spread(not e.anchored or e.fitted._extrapolation(conc or 1, isl, int(osl)), c.layout,
+                                  isl, int(osl), concurrency=conc)
         price = self.spec.hardware.price_per_gpu_hour
         d: dict[str, Any] = {
             "engine": c.engine, "precision": c.precision, "layout": c.layout.as_dict(),
@@ -84,7 +87,7 @@ class TuneResult:
             },
             "meets_slo": e.meets_slo, "extrapolated": not e.anchored,
             # what the prediction carries from its anchor (what `interval_log` is wide for)
-            "carries": e.fitted.carries(c.layout, int(self.workload.isl), int(osl), self.workload.concurrency),
+            "carries": e.fitted.carries(c.layout, isl, int(osl), conc),
             "anchor": e.fitted.anchor_id if e.anchored else None,
             "mode": "anchored" if e.anchored else "unanchored: ranked within its engine only",
             "notes": e.notes,

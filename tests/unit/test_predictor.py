@@ -132,6 +132,29 @@ def test_predict_cli_uses_shipped_anchor_and_flags_unanchored() -> None:
     assert r.returncode == 2 and "nearest" in r.stderr
 
 
+def test_predict_cli_holds_a_request_rate_against_the_anchor_sweep_by_requests_in_flight() -> None:
+    """At a request rate the concurrency that meets the anchor's sweep (4-64 clients for the
+    shipped H100 fp8 tp2 anchor) is the steady count in flight: a rate that keeps a handful
+    running carries nothing, one that keeps a single request running is outside the sweep, and
+    `carries` names what widens the band."""
+    base = [sys.executable, "-m", "inferasim.cli", "predict", "--model", "meta-llama/Llama-3.1-70B", "--engine",
+            "vllm", "--precision", "fp8", "--gpu", "h100_sxm", "--tp", "2", "--isl", "1024", "--osl", "1024",
+            "-o", "json"]
+
+    def run(*load: str) -> dict:
+        r = subprocess.run(base + list(load), capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)
+
+    def width(d: dict) -> float:
+        return d["interval"]["tpot_ms"][1] / d["interval"]["tpot_ms"][0]
+    inside, busy, idle = run("--concurrency", "16"), run("--request-rate", "2"), run("--request-rate", "0.05")
+    assert inside["carries"] == [] and busy["carries"] == [] and not busy["extrapolated"]
+    assert width(busy) == pytest.approx(width(inside))
+    assert idle["extrapolated"] and idle["carries"] == ["concurrency 1 outside the anchor's 4-64"]
+    assert width(idle) > width(busy)
+
+
 def test_predict_cli_refuses_a_layout_the_engine_would_not_start() -> None:
     base = [sys.executable, "-m", "inferasim.cli", "predict", "--gpu", "h100", "--engine", "vllm",
             "--isl", "1024", "--osl", "256", "--concurrency", "8"]

@@ -135,6 +135,31 @@ def test_anchored_candidates_rank_with_their_anchor() -> None:
     assert np.isfinite(rec.per_gpu_at_slo(256))
 
 
+def test_tune_entries_hold_a_request_rate_against_the_anchor_sweep_by_requests_in_flight() -> None:
+    """A request-rate workload has no client count: each entry is held against its anchor's
+    concurrency sweep by the requests in flight per replica at the operating point, and
+    `carries` says so whenever that widens its band."""
+    def entries(rate: float) -> list:
+        spec = parse_spec(small_spec(
+            model="meta-llama/Meta-Llama-3.1-70B", precision=["fp8"],
+            hardware={"gpu": "h100_sxm", "gpusPerNode": 8, "maxGPUs": 8},
+            workload={"static": {"kind": "poisson", "requestRate": rate, "inputTokens": 1024,
+                                 "outputTokens": 1024}}))
+        result = tune(spec, stage2_top=5)
+        return [(e, result.entry(e)) for e in result.ranked[:8] if e.anchored]
+
+    seen_outside = seen_inside = False
+    for rate in (0.05, 2.0):
+        for e, d in entries(rate):
+            lo, hi = e.fitted.conc_range
+            conc = max(round(e.conc), 1)
+            outside = not lo <= conc <= hi
+            assert any(c.startswith(f"concurrency {conc} outside") for c in d["carries"]) == outside, d["carries"]
+            seen_outside |= outside
+            seen_inside |= not outside
+    assert seen_outside and seen_inside
+
+
 def test_tune_renders_the_recommended_manifest(tmp_path: Path) -> None:
     import yaml
 
