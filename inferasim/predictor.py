@@ -297,6 +297,15 @@ class AnchoredPredictor:
     def fit(self, kernel_key: tuple[str, ...], anchor_rows: list[BenchRow]) -> FittedAnchor:
         return fit_anchor_rows(anchor_rows)
 
+    def deployment(self, row: BenchRow) -> Layout | RowLayout:
+        """The layout this predictor prices for `row` (engine_layout: a squared-width row is the
+        deployment that ran); the columns as written where the row names no known engine/GPU."""
+        try:
+            engine, _, gpu = resolve(row)
+        except CannotPredict:
+            return row.layout
+        return engine_layout(engine, row.layout, gpu.gpus_per_node)
+
 
 # ------------------------------------------------------------------------------------------------
 # Anchors on disk <-> fitted anchors

@@ -19,7 +19,7 @@ import json
 import math
 import re
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -63,7 +63,9 @@ METRICS = ("tpot", "ttft", "throughput_per_gpu", "batch_latency")
 SPLIT_KEYS: dict[str, str] = {"engine": "backend", "gpu": "system", "model": "model_path", "reach": ""}
 # How far a scored row lies from its kernel set's anchor: what the prediction had to carry.
 # Every row at the anchor's layout and length pair is itself anchor, so concurrency alone never
-# separates a scored row from its anchor.
+# separates a scored row from its anchor: a scored row reaches "anchor" only where the predictor
+# prices it as the anchor's own deployment although its columns are written otherwise (the
+# squared-width rows of predictor.engine_layout: the same deployment, measured again).
 REACH_ANCHOR = "anchor"
 REACH_LENGTHS = "lengths"  # anchor layout, another (isl, osl)
 REACH_LAYOUT = "layout"  # another layout, the anchor's (isl, osl)
@@ -187,7 +189,14 @@ class FittedKernel(Protocol):
 
 
 class Predictor(Protocol):
+    """A predictor may also define `deployment(row) -> Hashable`: the deployment it prices for a
+    row, when that differs from the row's layout columns as written. The reach split compares
+    those (a row written differently but priced as the anchor's own deployment carries no layout)."""
+
     def fit(self, kernel_key: tuple[str, ...], anchor_rows: list[BenchRow]) -> FittedKernel: ...
+
+
+Deployment = Callable[[BenchRow], Hashable]
 
 
 # --------------------------------------------------------------------------------------------
@@ -499,6 +508,7 @@ class RowResult:
     interval: dict[str, tuple[float, float]] = field(default_factory=dict)
     extrapolated: bool = False
     anchor: str = ""
+    reach: str = ""  # what its prediction carries from the anchor (row_reach)
 
     def ape(self, metric: str) -> float | None:
         if self.status != "ok":
@@ -658,14 +668,18 @@ def _reason(exc: BaseException) -> str:
     return f"predictor error: {type(exc).__name__}: {exc}"
 
 
-def row_reach(row: BenchRow, anchor: AnchorChoice | None) -> str:
+def row_reach(row: BenchRow, anchor: AnchorChoice | None, deployment: Deployment | None = None) -> str:
     """What the prediction of `row` carries from `anchor`: another length pair, another layout,
-    both, or a disaggregated deployment (REACH_* values)."""
+    both, or a disaggregated deployment (REACH_* values). Layouts are compared as `deployment`
+    reads them (the predictor's; default: the layout columns as written)."""
     if anchor is None:
         return REACH_NONE
     if row.mode == "disagg":
         return REACH_DISAGG
-    other_layout = row.layout != anchor.layout
+    if deployment is not None and anchor.rows:
+        other_layout = deployment(row) != deployment(anchor.rows[0])
+    else:
+        other_layout = row.layout != anchor.layout
     other_lengths = (row.isl, row.osl) != (anchor.isl, anchor.osl)
     if other_layout and other_lengths:
         return REACH_BOTH
@@ -674,9 +688,10 @@ def row_reach(row: BenchRow, anchor: AnchorChoice | None) -> str:
     return REACH_LENGTHS if other_lengths else REACH_ANCHOR
 
 
-def _split_value(split: str, row: BenchRow, anchors: dict[KernelKey, AnchorChoice]) -> str:
+def _split_value(split: str, row: BenchRow, anchors: dict[KernelKey, AnchorChoice],
+                 deployment: Deployment | None = None) -> str:
     if split == "reach":
-        return row_reach(row, anchors.get(row.kernel_key))
+        return row_reach(row, anchors.get(row.kernel_key), deployment)
     return str(getattr(row, SPLIT_KEYS[split]))
 
 
@@ -738,6 +753,7 @@ def run_validation(
     anchor_ids = {id(r) for a in anchors.values() for r in a.rows}
     targets = [r for r in filtered if id(r) not in anchor_ids]
     total = len(targets)
+    deployment: Deployment | None = getattr(predictor, "deployment", None)
 
     fitted: dict[KernelKey, FittedKernel | str] = {}
     results: list[RowResult] = []
@@ -763,6 +779,7 @@ def run_validation(
                 results.append(RowResult(row, "unpredicted", kernel, measured))
             else:
                 results.append(_predict_row(kernel, row, anchor))
+        results[-1].reach = row_reach(row, anchor, deployment)
         if progress is not None:
             progress(done, total)
 
@@ -777,11 +794,11 @@ def run_validation(
     summary = _section(results, n_anchor, len(filtered), len(rows), len(anchors), excluded)
     summary["splits"] = {}
     for split in splits:
-        values = sorted({_split_value(split, r, anchors) for r in filtered})
+        values = sorted({_split_value(split, r, anchors, deployment) for r in filtered})
         per_value: dict[str, Any] = {}
         for value in values:
-            sub_filtered = [r for r in filtered if _split_value(split, r, anchors) == value]
-            sub_results = [r for r in results if _split_value(split, r.row, anchors) == value]
+            sub_filtered = [r for r in filtered if _split_value(split, r, anchors, deployment) == value]
+            sub_results = [r for r in results if _split_value(split, r.row, anchors, deployment) == value]
             sub_anchor = sum(1 for r in sub_filtered if id(r) in anchor_ids)
             sub_kernels = len({r.kernel_key for r in sub_filtered if r.kernel_key in anchors})
             per_value[value] = _section(
@@ -863,7 +880,7 @@ def write_outputs(result: ValidationResult, out_dir: Path) -> None:
         writer = csv.writer(fh)
         writer.writerow(header)
         for r in result.results:
-            writer.writerow(_csv_record(r, row_reach(r.row, result.anchors.get(r.row.kernel_key))))
+            writer.writerow(_csv_record(r, r.reach or row_reach(r.row, result.anchors.get(r.row.kernel_key))))
     (out_dir / "summary.json").write_text(
         json.dumps(result.summary, indent=2, allow_nan=False) + "\n", encoding="utf-8"
     )
