@@ -511,6 +511,42 @@ def test_reach_split_names_what_each_prediction_carries(tmp_path: Path) -> None:
         assert {ln["id"]: ln["reach"] for ln in csv.DictReader(fh)} == reach
 
 
+def test_reach_compares_layouts_as_the_predictor_prices_them(tmp_path: Path) -> None:
+    """A predictor that prices the tp2 rows as the tp1 deployment (as AnchoredPredictor does for
+    the squared-width rows of the public data) carries no layout to them: at the anchor's lengths
+    they reach 'anchor', at others 'lengths', and predictions.csv agrees."""
+
+    class SameDeployment(DoublePredictor):
+        def deployment(self, row: BenchRow) -> tuple[int, int]:
+            return (1 if row.layout.tp <= 2 else row.layout.tp, row.layout.pp)
+
+    rows = rows_of(tmp_path, _two_kernel_sets())
+    result = run_validation(rows, SameDeployment(rows), split_by=("reach",))
+    for r in result.results:
+        if r.row.layout.tp == 2:
+            assert r.reach == ("anchor" if r.row.isl == 512 else "lengths")
+        elif r.row.layout.tp == 4:
+            assert r.reach == ("layout" if r.row.isl == 512 else "layout+lengths")
+    per = result.summary["splits"]["reach"]
+    assert [per[k]["tpot"]["n"] for k in ("anchor", "lengths", "layout", "layout+lengths")] == [4, 8, 4, 4]
+    write_outputs(result, tmp_path / "out")
+    with (tmp_path / "out" / "predictions.csv").open() as fh:
+        assert {ln["id"]: ln["reach"] for ln in csv.DictReader(fh)} == {r.row.id: r.reach for r in result.results}
+
+
+def test_anchored_predictor_prices_squared_width_rows_as_the_deployment_that_ran() -> None:
+    from inferasim.predictor import AnchoredPredictor
+
+    if not DEV_FILE.exists():
+        pytest.skip("shared data not present")
+    rows = {r.id: r for r in load_rows(DEV_FILE)}
+    squared = rows["kimik2_5_b200_vllm_fp4_agg_1024x1024_c32_cfg635"]  # tp4 dp4 ep16: tp4 ep4 that ran
+    plain = next(r for r in rows.values() if r.kernel_key == squared.kernel_key and r.layout.dp == 1
+                 and r.layout.tp == 4 and r.layout.moe_ep == 4)
+    pred = AnchoredPredictor()
+    assert squared.layout != plain.layout and pred.deployment(squared) == pred.deployment(plain)
+
+
 def test_throughput_formula_on_hand_computed_row(tmp_path: Path) -> None:
     (row,) = rows_of(tmp_path, [rec(tp=2, dp=2, isl=1000, osl=101, c=32, ttft=200.0, tpot=8.0)])
     # 32 * 1000 / (200 + 100 * 8) * 101 / 4 = 32000 / 1000 * 101 / 4 = 808
