@@ -281,7 +281,7 @@ def fit_anchor_rows(rows: list[BenchRow]) -> FittedAnchor:
         raise CannotPredict(f"{model.name} does not fit {gpu.name} at {layout.label()} by the memory model")
     points = [fit_point(r) for r in rows]
     result = fit_params(cost, sched, points, default_params(gpu, engine))
-    concs = [r.concurrency for r in rows]
+    concs = [clients(r) for r in rows]  # clients, as predictions are held against (not the per-rank batch)
     return FittedAnchor(
         engine=engine, engine_version=first.backend_version, model=model, gpu=gpu, precision=precision,
         kv_dtype=kv_dtype, layout=layout, fit=result, anchor_id=f"{engine}:{first.backend_version or '?'}:{model.name}:"

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from inferasim.anchors import AnchorStore, load_anchor
-from inferasim.predictor import AnchoredPredictor, anchor_from_rows, fit_anchor_rows, fitted_from_anchor
+from inferasim.predictor import AnchoredPredictor, anchor_from_rows, clients, fit_anchor_rows, fitted_from_anchor
 from inferasim.validate import CannotPredict, filter_rows, load_rows, run_validation, select_anchors
 
 REPO = Path(__file__).resolve().parents[2]
@@ -249,3 +249,20 @@ def test_interval_coverage_is_near_nominal_in_every_reach_group(silicon) -> None
     assert len(groups) == 12
     for group, inside in groups.items():
         assert 0.80 <= float(np.mean(inside)) <= 0.97, (group, float(np.mean(inside)), len(inside))
+
+
+def test_an_attention_dp_anchor_sweep_is_counted_in_clients() -> None:
+    """A dp > 1 row's batch_size is one rank's batch; the anchor's sweep is held in clients (batch
+    x dp), as predictions are, so a row of the anchor's own sweep is not called an extrapolation."""
+    data = REPO.parent / "shared" / "data" / "aic-silicon" / "silicon_dev.csv"
+    if not data.exists():
+        pytest.skip("shared data not present")
+    rows = [r for r in load_rows(data) if r.backend == "vllm" and r.mode == "agg" and r.layout.dp == 4
+            and "Kimi-K2.5" in r.model_path and r.isl == 1024 and r.osl == 1024]
+    key = rows[0].kernel_key
+    sweep = [r for r in rows if r.kernel_key == key and r.layout == rows[0].layout]
+    assert len({r.concurrency for r in sweep}) >= 3
+    fitted = fit_anchor_rows(sweep)
+    assert fitted.conc_range == (min(clients(r) for r in sweep), max(clients(r) for r in sweep))
+    assert not any(fitted.predict(r).extrapolated for r in sweep)
+    assert all(fitted.carries(fitted.layout, r.isl, r.osl, clients(r)) == [] for r in sweep)
