@@ -7,6 +7,7 @@ message that names the field and what is accepted, and exit code 2; never a trac
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -238,7 +239,6 @@ def cmd_predict(args: argparse.Namespace) -> int:
     extrap = fitted._extrapolation(per_replica, isl, osl) or not anchored
     spread = fitted._spread(extrap, layout, isl, osl, "tpot", concurrency=per_replica)
     spread_ttft = fitted._spread(extrap, layout, isl, osl, "ttft", concurrency=per_replica)
-    import math
 
     gpus = layout.gpus * replicas
     out = {
@@ -328,7 +328,33 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 # ---- anchors -----------------------------------------------------------------------------------
 
+# anchors: the actions each flag applies to (flag, attribute, default). A flag given to another
+# action is refused rather than ignored: `anchors build --out X` once wrote into anchors/.
+_ANCHORS_FLAGS: tuple[tuple[str, str, object, tuple[str, ...]], ...] = (
+    ("--prometheus", "prometheus", None, ("fit-live", "drift")),
+    ("--selector", "selector", [], ("fit-live", "drift")),
+    ("--deployment", "deployment", None, ("fit-live", "drift")),
+    ("--gpu", "gpu", None, ("fit-live", "drift")),
+    ("--engine-version", "engine_version", None, ("fit-live", "drift")),
+    ("--window", "window", None, ("fit-live", "drift")),
+    ("--step", "step", "1m", ("fit-live",)),
+    ("--end", "end", None, ("fit-live", "drift")),
+    ("--speedup", "speedup", 1.0, ("drift",)),
+    ("--out", "out", None, ("fit-live", "build")),
+    ("--threshold", "threshold", 0.25, ("drift",)),
+    ("--replace", "replace", False, ("build",)),
+)
+
+
+def _check_anchors_flags(args: argparse.Namespace) -> None:
+    for flag, attr, default, actions in _ANCHORS_FLAGS:
+        if getattr(args, attr, default) != default and args.action not in actions:
+            raise UsageError(f"{flag} does not apply to `anchors {args.action}` (it is for "
+                             f"{' and '.join(actions)})")
+
+
 def cmd_anchors(args: argparse.Namespace) -> int:
+    _check_anchors_flags(args)
     if args.action in ("list", "show", "check"):
         # An explicit folder that does not exist is a typo, not an empty store (the store itself
         # reads a missing folder as empty: the operator's anchor folder may not exist yet).
@@ -371,24 +397,49 @@ def cmd_anchors(args: argparse.Namespace) -> int:
 
         if not args.name:
             raise UsageError("anchors build needs a CSV of measured runs (the validate schema)")
+        if args.out and args.dir:
+            raise UsageError("give the destination once: --out FOLDER (or --dir FOLDER), not both")
+        out = Path(args.out) if args.out else Path(args.dir[0]) if args.dir else ANCHOR_DIR
+        if out.exists() and not out.is_dir():
+            raise UsageError(f"--out {str(out)!r} is a file; anchors build writes a folder of anchor JSON files")
         rows = filter_rows(load_rows(args.name))
         chosen = select_anchors(rows)
-        out = Path(args.dir[0]) if args.dir else ANCHOR_DIR
-        written = 0
+        built: list[Anchor] = []
         for i, (_key, choice) in enumerate(chosen.items(), 1):
             _progress(i, len(chosen))
             try:
-                anchor = anchor_from_rows(choice.rows, source=f"{Path(args.name).name}: {choice.describe()}")
+                built.append(anchor_from_rows(choice.rows, source=f"{Path(args.name).name}: {choice.describe()}"))
             except CannotPredict as exc:
                 print(f"skipped {choice.describe()}: {exc}", file=sys.stderr)
-                continue
-            store.save(anchor, out)
-            written += 1
-        print(f"wrote {written} anchors to {out}")
+        # Never replace a different anchor without being asked: the default folder holds the
+        # shipped anchors. Checked before writing anything, so a refusal leaves the folder as it was.
+        clash = [a.filename() for a in built if (out / a.filename()).is_file() and not _same_fit(out / a.filename(), a)]
+        if clash and not args.replace:
+            raise UsageError(f"{len(clash)} anchor(s) in {out} would be replaced by different fits "
+                             f"({', '.join(clash[:3])}{', ...' if len(clash) > 3 else ''}); pass --replace to "
+                             "replace them, or --out FOLDER to write elsewhere")
+        same = {a.filename() for a in built if (out / a.filename()).is_file() and a.filename() not in clash}
+        for anchor in built:
+            if anchor.filename() not in same:  # an unchanged fit keeps its file as it is
+                store.save(anchor, out)
+        print(f"wrote {len(built) - len(same)} anchors to {out}" + (f" ({len(clash)} replaced)" if clash else "")
+              + (f"; {len(same)} unchanged" if same else ""))
         return 0
     if args.action in ("fit-live", "drift"):
         return _anchors_live(args)
     raise UsageError(f"unknown anchors action {args.action!r}")
+
+
+def _same_fit(path: Path, anchor: Anchor) -> bool:
+    """The anchor file at `path` holds `anchor`'s points and parameters (to fit precision: a refit
+    on another machine differs in the last digits)."""
+    try:
+        old = load_anchor(path)
+    except AnchorFileError:
+        return False
+    if old.points != anchor.points or old.params.keys() != anchor.params.keys():
+        return False
+    return all(math.isclose(old.params[k], v, rel_tol=1e-6, abs_tol=1e-12) for k, v in anchor.params.items())
 
 
 def _anchors_check(args: argparse.Namespace) -> int:
@@ -866,7 +917,10 @@ def build_parser() -> argparse.ArgumentParser:
                                                "(default: now)")
     p.add_argument("--speedup", type=float, default=1.0,
                    help="drift: engine seconds per wall second (the emulator's --speedup; 1 for real engines)")
-    p.add_argument("--out", default=None, help="fit-live: anchor folder, file, or - for stdout (default -)")
+    p.add_argument("--out", default=None, help="fit-live: anchor folder, file, or - for stdout (default -); "
+                                               "build: the folder to write (default: --dir, else anchors/)")
+    p.add_argument("--replace", action="store_true",
+                   help="build: replace anchors of the same kernel set and layout that fit differently")
     p.add_argument("--threshold", type=float, default=0.25,
                    help="drift: exit 1 when a relative error exceeds this fraction (default 0.25)")
     _add_output(p)

@@ -109,3 +109,43 @@ def test_check_reports_a_poor_fit_without_failing(folder: Path) -> None:
     assert r.returncode == 0, r.stderr
     assert "2 anchors valid, 0 invalid files, 0 unusable, 1 with a poor fit" in r.stdout
     assert "poor fit:" in r.stderr and "0.900" in r.stderr
+
+
+DEV_FILE = Path(__file__).resolve().parents[3] / "shared" / "data" / "aic-silicon" / "silicon_dev.csv"
+
+
+@pytest.mark.skipif(not DEV_FILE.exists(), reason="development data not present")
+def test_build_writes_where_asked_and_never_replaces_a_different_fit_unasked(tmp_path: Path) -> None:
+    lines = DEV_FILE.read_text(encoding="utf-8").splitlines()
+    kept = [ln for ln in lines[1:] if ",vllm," in ln and "Qwen3-32B" in ln and "h100_sxm" in ln][:40]
+    assert kept
+    data = tmp_path / "runs.csv"
+    data.write_text("\n".join([lines[0], *kept]) + "\n", encoding="utf-8")
+    shipped = Path(__file__).resolve().parents[2] / "anchors"
+    before = {p.name: p.stat().st_mtime_ns for p in shipped.glob("*.json")}
+    out = tmp_path / "built"
+    r = run("build", str(data), "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    files = sorted(out.glob("*.json"))
+    assert files and f"wrote {len(files)} anchors to {out}" in r.stdout
+    assert {p.name: p.stat().st_mtime_ns for p in shipped.glob("*.json")} == before  # anchors/ untouched
+    # The same data again: every fit unchanged, nothing rewritten.
+    stamps = {p: p.stat().st_mtime_ns for p in files}
+    r = run("build", str(data), "--out", str(out))
+    assert r.returncode == 0 and f"{len(files)} unchanged" in r.stdout
+    assert {p: p.stat().st_mtime_ns for p in files} == stamps
+    # Other measurements of the same kernel sets fit differently: refused unless --replace.
+    header = lines[0].split(",")
+    col = header.index("silicon_tpot_ms")
+    slower = [",".join(f"{float(v) * 1.5}" if i == col else v for i, v in enumerate(ln.split(","))) for ln in kept]
+    data.write_text("\n".join([lines[0], *slower]) + "\n", encoding="utf-8")
+    r = run("build", str(data), "--out", str(out))
+    assert r.returncode == 2 and "--replace" in r.stderr and "Traceback" not in r.stderr
+    assert {p: p.stat().st_mtime_ns for p in files} == stamps
+    r = run("build", str(data), "--out", str(out), "--replace")
+    assert r.returncode == 0 and "replaced" in r.stdout
+    # A flag of another action is refused, not ignored.
+    r = run("list", "--out", str(out))
+    assert r.returncode == 2 and "--out does not apply to `anchors list`" in r.stderr
+    r = run("build", str(data), "--threshold", "0.1", "--out", str(out))
+    assert r.returncode == 2 and "--threshold" in r.stderr
