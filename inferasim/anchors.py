@@ -379,6 +379,19 @@ class Anchor(BaseModel):
     )
     provenance: Provenance = Field(description="Where the measurements come from.")
 
+    @field_validator("params")
+    @classmethod
+    def _usable_params(cls, value: dict[str, float]) -> dict[str, float]:
+        # Checked here, not at use: an anchor with e_bw 0 or a negative host cost would predict
+        # negative latencies or divide by zero in every command that reads it.
+        from inferasim.steptime import param_error
+
+        for name, v in value.items():
+            error = param_error(name, v)
+            if error:
+                raise ValueError(error)
+        return value
+
     @field_validator("schema_version")
     @classmethod
     def _known_version(cls, value: int) -> int:

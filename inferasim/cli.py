@@ -21,9 +21,12 @@ from inferasim.catalog.models import (
     ModelConfigError,
     ModelSpec,
     UnknownModelError,
+    context_error,
     get_model,
     known_models,
 )
+from inferasim.cliargs import SHIPPED_ANCHORS, anchor_store, check_output_file, check_output_folder, fraction
+from inferasim.cliargs import positive_float as _positive_float
 from inferasim.cliargs import positive_int as _positive
 from inferasim.layout import Layout, LayoutError
 from inferasim.memory import plan_memory
@@ -158,12 +161,28 @@ def cmd_memory(args: argparse.Namespace) -> int:
 
 # ---- predict -----------------------------------------------------------------------------------
 
-ANCHOR_DIR = Path(__file__).resolve().parent.parent / "anchors"
+ANCHOR_DIR = SHIPPED_ANCHORS
 
 
-def _anchor_store(folders: Sequence[str] | None) -> AnchorStore:
-    dirs = [Path(f) for f in folders] if folders else [ANCHOR_DIR]
-    return AnchorStore(*dirs)
+def _anchor_store(folders: Sequence[str] | None, flag: str = "--anchors") -> AnchorStore:
+    try:
+        return anchor_store(folders, flag)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _usage(check: Any, flag: str, path: str) -> None:
+    """Run an output-path check, its ValueError as a usage error (exit 2)."""
+    try:
+        check(flag, path)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _refuse_beyond_context(model: ModelSpec, isl: int, osl: int) -> None:
+    error = context_error(model, isl, osl)
+    if error:
+        raise UsageError(f"--isl {isl} --osl {osl}: {error}")
 
 
 def _refuse_unservable(model: ModelSpec, gpu: GPU, layout: Layout, engine: str, precision: str,
@@ -190,6 +209,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     model = get_model(args.model)
     gpu = get_gpu(args.gpu)
     layout = _layout(args)
+    _refuse_beyond_context(model, args.isl, args.osl)
     if (args.concurrency is None) == (args.request_rate is None):
         raise UsageError("give exactly one of --concurrency N (closed loop) or --request-rate R (req/s)")
     from inferasim.predictor import benchmark_kv_dtype
@@ -198,6 +218,10 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if args.anchor:
         fitted = fitted_from_anchor(load_anchor(args.anchor))
         anchored = True
+        for what, want, got in (("engine", engine, fitted.engine), ("model", model.name, fitted.model.name),
+                                ("gpu", gpu.name, fitted.gpu.name)):
+            if want != got:
+                raise UsageError(f"--anchor {args.anchor} is for {what} {got}, not --{what} {want}")
     else:
         ks = KernelSet(engine=engine, engine_version=args.engine_version, model=args.model, gpu=args.gpu,
                        precision=args.precision if args.precision != "auto" else "", kv_dtype=kv_dtype)
@@ -236,6 +260,14 @@ def cmd_predict(args: argparse.Namespace) -> int:
         load = {"request_rate": args.request_rate}
         # Held against the anchor's concurrency sweep: the requests in flight at this rate.
         per_replica = max(int(round(float(r.running[0]))), 1)
+        if not stable:
+            # Beyond capacity the queue grows without bound: the output rate is what the replicas
+            # serve at their running cap, not the offered load, and TTFT has no steady value.
+            capacity = float(r.running[0]) / (ttft + (osl - 1) * tpot) * replicas
+            tput = capacity * osl
+            load["capacity_request_rate"] = round(capacity, 4)
+            print(f"note: {args.request_rate:g} req/s exceeds what this deployment serves ({capacity:.3g} req/s): "
+                  "the queue grows without bound; TTFT is unbounded", file=sys.stderr)
     extrap = fitted._extrapolation(per_replica, isl, osl) or not anchored
     spread = fitted._spread(extrap, layout, isl, osl, "tpot", concurrency=per_replica)
     spread_ttft = fitted._spread(extrap, layout, isl, osl, "ttft", concurrency=per_replica)
@@ -244,10 +276,11 @@ def cmd_predict(args: argparse.Namespace) -> int:
     out = {
         "model": model.name, "gpu": gpu.name, "engine": engine, "precision": fitted.precision,
         "layout": layout.as_dict(), "replicas": replicas, "gpus": gpus, "isl": isl, "osl": osl, **load,
-        "ttft_ms": ttft * 1e3, "tpot_ms": tpot * 1e3,
+        "ttft_ms": ttft * 1e3 if stable else None, "tpot_ms": tpot * 1e3,
         "throughput_tok_s": tput, "throughput_per_gpu": tput / gpus,
         "tokens_per_s_per_user": 1.0 / tpot if tpot > 0 else None,
-        "interval": {"ttft_ms": [ttft * 1e3 * math.exp(-spread_ttft), ttft * 1e3 * math.exp(spread_ttft)],
+        "interval": {"ttft_ms": [ttft * 1e3 * math.exp(-spread_ttft), ttft * 1e3 * math.exp(spread_ttft)]
+                     if stable else None,
                      "tpot_ms": [tpot * 1e3 * math.exp(-spread), tpot * 1e3 * math.exp(spread)]},
         "extrapolated": extrap, "stable": stable,
         "carries": fitted.carries(layout, isl, osl, per_replica),
@@ -257,7 +290,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     rows = [("deployment", f"{engine} {model.name} on {replicas}x{layout.label()} {gpu.name} ({gpus} GPUs)"),
             ("load", ", ".join(f"{k}={v}" for k, v in load.items()) + f", isl={isl}, osl={osl}"),
             ("TTFT (ms)", f"{out['ttft_ms']:.1f}  [{out['interval']['ttft_ms'][0]:.1f}, "
-                          f"{out['interval']['ttft_ms'][1]:.1f}]"),
+                          f"{out['interval']['ttft_ms'][1]:.1f}]" if stable else "unbounded (the queue grows)"),
             ("TPOT (ms)", f"{out['tpot_ms']:.2f}  [{out['interval']['tpot_ms'][0]:.2f}, "
                           f"{out['interval']['tpot_ms'][1]:.2f}]"),
             ("output tok/s", f"{tput:,.0f}"), ("tok/s per GPU", f"{tput / gpus:,.0f}"),
@@ -280,6 +313,14 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     # Repeated flags add up (--split-by engine --split-by gpu), as do comma lists; a key twice counts once.
     split_by = tuple(dict.fromkeys(s.strip() for flag in (args.split_by or []) for s in flag.split(",") if s.strip()))
+    _usage(check_output_folder, "--out", args.out)
+    try:
+        Path(args.out).mkdir(parents=True, exist_ok=True)  # now: a refusal after the scoring would lose it
+    except OSError as exc:
+        raise UsageError(f"--out {args.out}: cannot create the folder ({exc.strerror})") from None
+    for name in ("predictions.csv", "summary.json"):
+        if (Path(args.out) / name).is_dir():
+            raise UsageError(f"--out {args.out}: {name} there is a folder; give another --out")
     rows = load_rows(args.data)
     result = run_validation(rows, AnchoredPredictor(), rule=args.anchor_rule, split_by=split_by,
                             progress=_progress)
@@ -323,6 +364,13 @@ def cmd_validate(args: argparse.Namespace) -> int:
                     split_rows,
                     title=f"median APE by {split}"))
     print(f"wrote {out / 'predictions.csv'} and {out / 'summary.json'}")
+    c = s["counts"]
+    if c["scored_agg"] + c["scored_disagg"] == 0:
+        # Nothing scored is a failed check, not a perfect one: say why (the counts show where rows went).
+        print(f"inferasim validate: no row was scored: {c['rows']} rows read, {c['excluded_engine']} of an engine "
+              f"validate does not score, {c['excluded_mode']} of another mode, {c['anchor_rows']} anchor rows; "
+              "scoring needs at least two layouts or length pairs of one kernel set", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -363,7 +411,7 @@ def cmd_anchors(args: argparse.Namespace) -> int:
                 raise UsageError(f"--dir {folder!r} is not a folder of anchor JSON files")
     if args.action == "check":
         return _anchors_check(args)
-    store = _anchor_store(args.dir)
+    store = _anchor_store(args.dir, "--dir")
     if args.action == "list":
         items = store.all()
         data = [{"id": a.id, "file": a.filename(), "kernel_set": a.kernel_set.model_dump(),
@@ -400,8 +448,7 @@ def cmd_anchors(args: argparse.Namespace) -> int:
         if args.out and args.dir:
             raise UsageError("give the destination once: --out FOLDER (or --dir FOLDER), not both")
         out = Path(args.out) if args.out else Path(args.dir[0]) if args.dir else ANCHOR_DIR
-        if out.exists() and not out.is_dir():
-            raise UsageError(f"--out {str(out)!r} is a file; anchors build writes a folder of anchor JSON files")
+        _usage(check_output_folder, "--out" if args.out else "--dir", str(out))
         rows = filter_rows(load_rows(args.name))
         chosen = select_anchors(rows)
         built: list[Anchor] = []
@@ -471,7 +518,7 @@ def _anchors_check(args: argparse.Namespace) -> int:
         else:
             raise UsageError(f"anchors check: {args.name!r} is neither an anchor JSON file nor a folder of them")
     else:
-        store = _anchor_store(args.dir)
+        store = AnchorStore(*([Path(d) for d in args.dir] if args.dir else [ANCHOR_DIR]))  # its errors: below
         anchors, bad = [(str(p), a) for p, a in store.items()], store.errors()
     for err in bad:
         print(f"invalid: {err}", file=sys.stderr)
@@ -546,7 +593,7 @@ def _anchors_live(args: argparse.Namespace) -> int:
     if not windows:
         print(f"{cmd}: no request finished in the last {args.window or '5m'}: nothing to compare", file=sys.stderr)
         return 1
-    err = prediction_error(live, windows[-1], _anchor_store(args.dir), speedup=args.speedup)
+    err = prediction_error(live, windows[-1], _anchor_store(args.dir, "--dir"), speedup=args.speedup)
     rows = [(m, err.observed.get(m), err.predicted[m], err.relative.get(m)) for m in ("ttft", "itl", "throughput")]
     emit(err.as_dict(), args.output, table(["metric (ms, tok/s)", "observed", "predicted", "relative error"], rows))
     if err.exceeds(args.threshold):
@@ -633,7 +680,9 @@ def _tune_table(result: Any) -> str:
     lines.append(table(headers, rows, title="Short list (best first)"))
     rec = d["recommendation"]
     if rec:
-        lines += ["", f"Recommendation: {rec['engine']} {rec['precision']} {rec['layout_label']} x{rec['replicas']} "
+        head = "Recommendation" if rec["meets_slo"] else \
+            f"No deployment within {result.spec.hardware.max_gpus} GPUs meets the SLO. Closest"
+        lines += ["", f"{head}: {rec['engine']} {rec['precision']} {rec['layout_label']} x{rec['replicas']} "
                       f"({rec['gpus']} GPUs), max_num_seqs {rec['max_num_seqs']}, "
                       f"max_num_batched_tokens {rec['max_num_batched_tokens']}: "
                       f"{rec['predicted']['throughput_per_gpu_at_slo']:,.0f} tok/s/GPU at the SLO"
@@ -717,6 +766,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from inferasim.spec import load_spec
 
     spec = load_spec(args.spec)
+    for flag, path in (("--plot", args.plot), ("--manifest", args.manifest)):
+        if path is not None:
+            _usage(check_output_file, flag, path)  # before the search, not after it
+    _anchor_store(args.anchors)  # a missing folder is refused, unreadable files named
     dirs = [Path(d) for d in args.anchors] if args.anchors else None
     propose_with = (args.propose_endpoint, args.propose_model) if args.propose_endpoint else None
     result = tune(spec, anchor_dirs=dirs, progress=None if args.output != "table" else _stage_progress,
@@ -736,6 +789,12 @@ def cmd_tune(args: argparse.Namespace) -> int:
             print(f"Pareto plot written to {args.plot}")
         if args.manifest:
             print(f"Deployment manifest written to {args.manifest}")
+    rec = result.recommendation
+    if rec is None or not rec.meets_slo:
+        # A pipeline must not roll out a deployment that misses the SLO: exit 1, the result printed.
+        print("inferasim tune: no deployment meets the SLO (relax objective.slo, raise hardware.maxGPUs, or "
+              "allow more engines/precisions)", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -762,6 +821,7 @@ def cmd_advise(args: argparse.Namespace) -> int:
     from inferasim.search.advisor import advise_batch
 
     layout = _layout(args)
+    _refuse_beyond_context(get_model(args.model), args.isl, args.osl)
     fitted, anchored = _fitted_for(args, layout)
     adv = advise_batch(fitted, args.isl, args.osl, args.itl_p90_ms, args.max_loss, layout=layout)
     d = adv.as_dict()
@@ -792,6 +852,7 @@ def cmd_mix(args: argparse.Namespace) -> int:
             f"{'.'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in exc.errors())) from None
     except yaml.YAMLError as exc:
         raise UsageError(f"{args.plan} is not valid YAML: {exc}") from None
+    _anchor_store(args.anchors)  # a missing folder is refused, unreadable files named
     dirs = [Path(d) for d in args.anchors] if args.anchors else None
     plan = plan_mix(spec, anchor_dirs=dirs)
     rows = [(a.tier, a.model, a.gpus, a.entry["engine"] if a.entry else "-",
@@ -862,7 +923,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--engine", default="vllm", help=f"one of {', '.join(ENGINES)}")
     p.add_argument("--precision", choices=PRECISIONS, default="auto")
     p.add_argument("--kv-cache-dtype", default="auto", help="auto, bf16, fp8")
-    p.add_argument("--memory-fraction", type=float, default=None,
+    p.add_argument("--memory-fraction", type=fraction("memory-fraction"), default=None,
                    help="gpu_memory_utilization / mem_fraction_static (default: the engine's own)")
     p.add_argument("--context", type=_positive("context"), default=None,
                    help="also report how many sequences of this length fit")
@@ -880,7 +941,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--isl", type=_positive("isl"), required=True, help="input tokens per request")
     p.add_argument("--osl", type=_positive("osl"), required=True, help="output tokens per request")
     p.add_argument("--concurrency", type=_positive("concurrency"), default=None, help="closed-loop clients")
-    p.add_argument("--request-rate", type=float, default=None, help="Poisson arrivals, requests/s")
+    p.add_argument("--request-rate", type=_positive_float("request-rate"), default=None,
+                   help="Poisson arrivals, requests/s")
     p.add_argument("--replicas", type=_positive("replicas"), default=1)
     p.add_argument("--anchor", default=None, help="an anchor JSON file to use")
     p.add_argument("--anchors", action="append", default=None, help="anchor folder(s) (default: anchors/)")
@@ -915,13 +977,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--step", default="1m", help="fit-live: one window per step (default 1m)")
     p.add_argument("--end", default=None, help="fit-live, drift: end of the range, Unix seconds or ISO 8601 "
                                                "(default: now)")
-    p.add_argument("--speedup", type=float, default=1.0,
+    p.add_argument("--speedup", type=_positive_float("speedup"), default=1.0,
                    help="drift: engine seconds per wall second (the emulator's --speedup; 1 for real engines)")
     p.add_argument("--out", default=None, help="fit-live: anchor folder, file, or - for stdout (default -); "
                                                "build: the folder to write (default: --dir, else anchors/)")
     p.add_argument("--replace", action="store_true",
                    help="build: replace anchors of the same kernel set and layout that fit differently")
-    p.add_argument("--threshold", type=float, default=0.25,
+    p.add_argument("--threshold", type=_positive_float("threshold"), default=0.25,
                    help="drift: exit 1 when a relative error exceeds this fraction (default 0.25)")
     _add_output(p)
     p.set_defaults(func=cmd_anchors)
@@ -944,8 +1006,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--precision", default="auto")
     p.add_argument("--isl", type=_positive("isl"), required=True)
     p.add_argument("--osl", type=_positive("osl"), required=True)
-    p.add_argument("--itl-p90-ms", type=float, required=True, help="latency target: p90 inter-token latency")
-    p.add_argument("--max-loss", type=float, default=0.05, help="throughput share one may give up (default 5%%)")
+    p.add_argument("--itl-p90-ms", type=_positive_float("itl-p90-ms"), required=True,
+                   help="latency target: p90 inter-token latency")
+    p.add_argument("--max-loss", type=fraction("max-loss", zero=True), default=0.05,
+                   help="throughput share one may give up (default 5%%)")
     p.add_argument("--anchor", default=None)
     p.add_argument("--anchors", action="append", default=None)
     _add_layout(p)

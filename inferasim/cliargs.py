@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import argparse
 import math
-from collections.abc import Callable
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from inferasim.anchors import AnchorStore
 
 
 def positive_int(name: str) -> Callable[[str], int]:
@@ -31,3 +36,69 @@ def positive_float(name: str) -> Callable[[str], float]:
         return value
 
     return parse
+
+
+def fraction(name: str, zero: bool = False) -> Callable[[str], float]:
+    """A share: within (0, 1], or [0, 1) with `zero` (a share one may give up)."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"--{name} must be a fraction, got {text!r}") from None
+        ok = 0.0 <= value < 1.0 if zero else 0.0 < value <= 1.0
+        if not ok:
+            span = "[0, 1)" if zero else "(0, 1]"
+            raise argparse.ArgumentTypeError(f"--{name} must be within {span}, got {text}")
+        return value
+
+    return parse
+
+
+# The anchors shipped beside the package (a checkout or an editable install).
+SHIPPED_ANCHORS = Path(__file__).resolve().parent.parent / "anchors"
+
+
+def anchor_store(folders: Sequence[str | Path] | None, flag: str = "--anchors") -> AnchorStore:
+    """The anchor store a command reads: `folders` as given (each must be a folder: a typo is not
+    an empty store), else the shipped anchors. Files that cannot be read are named on stderr,
+    not skipped silently."""
+    if folders:
+        for folder in folders:
+            if not Path(folder).is_dir():
+                raise ValueError(f"{flag} {str(folder)!r} is not a folder of anchor JSON files")
+    store = AnchorStore(*([Path(f) for f in folders] if folders else [SHIPPED_ANCHORS]))
+    for err in store.errors():
+        print(f"note: skipped an unreadable anchor file: {err}", file=sys.stderr)
+    return store
+
+
+def check_output_file(flag: str, path: str) -> None:
+    """ValueError naming `flag`, before any long work, unless `path` can be written as a file: not
+    a folder, in an existing folder one may write into."""
+    if not path:
+        raise ValueError(f"{flag} names no file")
+    p = Path(path)
+    if p.is_dir():
+        raise ValueError(f"{flag} {path} is a folder; give a file name")
+    parent = p.parent
+    if not parent.is_dir():
+        raise ValueError(f"{flag} {path}: folder {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        raise ValueError(f"{flag} {path}: not writable")
+
+
+def check_output_folder(flag: str, path: str) -> None:
+    """ValueError naming `flag` unless `path` is a folder one may write into, or can be created
+    as one (its nearest existing ancestor a writable folder)."""
+    if not path:
+        raise ValueError(f"{flag} names no folder")
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise ValueError(f"{flag} {path} is a file; give a folder")
+    probe = p
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ValueError(f"{flag} {path}: {probe} is a file, not a folder")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag} {path}: cannot write under {probe} (not writable)")

@@ -85,6 +85,23 @@ class StepParams:
         return cls(**known)
 
 
+def param_error(name: str, value: object) -> str | None:
+    """Why `value` cannot be step-time parameter `name` (None when it can): an unknown name, not a
+    finite number, an efficiency outside (0, 1] of peak, or a negative time or factor. Looser than
+    the fit's PARAM_BOUNDS on purpose: a stored anchor or an emulator may go beyond what a fit picks,
+    but never where the step model stops meaning anything (a zero efficiency divides by zero, a
+    negative host cost gives negative latencies)."""
+    if name not in StepParams.__dataclass_fields__:
+        return f"unknown step-time parameter {name!r}; known: {', '.join(StepParams.__dataclass_fields__)}"
+    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
+        return f"{name} must be a number, got {value!r}"
+    if name.startswith("e_") and not 0.0 < value <= 1.0:
+        return f"{name}={value} must be within (0, 1] (a fraction of the GPU's peak)"
+    if value < 0 or (name == "kv_scale" and value == 0):
+        return f"{name}={value} must be positive"
+    return None
+
+
 # Bounds of the fit: efficiencies in (0, 1] of peak, host costs within what engines show.
 PARAM_BOUNDS: dict[str, tuple[float, float]] = {
     "t_fixed": (2e-4, 6e-2),

@@ -234,6 +234,10 @@ class _RowReader:
         return int(number)
 
     def layout_field(self, col: str) -> int:
+        # The public data writes 0 for an unused attention-dp or MoE dimension; a deployment has
+        # at least one tensor- and one pipeline-parallel rank, so 0 there is an error, not a 1.
+        if col in ("tp_size", "pp_size"):
+            return self.integer(col, empty=1, minimum=1, accepted="a positive integer (empty reads as 1)") or 1
         accepted = "a non-negative integer (0 or empty reads as 1)"
         value = self.integer(col, empty=1, minimum=0, accepted=accepted)
         return 1 if not value else value
@@ -246,11 +250,11 @@ class _RowReader:
             try:
                 number = float(text)
             except ValueError:
-                raise self.error(col, text, "a non-negative number or empty") from None
+                raise self.error(col, text, "a positive number, or empty (or NaN) when not measured") from None
             if math.isnan(number):
-                return None
-            if number < 0 or math.isinf(number):
-                raise self.error(col, text, "a non-negative number or empty")
+                return None  # NaN is how data frames write a missing value
+            if number <= 0 or math.isinf(number):
+                raise self.error(col, text, "a positive number, or empty (or NaN) when not measured")
             return number
         return None
 

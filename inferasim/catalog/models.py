@@ -906,6 +906,16 @@ def _load_known(hf_id: str) -> ModelSpec:
                              source=f"inferasim/catalog/configs/{path.name}")
 
 
+def context_error(model: ModelSpec, prompt: float, output: float) -> str | None:
+    """Why a request of `prompt` + `output` tokens cannot run on `model` (None when it can): the
+    engines refuse one beyond the model's context (max_position_embeddings)."""
+    need = prompt + output
+    if model.max_context > 0 and need > model.max_context:
+        return (f"prompt + output = {need:.0f} tokens exceeds {model.name}'s context of {model.max_context} "
+                "tokens (max_position_embeddings)")
+    return None
+
+
 def get_model(name_or_path: str | Path) -> ModelSpec:
     """A ModelSpec by Hugging Face id / alias, or from a config.json path (a file, or a folder
     holding config.json)."""

@@ -44,7 +44,7 @@ from inferasim.emulator.engine import (
 )
 from inferasim.emulator.metrics import EngineMetrics
 from inferasim.emulator.timing import VirtualClock, new_event_loop
-from inferasim.steptime import StepParams
+from inferasim.steptime import StepParams, param_error
 
 MAX_HEADER_BYTES = 256 * 1024
 MAX_BODY_BYTES = 64 * 1024 * 1024
@@ -605,14 +605,9 @@ def merge_params(current: StepParams, values: dict[str, Any]) -> StepParams:
         raise ApiError(400, f"unknown step-time parameters {unknown}; known: {sorted(known)}", unknown[0])
     clean: dict[str, float] = {}
     for name, value in values.items():
-        if not isinstance(value, int | float) or isinstance(value, bool) or not np.isfinite(value):
-            raise ApiError(400, f"{name} must be a number, got {value!r}", name)
-        # Efficiencies are fractions of peak; everything else is a non-negative time or factor.
-        # (The fit's PARAM_BOUNDS are narrower on purpose; an emulator may go beyond them.)
-        if name.startswith("e_") and not 0.0 < value <= 1.0:
-            raise ApiError(400, f"{name}={value} must be within (0, 1] (a fraction of the GPU's peak)", name)
-        if value < 0 or (name == "kv_scale" and value == 0):
-            raise ApiError(400, f"{name}={value} must be positive", name)
+        error = param_error(name, value)  # the rule stored anchors follow too
+        if error:
+            raise ApiError(400, error, name)
         clean[name] = float(value)
     return replace(current, **clean)
 

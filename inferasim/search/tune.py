@@ -14,7 +14,7 @@ from typing import Any
 
 from inferasim.anchors import Anchor, AnchorStore, method_rank
 from inferasim.catalog.gpus import GPU, get_gpu
-from inferasim.catalog.models import ModelSpec, get_model, normalize_precision, resolve_model_name
+from inferasim.catalog.models import ModelSpec, context_error, get_model, normalize_precision, resolve_model_name
 from inferasim.predictor import FittedAnchor, benchmark_kv_dtype, fitted_from_anchor, unanchored
 from inferasim.search.estimate import Estimate, estimate_disagg, estimate_group, operate
 from inferasim.search.select import (
@@ -306,6 +306,10 @@ def tune(spec: TuningSpec, anchor_dirs: list[Path] | None = None, progress: Prog
         raise ValueError("workload: tune reads `static` workloads here; `prometheus` workloads are observed by "
                          "the operator (or `inferasim observe`) and `trace` workloads by `inferasim simulate`")
     w = shape_of(spec.workload.static)
+    beyond = context_error(model, w.isl, w.osl)
+    if beyond:
+        raise ValueError(f"workload.static: {beyond}; shorten inputTokens / outputTokens (or pick a longer-context "
+                         "model)")
     precisions = [normalize_precision(p) for p in spec.precision]
     precisions = [model.checkpoint_format if p == "auto" else p for p in precisions]
     precisions = ["fp4" if p == "nvfp4" else p for p in precisions]

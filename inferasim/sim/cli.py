@@ -20,12 +20,13 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from inferasim.cliargs import SHIPPED_ANCHORS, anchor_store, check_output_file
 from inferasim.cliargs import positive_float as _positive_float
 from inferasim.cliargs import positive_int as _positive
 from inferasim.output import OUTPUT_FORMATS, emit
 from inferasim.spec import StaticWorkload, TraceWorkload
 
-ANCHOR_DIR = Path(__file__).resolve().parent.parent.parent / "anchors"
+ANCHOR_DIR = SHIPPED_ANCHORS
 
 
 def add_cli(subparsers: Any) -> None:
@@ -113,7 +114,7 @@ def load_workload(path: str | Path) -> StaticWorkload | TraceWorkload:
 def resolve_fitted(args: argparse.Namespace, layout: Any) -> tuple[Any, bool, str]:
     """Step-time parameters: --anchor FILE, else the store's best anchor of (engine, model, GPU,
     precision), else measurement-free defaults (with a note)."""
-    from inferasim.anchors import AnchorStore, load_anchor
+    from inferasim.anchors import load_anchor
     from inferasim.catalog.engines import normalize_engine
     from inferasim.catalog.gpus import get_gpu
     from inferasim.catalog.models import get_model, normalize_precision
@@ -132,8 +133,7 @@ def resolve_fitted(args: argparse.Namespace, layout: Any) -> tuple[Any, bool, st
             if want != got:
                 raise ValueError(f"--anchor {args.anchor} is for {what} {got}, not --{what} {want}")
         return fitted, True, fitted.anchor_id
-    dirs = [Path(d) for d in args.anchors] if args.anchors else [ANCHOR_DIR]
-    anchor = _anchor_for(AnchorStore(*dirs), engine, model, gpu, precision)
+    anchor = _anchor_for(anchor_store(args.anchors), engine, model, gpu, precision)
     if anchor is not None:
         return fitted_from_anchor(anchor), True, anchor.id
     fitted = unanchored(engine, model, gpu, precision, layout, args.engine_version, kv_dtype=kv)
@@ -172,9 +172,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     layout = Layout(tp=args.tp, pp=args.pp, dp=args.dp, moe_ep=args.ep)
     if args.plot:
         check_plotting()
-        check_output_path("--plot", args.plot)
+        check_output_file("--plot", args.plot)
     if args.requests_out:
-        check_output_path("--requests-out", args.requests_out)
+        check_output_file("--requests-out", args.requests_out)
     if args.host_kv_gb < 0 or not math.isfinite(args.host_kv_gb):
         raise ValueError(f"--host-kv-gb must be >= 0, got {args.host_kv_gb}")
     if args.disagg and args.replicas != 1:
@@ -227,16 +227,6 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.plot and args.output == "table":
         print(f"plot written to {args.plot}")
     return 0
-
-
-def check_output_path(option: str, path: str) -> None:
-    """Refuse, before a long run, a file that could not be written afterwards (its folder missing)."""
-    p = Path(path)
-    if p.is_dir():
-        raise ValueError(f"{option} {path} is a folder; give a file name")
-    parent = p.parent
-    if not parent.is_dir():
-        raise ValueError(f"{option} {path}: folder {parent} does not exist")
 
 
 # -- plot ------------------------------------------------------------------------------------------

@@ -44,7 +44,7 @@ def make_anchor(
             BenchPoint(isl=isl, osl=osl, concurrency=c, ttft_ms=50.0 + c, tpot_ms=10 + c / 8, row_id=f"r{c}")
             for c in concurrencies
         ],
-        params={"t_fixed_ms": 3.5, "bw_eff": 0.8},
+        params={"t_fixed": 3.5e-3, "e_bw": 0.8},
         provenance=Provenance(method="synthetic", source="tests/unit/test_anchors.py", rows=["r1"]),
     )
 
@@ -269,6 +269,36 @@ def test_schema_error_names_file_and_field(tmp_path: Path) -> None:
     assert "points[1].ttft_ms" in text and "-3.0" in text
     assert "kernel_set.gpu is missing" in text
     assert "layout.tpp is not part of the anchor schema" in text
+
+
+@pytest.mark.parametrize(("name", "value", "says"), [
+    ("t_fixed", -1.0, "t_fixed=-1.0 must be positive"),
+    ("e_bw", 0.0, "e_bw=0.0 must be within (0, 1]"),
+    ("e_flops", 1.5, "e_flops=1.5 must be within (0, 1]"),
+    ("kv_scale", 0.0, "kv_scale=0.0 must be positive"),
+    ("t_fixx", 0.004, "unknown step-time parameter 't_fixx'; known: t_fixed"),
+])
+def test_unusable_parameters_are_refused_naming_the_field(tmp_path: Path, name: str, value: float,
+                                                          says: str) -> None:
+    """An anchor whose parameters would give negative latencies, divide by zero or be silently
+    ignored is refused when read, naming the parameter and the rule."""
+    data = make_anchor().model_dump(mode="json")
+    data["params"] = {"t_fixed": 0.004, "e_bw": 0.8, name: value}
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(AnchorFileError) as info:
+        load_anchor(path)
+    assert "params" in str(info.value) and says in str(info.value)
+
+
+def test_non_finite_parameter_refused(tmp_path: Path) -> None:
+    data = make_anchor().model_dump(mode="json")
+    path = tmp_path / "n.json"
+    data["params"]["e_bw"] = float("nan")
+    path.write_text(json.dumps(data))  # json writes NaN, as Python's json reads it
+    assert '"e_bw": NaN' in path.read_text()
+    with pytest.raises(AnchorFileError, match="e_bw must be a number"):
+        load_anchor(path)
 
 
 def test_schema_error_for_metric_less_point_names_the_point(tmp_path: Path) -> None:

@@ -8,6 +8,9 @@ import sys
 
 import pytest
 
+PREDICT = ("predict", "--model", "meta-llama/Llama-3.1-70B", "--engine", "vllm", "--precision", "fp8", "--gpu",
+           "h100_sxm", "--tp", "2", "--isl", "1024", "--osl", "1024")
+
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "inferasim.cli", *args], capture_output=True, text=True,
@@ -41,6 +44,16 @@ def test_models_list_and_gpus_table() -> None:
     (("memory", "--model", "meta-llama/Llama-3.1-8B", "--gpu", "h100", "--engine", "trtllm"), "vllm"),
     (("memory", "--model", "meta-llama/Llama-3.1-8B", "--gpu", "h100", "--tp", "0"), "--tp"),
     (("memory", "--model", "meta-llama/Llama-3.1-8B", "--gpu", "h100", "--tp", "4", "--ep", "3"), "moe_ep"),
+    (("memory", "--model", "meta-llama/Llama-3.1-8B", "--gpu", "h100", "--memory-fraction", "1.5"),
+     "--memory-fraction must be within (0, 1]"),
+    (PREDICT + ("--request-rate", "-1"), "--request-rate must be a positive number"),
+    (PREDICT + ("--request-rate", "nan"), "--request-rate must be a positive number"),
+    (PREDICT + ("--concurrency", "8", "--isl", "200000"), "exceeds meta-llama/Meta-Llama-3.1-70B's context of 131072"),
+    (PREDICT + ("--concurrency", "8", "--anchors", "/no/such/folder"), "--anchors '/no/such/folder' is not a folder"),
+    (PREDICT + ("--concurrency", "8", "--anchor", "anchors/sglang-zhipuai--glm-5-b200_sxm-fp8-tp8-22605d.json"),
+     "is for engine sglang, not --engine vllm"),
+    (("advise", "--model", "meta-llama/Llama-3.1-70B", "--gpu", "h100", "--tp", "2", "--isl", "1024", "--osl",
+      "128", "--itl-p90-ms", "40", "--max-loss", "1"), "--max-loss must be within [0, 1)"),
 ])
 def test_bad_input_exit_2_with_named_field(args: tuple[str, ...], needle: str) -> None:
     r = run(*args)
@@ -86,3 +99,66 @@ def test_python_dash_m_inferasim_is_the_cli() -> None:
     r = subprocess.run([sys.executable, "-m", "inferasim", "memory", "--model", "x", "--gpu", "h100"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "unknown model" in r.stderr
+
+
+def test_predict_beyond_capacity_reports_capacity_not_the_offered_load() -> None:
+    """A request rate the deployment cannot serve: the queue grows, so TTFT has no steady value and
+    the output rate is what the replica serves, not the rate asked for (was: 25,600 tok/s offered
+    reported as throughput, 15x the closed-loop figure)."""
+    r = run(*PREDICT, "--request-rate", "50", "-o", "json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["stable"] is False and d["ttft_ms"] is None and "queue grows" in r.stderr
+    capacity = d["capacity_request_rate"]
+    assert 0 < capacity < 50 and d["throughput_tok_s"] == pytest.approx(capacity * 1024, rel=1e-3)
+    busy = json.loads(run(*PREDICT, "--concurrency", "64", "-o", "json").stdout)
+    assert d["throughput_tok_s"] < 3 * busy["throughput_tok_s"]
+
+
+def test_anchor_folder_with_an_unreadable_file_is_named(tmp_path) -> None:
+    (tmp_path / "broken.json").write_text("{")
+    r = run(*PREDICT, "--concurrency", "8", "--anchors", str(tmp_path))
+    assert r.returncode == 0 and "skipped an unreadable anchor file" in r.stderr and "broken.json" in r.stderr
+
+
+def test_validate_refuses_bad_outputs_and_values_before_scoring(tmp_path) -> None:
+    from pathlib import Path
+
+    data = Path(__file__).resolve().parents[3] / "shared" / "data" / "aic-silicon" / "silicon_dev.csv"
+    if not data.exists():
+        pytest.skip("shared data not present")
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    r = run("validate", str(data), "--out", str(afile))
+    assert r.returncode == 2 and "--out" in r.stderr and "is a file" in r.stderr and "Traceback" not in r.stderr
+    lines = data.read_text(encoding="utf-8").splitlines()
+    header = lines[0].split(",")
+    (tmp_path / "head.csv").write_text(lines[0] + "\n")
+    r = run("validate", str(tmp_path / "head.csv"), "--out", str(tmp_path / "o1"))
+    assert r.returncode == 1 and "no row was scored" in r.stderr
+    for col, value, says in (("silicon_tpot_ms", "0", "a positive number"), ("tp_size", "0", "a positive integer")):
+        row = lines[1].split(",")
+        row[header.index(col)] = value
+        (tmp_path / "bad.csv").write_text(lines[0] + "\n" + ",".join(row) + "\n")
+        r = run("validate", str(tmp_path / "bad.csv"), "--out", str(tmp_path / "o2"))
+        assert r.returncode == 2 and f"column '{col}'" in r.stderr and says in r.stderr, r.stderr
+
+
+def test_tune_checks_outputs_first_and_fails_when_nothing_meets_the_slo(tmp_path) -> None:
+    import yaml
+
+    spec = {"model": "meta-llama/Meta-Llama-3.1-8B", "precision": ["bf16"],
+            "hardware": {"gpu": "H100", "gpusPerNode": 8, "maxGPUs": 2}, "engines": ["vllm"],
+            "objective": {"maximize": "throughputPerGPU", "slo": {"ttftP90Ms": 1500, "itlP90Ms": 0.001}},
+            "workload": {"static": {"kind": "poisson", "requestRate": 4, "inputTokens": 1024, "outputTokens": 256}}}
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    r = run("tune", str(path), "--plot", str(tmp_path / "missing" / "p.png"))
+    assert r.returncode == 2 and "--plot" in r.stderr and "does not exist" in r.stderr
+    r = run("tune", str(path))
+    assert r.returncode == 1 and "no deployment meets the SLO" in r.stderr
+    assert "No deployment within 2 GPUs meets the SLO. Closest:" in r.stdout
+    spec["workload"]["static"]["inputTokens"] = 10_000_000
+    path.write_text(yaml.safe_dump(spec))
+    r = run("tune", str(path))
+    assert r.returncode == 2 and "workload.static" in r.stderr and "context" in r.stderr
