@@ -190,6 +190,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         driver = Driver(load_trace(args.trace, args.format, args.time_scale, args.sample))
         source = f"trace {args.trace}"
     else:
+        # The trace options mean nothing to a generated workload: refused, not ignored.
+        given = [flag for flag, value, default in (("--format", args.format, "auto"), ("--time-scale", args.time_scale,
+                 1.0), ("--sample", args.sample, None)) if value != default]
+        if given:
+            raise ValueError(f"{', '.join(given)} apply to --trace only; a --workload sets its own requests, rate "
+                             "and lengths (numRequests, requestRate, inputTokens, ...)")
         w = load_workload(args.workload)
         driver = driver_for(w, args.seed)
         source = f"workload {args.workload}"
@@ -226,6 +232,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     emit(data, args.output, head + "\n\n" + report.table())
     if args.plot and args.output == "table":
         print(f"plot written to {args.plot}")
+    if data.get("completed") == 0:
+        # Every request dropped (too long for the model or the KV pool): a failed run, not a fast one.
+        reasons = "; ".join(f"{n} x {why}" for why, n in (data.get("dropped_reasons") or {}).items())
+        print(f"inferasim simulate: no request completed ({data.get('dropped', '?')} dropped: {reasons or '?'})",
+              file=sys.stderr)
+        return 1
     return 0
 
 

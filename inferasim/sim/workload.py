@@ -116,13 +116,24 @@ def _unreadable(p: Path, exc: BaseException) -> WorkloadError:
     return WorkloadError(f"trace file {p} cannot be read: {exc}{hint}")
 
 
+def _tokens(value: object) -> int:
+    """A token count of a trace record: a whole number >= 1 (ValueError otherwise). Read strictly:
+    100.7 or -100 tokens is a broken trace, not a request of 100 or 1 tokens."""
+    if isinstance(value, bool):
+        raise ValueError(value)
+    number = float(value) if isinstance(value, int | float) else float(str(value).strip())
+    if not math.isfinite(number) or number != int(number) or number < 1:
+        raise ValueError(value)
+    return int(number)
+
+
 def _mooncake_error(d: object, p: Path, lineno: int) -> WorkloadError:
     """Why record `d` is not a Mooncake record, naming the field (only called once reading it failed)."""
     where = f"{p}:{lineno}"
     if not isinstance(d, dict):
         return WorkloadError(f"{where}: a Mooncake record is a JSON object with timestamp, input_length, "
                              f"output_length and hash_ids, got {type(d).__name__}")
-    for name, conv in (("timestamp", float), ("input_length", int), ("output_length", int)):
+    for name, conv in (("timestamp", float), ("input_length", _tokens), ("output_length", _tokens)):
         if name not in d:
             return WorkloadError(f"{where}: Mooncake record without field {name!r}")
         try:
@@ -130,7 +141,8 @@ def _mooncake_error(d: object, p: Path, lineno: int) -> WorkloadError:
         except (ValueError, TypeError, OverflowError):
             ok = False
         if not ok:
-            return WorkloadError(f"{where}: field {name!r} must be a finite number, got {d[name]!r}")
+            what = "a finite number" if name == "timestamp" else "a whole number of tokens >= 1"
+            return WorkloadError(f"{where}: field {name!r} must be {what}, got {d[name]!r}")
     return WorkloadError(f"{where}: field 'hash_ids' must be a list of integers, got {d.get('hash_ids')!r}")
 
 
@@ -166,8 +178,8 @@ def load_mooncake(path: str | Path, time_scale: float = 1.0, sample: int | None 
             raise WorkloadError(f"{p}:{lineno}: not a JSON line ({exc})") from None
         try:
             ts = float(d["timestamp"]) / 1e3
-            isl = int(d["input_length"])
-            osl = int(d["output_length"])
+            isl = _tokens(d["input_length"])
+            osl = _tokens(d["output_length"])
             if not math.isfinite(ts):
                 raise ValueError("timestamp")
             hids = d.get("hash_ids") or []
@@ -181,11 +193,10 @@ def load_mooncake(path: str | Path, time_scale: float = 1.0, sample: int | None 
                 if ids is None:
                     ids = chain_keys(hids)
                     cache[key] = ids
-                id_tokens = min(max(isl, 1), MOONCAKE_BLOCK * len(hids))
+                id_tokens = min(isl, MOONCAKE_BLOCK * len(hids))
         except (ValueError, KeyError, TypeError, AttributeError, OverflowError):
             raise _mooncake_error(d, p, lineno) from None
-        reqs.append(SimRequest(len(reqs), ts * time_scale, max(isl, 1), max(osl, 1), ids, MOONCAKE_BLOCK,
-                               id_tokens))
+        reqs.append(SimRequest(len(reqs), ts * time_scale, isl, osl, ids, MOONCAKE_BLOCK, id_tokens))
     return _sorted(reqs)
 
 
@@ -206,9 +217,9 @@ def _azure_error(rec: dict[str, str], p: Path, lineno: int) -> WorkloadError:
                              f"got {rec['TIMESTAMP']!r}")
     for name in ("ContextTokens", "GeneratedTokens"):
         try:
-            int(rec[name])
+            _tokens(rec[name])
         except (ValueError, TypeError):
-            return WorkloadError(f"{where}: column {name} must be an integer, got {rec[name]!r}")
+            return WorkloadError(f"{where}: column {name} must be a whole number of tokens >= 1, got {rec[name]!r}")
     return WorkloadError(f"{where}: bad Azure record")
 
 
@@ -226,8 +237,8 @@ def load_azure(path: str | Path, time_scale: float = 1.0, sample: int | None = N
                 if sample is not None and len(rows) >= sample:
                     break
                 try:
-                    rows.append((_azure_time(rec["TIMESTAMP"]), int(rec["ContextTokens"]),
-                                 int(rec["GeneratedTokens"])))
+                    rows.append((_azure_time(rec["TIMESTAMP"]), _tokens(rec["ContextTokens"]),
+                                 _tokens(rec["GeneratedTokens"])))
                 except (ValueError, TypeError, AttributeError):
                     raise _azure_error(rec, p, lineno) from None
         except UnicodeDecodeError as exc:
@@ -240,7 +251,7 @@ def load_azure(path: str | Path, time_scale: float = 1.0, sample: int | None = N
     if not rows:
         return []
     t0 = min(r[0] for r in rows)
-    reqs = [SimRequest(i, (t - t0) * time_scale, max(isl, 1), max(osl, 1)) for i, (t, isl, osl) in enumerate(rows)]
+    reqs = [SimRequest(i, (t - t0) * time_scale, isl, osl) for i, (t, isl, osl) in enumerate(rows)]
     return _sorted(reqs)
 
 

@@ -82,7 +82,17 @@ def test_bad_input_exits_2_naming_the_field_without_a_traceback(tmp_path, capsys
     bad, ok = tmp_path / "bad.yaml", tmp_path / "ok.yaml"
     bad.write_text("kind: poisson\nrequestRate: 0\n")
     ok.write_text("kind: closed\nconcurrency: 2\nnumRequests: 2\n")
+    neg, frac, azure = tmp_path / "neg.jsonl", tmp_path / "frac.jsonl", tmp_path / "a.csv"
+    neg.write_text('{"timestamp": 0, "input_length": -100, "output_length": 10}\n')
+    frac.write_text('{"timestamp": 0, "input_length": 100, "output_length": 100.7}\n')
+    azure.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68,0,10\n")
     cases = [(["--trace", str(trace)], "t.jsonl:1: field 'output_length'"),
+             (["--trace", str(neg)], "field 'input_length' must be a whole number of tokens >= 1, got -100"),
+             (["--trace", str(frac)], "field 'output_length' must be a whole number of tokens >= 1, got 100.7"),
+             (["--trace", str(azure)], "column ContextTokens must be a whole number of tokens >= 1, got '0'"),
+             (["--workload", str(ok), "--sample", "3"], "--sample apply to --trace only"),
+             (["--workload", str(ok), "--time-scale", "0.5", "--format", "azure"],
+              "--format, --time-scale apply to --trace only"),
              (["--trace", str(tmp_path)], "is not a file"),
              (["--workload", str(bad)], "requestRate"),
              (["--workload", str(ok), "--disagg", "1-2"], "disagg"),
@@ -177,3 +187,9 @@ def test_full_mooncake_replay_completes(shared_data) -> None:  # noqa: ANN001
     wall = time.perf_counter() - t0
     assert len(rep.completed) == 12031
     print(f"Mooncake replay: {wall:.2f} s wall")
+
+
+def test_a_run_where_every_request_is_dropped_fails_with_the_reason(tmp_path, capsys) -> None:  # noqa: ANN001
+    too_long = _yaml(tmp_path, "kind: closed\nconcurrency: 2\nnumRequests: 4\ninputTokens: 200000\noutputTokens: 8\n")
+    code, _, err = _run(["simulate", *MODEL, "--workload", too_long], capsys)
+    assert code == 1 and "no request completed (" in err and "x context length" in err
