@@ -116,15 +116,21 @@ def _unreadable(p: Path, exc: BaseException) -> WorkloadError:
     return WorkloadError(f"trace file {p} cannot be read: {exc}{hint}")
 
 
-def _tokens(value: object) -> int:
-    """A token count of a trace record: a whole number >= 1 (ValueError otherwise). Read strictly:
-    100.7 or -100 tokens is a broken trace, not a request of 100 or 1 tokens."""
+def _tokens(value: object, minimum: int = 1) -> int:
+    """A token count of a trace record: a whole number >= `minimum` (ValueError otherwise). Read
+    strictly: 100.7 or -100 tokens is a broken trace, not a request of 100 or 1 tokens."""
     if isinstance(value, bool):
         raise ValueError(value)
     number = float(value) if isinstance(value, int | float) else float(str(value).strip())
-    if not math.isfinite(number) or number != int(number) or number < 1:
+    if not math.isfinite(number) or number != int(number) or number < minimum:
         raise ValueError(value)
     return int(number)
+
+
+def _output_tokens(value: object) -> int:
+    """An output count: 0 (a request cut off at its first token) runs as the one token every
+    engine emits; negative or fractional counts are errors."""
+    return max(_tokens(value, 0), 1)
 
 
 def _mooncake_error(d: object, p: Path, lineno: int) -> WorkloadError:
@@ -133,7 +139,7 @@ def _mooncake_error(d: object, p: Path, lineno: int) -> WorkloadError:
     if not isinstance(d, dict):
         return WorkloadError(f"{where}: a Mooncake record is a JSON object with timestamp, input_length, "
                              f"output_length and hash_ids, got {type(d).__name__}")
-    for name, conv in (("timestamp", float), ("input_length", _tokens), ("output_length", _tokens)):
+    for name, conv in (("timestamp", float), ("input_length", _tokens), ("output_length", _output_tokens)):
         if name not in d:
             return WorkloadError(f"{where}: Mooncake record without field {name!r}")
         try:
@@ -141,7 +147,8 @@ def _mooncake_error(d: object, p: Path, lineno: int) -> WorkloadError:
         except (ValueError, TypeError, OverflowError):
             ok = False
         if not ok:
-            what = "a finite number" if name == "timestamp" else "a whole number of tokens >= 1"
+            what = {"timestamp": "a finite number", "input_length": "a whole number of tokens >= 1"}.get(
+                name, "a whole number of tokens >= 0")
             return WorkloadError(f"{where}: field {name!r} must be {what}, got {d[name]!r}")
     return WorkloadError(f"{where}: field 'hash_ids' must be a list of integers, got {d.get('hash_ids')!r}")
 
@@ -179,7 +186,7 @@ def load_mooncake(path: str | Path, time_scale: float = 1.0, sample: int | None 
         try:
             ts = float(d["timestamp"]) / 1e3
             isl = _tokens(d["input_length"])
-            osl = _tokens(d["output_length"])
+            osl = _output_tokens(d["output_length"])
             if not math.isfinite(ts):
                 raise ValueError("timestamp")
             hids = d.get("hash_ids") or []
@@ -215,11 +222,12 @@ def _azure_error(rec: dict[str, str], p: Path, lineno: int) -> WorkloadError:
     except (ValueError, TypeError, AttributeError):
         return WorkloadError(f"{where}: column TIMESTAMP must look like 2023-11-16 18:15:46.68, "
                              f"got {rec['TIMESTAMP']!r}")
-    for name in ("ContextTokens", "GeneratedTokens"):
+    for name, least in (("ContextTokens", 1), ("GeneratedTokens", 0)):
         try:
-            _tokens(rec[name])
+            _tokens(rec[name], least)
         except (ValueError, TypeError):
-            return WorkloadError(f"{where}: column {name} must be a whole number of tokens >= 1, got {rec[name]!r}")
+            return WorkloadError(f"{where}: column {name} must be a whole number of tokens >= {least}, "
+                                 f"got {rec[name]!r}")
     return WorkloadError(f"{where}: bad Azure record")
 
 
@@ -238,7 +246,7 @@ def load_azure(path: str | Path, time_scale: float = 1.0, sample: int | None = N
                     break
                 try:
                     rows.append((_azure_time(rec["TIMESTAMP"]), _tokens(rec["ContextTokens"]),
-                                 _tokens(rec["GeneratedTokens"])))
+                                 _output_tokens(rec["GeneratedTokens"])))
                 except (ValueError, TypeError, AttributeError):
                     raise _azure_error(rec, p, lineno) from None
         except UnicodeDecodeError as exc:

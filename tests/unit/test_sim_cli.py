@@ -88,7 +88,7 @@ def test_bad_input_exits_2_naming_the_field_without_a_traceback(tmp_path, capsys
     azure.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68,0,10\n")
     cases = [(["--trace", str(trace)], "t.jsonl:1: field 'output_length'"),
              (["--trace", str(neg)], "field 'input_length' must be a whole number of tokens >= 1, got -100"),
-             (["--trace", str(frac)], "field 'output_length' must be a whole number of tokens >= 1, got 100.7"),
+             (["--trace", str(frac)], "field 'output_length' must be a whole number of tokens >= 0, got 100.7"),
              (["--trace", str(azure)], "column ContextTokens must be a whole number of tokens >= 1, got '0'"),
              (["--workload", str(ok), "--sample", "3"], "--sample apply to --trace only"),
              (["--workload", str(ok), "--time-scale", "0.5", "--format", "azure"],
