@@ -846,7 +846,12 @@ def cmd_mix(args: argparse.Namespace) -> int:
 
     try:
         raw = yaml.safe_load(Path(args.plan).read_text())
+        if not isinstance(raw, dict):
+            raise UsageError(f"{args.plan} must hold a mapping of plan fields (hardware, engines, precision, tiers); "
+                             f"it holds {'nothing' if raw is None else type(raw).__name__}")
         spec = MixSpec.model_validate(raw)
+    except OSError as exc:
+        raise UsageError(f"{args.plan}: cannot read ({exc.strerror or exc})") from None
     except ValidationError as exc:
         raise UsageError(f"{args.plan}: " + "; ".join(
             f"{'.'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in exc.errors())) from None
@@ -869,8 +874,16 @@ def cmd_mix(args: argparse.Namespace) -> int:
 # ---- observe -----------------------------------------------------------------------------------
 
 def cmd_observe(args: argparse.Namespace) -> int:
-    from inferasim.observe import ObservationError, observe
+    from inferasim.observe import ObservationError, observe, parse_duration
 
+    # The flags are checked before Prometheus is asked anything, each error naming its flag.
+    if not args.prometheus.startswith(("http://", "https://")):
+        raise UsageError(f"--prometheus {args.prometheus!r} is not an http(s) URL (e.g. http://prometheus:9090)")
+    try:
+        if parse_duration(args.window, "--window") <= 0:
+            raise UsageError(f"--window {args.window!r} must be longer than 0")
+    except ObservationError as exc:
+        raise UsageError(str(exc)) from None
     selector = {}
     for item in args.selector:
         if "=" not in item:
@@ -1027,7 +1040,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--selector", action="append", default=[], metavar="LABEL=VALUE",
                    help="label matcher of the target's series (repeatable)")
     p.add_argument("--window", default="5m", help="rate() window, e.g. 5m, 6h")
-    p.add_argument("--engine", default="auto", help="vllm, sglang, atom or auto")
+    p.add_argument("--engine", default="auto", choices=("auto", "vllm", "sglang", "atom"),
+                   help="the engine's metric family (default: detected)")
     _add_output(p)
     p.set_defaults(func=cmd_observe)
 

@@ -54,6 +54,12 @@ def test_models_list_and_gpus_table() -> None:
      "is for engine sglang, not --engine vllm"),
     (("advise", "--model", "meta-llama/Llama-3.1-70B", "--gpu", "h100", "--tp", "2", "--isl", "1024", "--osl",
       "128", "--itl-p90-ms", "40", "--max-loss", "1"), "--max-loss must be within [0, 1)"),
+    # observe checks its flags before asking Prometheus (port 1: nothing listens there)
+    (("observe", "--prometheus", "notaurl"), "--prometheus 'notaurl' is not an http(s) URL"),
+    (("observe", "--prometheus", "http://127.0.0.1:1", "--window", "5x"), "--window: '5x' is not a Prometheus"),
+    (("observe", "--prometheus", "http://127.0.0.1:1", "--window", "0m"), "--window '0m' must be longer than 0"),
+    (("observe", "--prometheus", "http://127.0.0.1:1", "--engine", "trt"), "invalid choice: 'trt'"),
+    (("mix", "/no/such/plan.yaml"), "cannot read"),
 ])
 def test_bad_input_exit_2_with_named_field(args: tuple[str, ...], needle: str) -> None:
     r = run(*args)
