@@ -68,6 +68,8 @@ def _layout(args: argparse.Namespace) -> Layout:
 # ---- models ------------------------------------------------------------------------------------
 
 def cmd_models(args: argparse.Namespace) -> int:
+    if args.action == "list" and args.name:
+        raise UsageError(f"models list takes no name; `inferasim models show {args.name}` shows one model")
     if args.action == "show":
         if not args.name:
             raise UsageError("models show needs a NAME (a Hugging Face id or a config.json path)")
@@ -771,6 +773,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
             _usage(check_output_file, flag, path)  # before the search, not after it
     _anchor_store(args.anchors)  # a missing folder is refused, unreadable files named
     dirs = [Path(d) for d in args.anchors] if args.anchors else None
+    if args.propose_model != "default" and not args.propose_endpoint:
+        raise UsageError("--propose-model names the model at --propose-endpoint; give the endpoint too")
     propose_with = (args.propose_endpoint, args.propose_model) if args.propose_endpoint else None
     result = tune(spec, anchor_dirs=dirs, progress=None if args.output != "table" else _stage_progress,
                   propose_with=propose_with)

@@ -218,7 +218,13 @@ def parse_spec(data: dict[str, Any]) -> TuningSpec:
     """A TuningSpec from a dict: a bare spec, or a whole ServingTuning manifest (its `spec`)."""
     if not isinstance(data, dict):
         raise SpecError("the spec must be a YAML mapping")
-    if data.get("kind") == "ServingTuning" or "apiVersion" in data:
+    if "kind" in data or "apiVersion" in data:
+        if data.get("kind") != "ServingTuning":
+            raise SpecError(f"a manifest of kind {data.get('kind')!r} is not a ServingTuning; give a ServingTuning "
+                            "or its bare spec")
+        extra = sorted(set(data) - {"apiVersion", "kind", "metadata", "spec", "status"})
+        if extra:
+            raise SpecError(f"a ServingTuning manifest has apiVersion, kind, metadata and spec; not {', '.join(extra)}")
         data = data.get("spec") or {}
     try:
         return TuningSpec.model_validate(data)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
 from inferasim.search.tune import tune
@@ -42,6 +42,14 @@ class MixSpec(BaseModel):
     precision: list[str] = Field(default_factory=lambda: ["auto"])
     tiers: list[Tier] = Field(min_length=1)
     search: SearchSpace = Field(default_factory=lambda: SearchSpace(disaggregation=False))
+
+    @model_validator(mode="after")
+    def _distinct_tiers(self) -> MixSpec:
+        names = [t.name for t in self.tiers]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"tiers: each name once (the plan is reported per tier); repeated: {', '.join(twice)}")
+        return self
 
 
 @dataclass

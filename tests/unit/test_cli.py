@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+REPO = Path(__file__).resolve().parents[2]
 PREDICT = ("predict", "--model", "meta-llama/Llama-3.1-70B", "--engine", "vllm", "--precision", "fp8", "--gpu",
            "h100_sxm", "--tp", "2", "--isl", "1024", "--osl", "1024")
 
@@ -60,6 +62,7 @@ def test_models_list_and_gpus_table() -> None:
     (("observe", "--prometheus", "http://127.0.0.1:1", "--window", "0m"), "--window '0m' must be longer than 0"),
     (("observe", "--prometheus", "http://127.0.0.1:1", "--engine", "trt"), "invalid choice: 'trt'"),
     (("mix", "/no/such/plan.yaml"), "cannot read"),
+    (("models", "list", "foo"), "models list takes no name"),
 ])
 def test_bad_input_exit_2_with_named_field(args: tuple[str, ...], needle: str) -> None:
     r = run(*args)
@@ -168,3 +171,20 @@ def test_tune_checks_outputs_first_and_fails_when_nothing_meets_the_slo(tmp_path
     path.write_text(yaml.safe_dump(spec))
     r = run("tune", str(path))
     assert r.returncode == 2 and "workload.static" in r.stderr and "context" in r.stderr
+
+
+def test_specs_that_are_not_what_they_claim_are_refused(tmp_path) -> None:
+    import yaml
+
+    dep = tmp_path / "dep.yaml"
+    dep.write_text(yaml.safe_dump({"apiVersion": "apps/v1", "kind": "Deployment", "spec": {}}))
+    r = run("tune", str(dep))
+    assert r.returncode == 2 and "kind 'Deployment' is not a ServingTuning" in r.stderr
+    plan = yaml.safe_load((REPO / "examples" / "mix-h100.yaml").read_text())
+    plan["tiers"].append(dict(plan["tiers"][0]))
+    twice = tmp_path / "mix.yaml"
+    twice.write_text(yaml.safe_dump(plan))
+    r = run("mix", str(twice))
+    assert r.returncode == 2 and "each name once" in r.stderr and plan["tiers"][0]["name"] in r.stderr
+    r = run("tune", str(REPO / "examples" / "llama70b-mi355x.yaml"), "--propose-model", "m")
+    assert r.returncode == 2 and "--propose-endpoint" in r.stderr
