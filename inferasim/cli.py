@@ -182,9 +182,13 @@ def _usage(check: Any, flag: str, path: str) -> None:
 
 
 def _refuse_beyond_context(model: ModelSpec, isl: int, osl: int) -> None:
-    error = context_error(model, isl, osl)
+    error = context_error(model, isl)
     if error:
-        raise UsageError(f"--isl {isl} --osl {osl}: {error}")
+        raise UsageError(f"--isl {isl}: {error}")
+    note = context_error(model, isl, osl)
+    if note:
+        print(f"note: --isl {isl} --osl {osl}: {note}; an API server refuses such a request (an offline run stops "
+              "at the context)", file=sys.stderr)
 
 
 def _refuse_unservable(model: ModelSpec, gpu: GPU, layout: Layout, engine: str, precision: str,
@@ -393,6 +397,7 @@ _ANCHORS_FLAGS: tuple[tuple[str, str, object, tuple[str, ...]], ...] = (
     ("--out", "out", None, ("fit-live", "build")),
     ("--threshold", "threshold", 0.25, ("drift",)),
     ("--replace", "replace", False, ("build",)),
+    ("--dir", "dir", None, ("list", "show", "check", "build", "drift")),
 )
 
 
@@ -413,6 +418,10 @@ def cmd_anchors(args: argparse.Namespace) -> int:
                 raise UsageError(f"--dir {folder!r} is not a folder of anchor JSON files")
     if args.action == "check":
         return _anchors_check(args)
+    if args.action in ("fit-live", "drift"):
+        return _anchors_live(args)
+    if args.action == "build":
+        return _anchors_build(args)
     store = _anchor_store(args.dir, "--dir")
     if args.action == "list":
         items = store.all()
@@ -441,42 +450,44 @@ def cmd_anchors(args: argparse.Namespace) -> int:
             anchor = hits[0]
         emit(anchor.model_dump(mode="json"), "json" if args.output == "table" else args.output)
         return 0
-    if args.action == "build":
-        from inferasim.predictor import anchor_from_rows
-        from inferasim.validate import CannotPredict, filter_rows, load_rows, select_anchors
-
-        if not args.name:
-            raise UsageError("anchors build needs a CSV of measured runs (the validate schema)")
-        if args.out and args.dir:
-            raise UsageError("give the destination once: --out FOLDER (or --dir FOLDER), not both")
-        out = Path(args.out) if args.out else Path(args.dir[0]) if args.dir else ANCHOR_DIR
-        _usage(check_output_folder, "--out" if args.out else "--dir", str(out))
-        rows = filter_rows(load_rows(args.name))
-        chosen = select_anchors(rows)
-        built: list[Anchor] = []
-        for i, (_key, choice) in enumerate(chosen.items(), 1):
-            _progress(i, len(chosen))
-            try:
-                built.append(anchor_from_rows(choice.rows, source=f"{Path(args.name).name}: {choice.describe()}"))
-            except CannotPredict as exc:
-                print(f"skipped {choice.describe()}: {exc}", file=sys.stderr)
-        # Never replace a different anchor without being asked: the default folder holds the
-        # shipped anchors. Checked before writing anything, so a refusal leaves the folder as it was.
-        clash = [a.filename() for a in built if (out / a.filename()).is_file() and not _same_fit(out / a.filename(), a)]
-        if clash and not args.replace:
-            raise UsageError(f"{len(clash)} anchor(s) in {out} would be replaced by different fits "
-                             f"({', '.join(clash[:3])}{', ...' if len(clash) > 3 else ''}); pass --replace to "
-                             "replace them, or --out FOLDER to write elsewhere")
-        same = {a.filename() for a in built if (out / a.filename()).is_file() and a.filename() not in clash}
-        for anchor in built:
-            if anchor.filename() not in same:  # an unchanged fit keeps its file as it is
-                store.save(anchor, out)
-        print(f"wrote {len(built) - len(same)} anchors to {out}" + (f" ({len(clash)} replaced)" if clash else "")
-              + (f"; {len(same)} unchanged" if same else ""))
-        return 0
-    if args.action in ("fit-live", "drift"):
-        return _anchors_live(args)
     raise UsageError(f"unknown anchors action {args.action!r}")
+
+
+def _anchors_build(args: argparse.Namespace) -> int:
+    """`anchors build CSV [--out FOLDER]`: the min-gpus anchor of each kernel set in the CSV."""
+    from inferasim.predictor import anchor_from_rows
+    from inferasim.validate import CannotPredict, filter_rows, load_rows, select_anchors
+
+    if not args.name:
+        raise UsageError("anchors build needs a CSV of measured runs (the validate schema)")
+    if args.out and args.dir:
+        raise UsageError("give the destination once: --out FOLDER (or --dir FOLDER), not both")
+    out = Path(args.out) if args.out else Path(args.dir[0]) if args.dir else ANCHOR_DIR
+    _usage(check_output_folder, "--out" if args.out else "--dir", str(out))
+    rows = filter_rows(load_rows(args.name))
+    chosen = select_anchors(rows)
+    built: list[Anchor] = []
+    for i, (_key, choice) in enumerate(chosen.items(), 1):
+        _progress(i, len(chosen))
+        try:
+            built.append(anchor_from_rows(choice.rows, source=f"{Path(args.name).name}: {choice.describe()}"))
+        except CannotPredict as exc:
+            print(f"skipped {choice.describe()}: {exc}", file=sys.stderr)
+    # Never replace a different anchor without being asked: the default folder holds the
+    # shipped anchors. Checked before writing anything, so a refusal leaves the folder as it was.
+    clash = [a.filename() for a in built if (out / a.filename()).is_file() and not _same_fit(out / a.filename(), a)]
+    if clash and not args.replace:
+        raise UsageError(f"{len(clash)} anchor(s) in {out} would be replaced by different fits "
+                         f"({', '.join(clash[:3])}{', ...' if len(clash) > 3 else ''}); pass --replace to "
+                         "replace them, or --out FOLDER to write elsewhere")
+    same = {a.filename() for a in built if (out / a.filename()).is_file() and a.filename() not in clash}
+    store = AnchorStore(out)
+    for anchor in built:
+        if anchor.filename() not in same:  # an unchanged fit keeps its file as it is
+            store.save(anchor, out)
+    print(f"wrote {len(built) - len(same)} anchors to {out}" + (f" ({len(clash)} replaced)" if clash else "")
+          + (f"; {len(same)} unchanged" if same else ""))
+    return 0
 
 
 def _same_fit(path: Path, anchor: Anchor) -> bool:
@@ -498,6 +509,7 @@ def _anchors_check(args: argparse.Namespace) -> int:
     when a file is invalid or unusable."""
     from inferasim.harvest.run import DEFAULT_MAX_RMS_LOG_ERROR
     from inferasim.predictor import fitted_from_anchor
+    from inferasim.steptime import StepParams
     from inferasim.validate import CannotPredict
 
     anchors: list[tuple[str, Anchor]] = []
@@ -532,6 +544,10 @@ def _anchors_check(args: argparse.Namespace) -> int:
             problems += 1
             print(f"unusable: {where} ({a.id}): {exc}", file=sys.stderr)
             continue
+        unused = sorted(set(a.params) - set(StepParams.__dataclass_fields__))
+        if unused:
+            print(f"note: {where} ({a.id}): parameters this version does not use (a newer writer, or a typo): "
+                  f"{', '.join(unused)}", file=sys.stderr)
         if a.fit is not None and a.fit.rms_log_error > DEFAULT_MAX_RMS_LOG_ERROR:
             poor += 1
             print(f"poor fit: {where} ({a.id}): rms log error {a.fit.rms_log_error:.3f} is above "
@@ -681,9 +697,15 @@ def _tune_table(result: Any) -> str:
                 for i, r in enumerate(rows)]
     lines.append(table(headers, rows, title="Short list (best first)"))
     rec = d["recommendation"]
+    meeting = next((e for e in result.ranked if e.meets_slo), None)
     if rec:
-        head = "Recommendation" if rec["meets_slo"] else \
-            f"No deployment within {result.spec.hardware.max_gpus} GPUs meets the SLO. Closest"
+        # Anchored candidates rank first (tune.score): the recommendation may miss the SLO while a
+        # measurement-free one meets it. Say which, rather than "none meets it".
+        head = "Recommendation" if rec["meets_slo"] else (
+            f"No deployment within {result.spec.hardware.max_gpus} GPUs meets the SLO. Closest" if meeting is None
+            else "No anchored deployment meets the SLO (a measurement-free "
+                 f"{meeting.candidate.engine} {meeting.candidate.layout.label()} x{meeting.replicas} is predicted to; "
+                 "harvest its anchor to confirm). Closest anchored")
         lines += ["", f"{head}: {rec['engine']} {rec['precision']} {rec['layout_label']} x{rec['replicas']} "
                       f"({rec['gpus']} GPUs), max_num_seqs {rec['max_num_seqs']}, "
                       f"max_num_batched_tokens {rec['max_num_batched_tokens']}: "
@@ -791,13 +813,17 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if args.output == "table":
         if args.plot:
             print(f"Pareto plot written to {args.plot}")
-        if args.manifest:
+        if "manifest_file" in data:
             print(f"Deployment manifest written to {args.manifest}")
     rec = result.recommendation
     if rec is None or not rec.meets_slo:
         # A pipeline must not roll out a deployment that misses the SLO: exit 1, the result printed.
-        print("inferasim tune: no deployment meets the SLO (relax objective.slo, raise hardware.maxGPUs, or "
-              "allow more engines/precisions)", file=sys.stderr)
+        if any(e.meets_slo for e in result.ranked):
+            print("inferasim tune: the recommended (anchored) deployment misses the SLO; only measurement-free "
+                  "candidates are predicted to meet it: harvest their anchors to confirm", file=sys.stderr)
+        else:
+            print("inferasim tune: no deployment meets the SLO (relax objective.slo, raise hardware.maxGPUs, or "
+                  "allow more engines/precisions)", file=sys.stderr)
         return 1
     return 0
 

@@ -224,7 +224,8 @@ def parse_spec(data: dict[str, Any]) -> TuningSpec:
                             "or its bare spec")
         extra = sorted(set(data) - {"apiVersion", "kind", "metadata", "spec", "status"})
         if extra:
-            raise SpecError(f"a ServingTuning manifest has apiVersion, kind, metadata and spec; not {', '.join(extra)}")
+            raise SpecError(f"a ServingTuning manifest has apiVersion, kind, metadata, spec and status; not "
+                            f"{', '.join(extra)}")
         data = data.get("spec") or {}
     try:
         return TuningSpec.model_validate(data)

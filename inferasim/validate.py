@@ -236,7 +236,7 @@ class _RowReader:
     def layout_field(self, col: str) -> int:
         # The public data writes 0 for an unused attention-dp or MoE dimension; a deployment has
         # at least one tensor- and one pipeline-parallel rank, so 0 there is an error, not a 1.
-        if col in ("tp_size", "pp_size"):
+        if col.endswith(("tp_size", "pp_size")) and not col.endswith("moe_tp_size"):
             return self.integer(col, empty=1, minimum=1, accepted="a positive integer (empty reads as 1)") or 1
         accepted = "a non-negative integer (0 or empty reads as 1)"
         value = self.integer(col, empty=1, minimum=0, accepted=accepted)

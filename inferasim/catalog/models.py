@@ -906,12 +906,16 @@ def _load_known(hf_id: str) -> ModelSpec:
                              source=f"inferasim/catalog/configs/{path.name}")
 
 
-def context_error(model: ModelSpec, prompt: float, output: float) -> str | None:
-    """Why a request of `prompt` + `output` tokens cannot run on `model` (None when it can): the
-    engines refuse one beyond the model's context (max_position_embeddings)."""
+def context_error(model: ModelSpec, prompt: float, output: float = 0.0) -> str | None:
+    """Why `prompt` (+ `output`) tokens do not fit `model`'s context (max_position_embeddings), or
+    None. A prompt beyond it cannot even be prefilled; prompt + output beyond it is refused by the
+    engines' API servers but runs, cut at the context, in offline benchmarks (the public Argonne
+    data has 2048 + 2048 tokens on 2048-context models), so callers refuse the first and note the
+    second."""
     need = prompt + output
     if model.max_context > 0 and need > model.max_context:
-        return (f"prompt + output = {need:.0f} tokens exceeds {model.name}'s context of {model.max_context} "
+        what = "prompt" if not output else "prompt + output"
+        return (f"{what} = {need:.0f} tokens exceeds {model.name}'s context of {model.max_context} "
                 "tokens (max_position_embeddings)")
     return None
 

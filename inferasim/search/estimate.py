@@ -155,6 +155,7 @@ def operate(e: Estimate, w: WorkloadShape, slo: SLO, max_gpus: int) -> Estimate:
         top = rates.max()
         if per_replica > top:
             e.ttft, e.tpot = float("inf"), float("inf")
+            e.conc = float(e.curve_conc.max())  # in flight beyond capacity: the curve's last point
             e.notes.append(f"{per_replica:.2f} req/s per replica exceeds its capacity {top:.2f}")
         else:
             order = np.argsort(rates)

@@ -306,10 +306,9 @@ def tune(spec: TuningSpec, anchor_dirs: list[Path] | None = None, progress: Prog
         raise ValueError("workload: tune reads `static` workloads here; `prometheus` workloads are observed by "
                          "the operator (or `inferasim observe`) and `trace` workloads by `inferasim simulate`")
     w = shape_of(spec.workload.static)
-    beyond = context_error(model, w.isl, w.osl)
+    beyond = context_error(model, w.isl)
     if beyond:
-        raise ValueError(f"workload.static: {beyond}; shorten inputTokens / outputTokens (or pick a longer-context "
-                         "model)")
+        raise ValueError(f"workload.static: {beyond}; shorten inputTokens (or pick a longer-context model)")
     precisions = [normalize_precision(p) for p in spec.precision]
     precisions = [model.checkpoint_format if p == "auto" else p for p in precisions]
     precisions = ["fp4" if p == "nvfp4" else p for p in precisions]

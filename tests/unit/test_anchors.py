@@ -276,7 +276,6 @@ def test_schema_error_names_file_and_field(tmp_path: Path) -> None:
     ("e_bw", 0.0, "e_bw=0.0 must be within (0, 1]"),
     ("e_flops", 1.5, "e_flops=1.5 must be within (0, 1]"),
     ("kv_scale", 0.0, "kv_scale=0.0 must be positive"),
-    ("t_fixx", 0.004, "unknown step-time parameter 't_fixx'; known: t_fixed"),
 ])
 def test_unusable_parameters_are_refused_naming_the_field(tmp_path: Path, name: str, value: float,
                                                           says: str) -> None:
@@ -289,6 +288,21 @@ def test_unusable_parameters_are_refused_naming_the_field(tmp_path: Path, name: 
     with pytest.raises(AnchorFileError) as info:
         load_anchor(path)
     assert "params" in str(info.value) and says in str(info.value)
+
+
+def test_a_parameter_this_version_does_not_know_is_kept_not_refused(tmp_path: Path) -> None:
+    """An anchor from a newer writer loads (its unknown parameter unused); `anchors check` names it."""
+    import subprocess
+    import sys
+
+    data = make_anchor().model_dump(mode="json")
+    data["params"] = {"t_fixed": 0.004, "e_bw": 0.8, "t_future": 0.001}
+    path = tmp_path / "new.json"
+    path.write_text(json.dumps(data))
+    assert load_anchor(path).params["t_future"] == 0.001
+    r = subprocess.run([sys.executable, "-m", "inferasim.cli", "anchors", "check", str(path)], capture_output=True,
+                       text=True, timeout=120)
+    assert "parameters this version does not use" in r.stderr and "t_future" in r.stderr
 
 
 def test_non_finite_parameter_refused(tmp_path: Path) -> None:

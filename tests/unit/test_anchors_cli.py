@@ -149,3 +149,8 @@ def test_build_writes_where_asked_and_never_replaces_a_different_fit_unasked(tmp
     assert r.returncode == 2 and "--out does not apply to `anchors list`" in r.stderr
     r = run("build", str(data), "--threshold", "0.1", "--out", str(out))
     assert r.returncode == 2 and "--threshold" in r.stderr
+    # --dir names the destination as well, a new folder included
+    r = run("build", str(data), "--dir", str(tmp_path / "new"))
+    assert r.returncode == 0 and sorted(p.name for p in (tmp_path / "new").glob("*.json")) == [p.name for p in files]
+    r = run("fit-live", "--dir", str(out), "--prometheus", "http://127.0.0.1:1")
+    assert r.returncode == 2 and "--dir does not apply to `anchors fit-live`" in r.stderr

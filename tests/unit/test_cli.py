@@ -50,7 +50,7 @@ def test_models_list_and_gpus_table() -> None:
      "--memory-fraction must be within (0, 1]"),
     (PREDICT + ("--request-rate", "-1"), "--request-rate must be a positive number"),
     (PREDICT + ("--request-rate", "nan"), "--request-rate must be a positive number"),
-    (PREDICT + ("--concurrency", "8", "--isl", "200000"), "exceeds meta-llama/Meta-Llama-3.1-70B's context of 131072"),
+    (PREDICT + ("--concurrency", "8", "--isl", "200000"), "prompt = 200000 tokens exceeds"),
     (PREDICT + ("--concurrency", "8", "--anchors", "/no/such/folder"), "--anchors '/no/such/folder' is not a folder"),
     (PREDICT + ("--concurrency", "8", "--anchor", "anchors/sglang-zhipuai--glm-5-b200_sxm-fp8-tp8-22605d.json"),
      "is for engine sglang, not --engine vllm"),
@@ -145,8 +145,12 @@ def test_validate_refuses_bad_outputs_and_values_before_scoring(tmp_path) -> Non
     (tmp_path / "head.csv").write_text(lines[0] + "\n")
     r = run("validate", str(tmp_path / "head.csv"), "--out", str(tmp_path / "o1"))
     assert r.returncode == 1 and "no row was scored" in r.stderr
-    for col, value, says in (("silicon_tpot_ms", "0", "a positive number"), ("tp_size", "0", "a positive integer")):
-        row = lines[1].split(",")
+    pool_tp = header.index("prefill_tp_size")
+    disagg = next(i for i, ln in enumerate(lines) if ",disagg," in ln and ln.split(",")[pool_tp])
+    for col, value, says, at in (("silicon_tpot_ms", "0", "a positive number", 1),
+                                 ("tp_size", "0", "a positive integer", 1),
+                                 ("prefill_tp_size", "0", "a positive integer", disagg)):
+        row = lines[at].split(",")
         row[header.index(col)] = value
         (tmp_path / "bad.csv").write_text(lines[0] + "\n" + ",".join(row) + "\n")
         r = run("validate", str(tmp_path / "bad.csv"), "--out", str(tmp_path / "o2"))
@@ -188,3 +192,35 @@ def test_specs_that_are_not_what_they_claim_are_refused(tmp_path) -> None:
     assert r.returncode == 2 and "each name once" in r.stderr and plan["tiers"][0]["name"] in r.stderr
     r = run("tune", str(REPO / "examples" / "llama70b-mi355x.yaml"), "--propose-model", "m")
     assert r.returncode == 2 and "--propose-endpoint" in r.stderr
+
+
+def test_tune_names_a_measurement_free_candidate_that_meets_the_slo_the_anchored_one_misses(tmp_path) -> None:
+    """Anchored candidates rank first; when the best of them misses the SLO and a measurement-free
+    one meets it, tune says so (and exits 1: the recommendation misses), not "none meets it"."""
+    import yaml
+
+    shipped = next((REPO / "anchors").glob("vllm-meta-llama--llama-3.1-70b-h100_sxm-fp8-tp2-*.json"))
+    slow = json.loads(shipped.read_text())
+    slow["params"]["t_fixed"] = 0.06  # a host cost no 40 ms ITL survives
+    (tmp_path / "anchors").mkdir()
+    (tmp_path / "anchors" / shipped.name).write_text(json.dumps(slow))
+    spec = {"model": "meta-llama/Meta-Llama-3.1-70B", "precision": ["fp8"],
+            "hardware": {"gpu": "h100_sxm", "gpusPerNode": 8, "maxGPUs": 8}, "engines": ["vllm", "sglang"],
+            "objective": {"maximize": "throughputPerGPU", "slo": {"ttftP90Ms": 3000, "itlP90Ms": 40}},
+            "workload": {"static": {"kind": "poisson", "requestRate": 4, "inputTokens": 1024, "outputTokens": 256}},
+            "search": {"disaggregation": False}}
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    r = run("tune", str(path), "--anchors", str(tmp_path / "anchors"))
+    assert r.returncode == 1
+    assert "No anchored deployment meets the SLO (a measurement-free sglang" in r.stdout
+    assert "only measurement-free candidates are predicted to meet it" in r.stderr
+
+
+def test_prompt_plus_output_beyond_the_context_is_noted_not_refused() -> None:
+    """The public offline data runs 2048 + 2048 tokens on 2048-context models: such a request is
+    predicted, with a note; only a prompt beyond the context is refused."""
+    r = run("predict", "--engine", "vllm", "--engine-version", "0.6.1", "--precision", "fp16", "--model",
+            "facebook/opt-6.7b", "--gpu", "gh200", "--isl", "2048", "--osl", "2048", "--concurrency", "1")
+    assert r.returncode == 0, r.stderr
+    assert "prompt + output = 4096 tokens exceeds facebook/opt-6.7b's context of 2048" in r.stderr

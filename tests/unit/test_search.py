@@ -149,8 +149,9 @@ def test_tune_entries_hold_a_request_rate_against_the_anchor_sweep_by_requests_i
         return [(e, result.entry(e)) for e in result.ranked[:8] if e.anchored]
 
     seen_outside = seen_inside = False
-    for rate in (0.05, 2.0):
+    for rate in (0.05, 2.0, 500.0):  # 500 req/s: beyond every candidate's capacity
         for e, d in entries(rate):
+            assert np.isfinite(e.conc)
             lo, hi = e.fitted.conc_range
             conc = max(round(e.conc), 1)
             outside = not lo <= conc <= hi
