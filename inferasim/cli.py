@@ -584,6 +584,7 @@ def _anchors_live(args: argparse.Namespace) -> int:
     for flag, value in (("--prometheus", args.prometheus), ("--deployment", args.deployment)):
         if not value:
             raise UsageError(f"anchors {args.action} needs {flag}")
+    _check_prometheus_url(args.prometheus)
     selector = _live_selector(args.selector)
     live = read_deployment(args.deployment, gpu=args.gpu, engine_version=args.engine_version)
     try:
@@ -903,12 +904,16 @@ def cmd_mix(args: argparse.Namespace) -> int:
 
 # ---- observe -----------------------------------------------------------------------------------
 
+def _check_prometheus_url(url: str) -> None:
+    if not url.startswith(("http://", "https://")):
+        raise UsageError(f"--prometheus {url!r} is not an http(s) URL (e.g. http://prometheus:9090)")
+
+
 def cmd_observe(args: argparse.Namespace) -> int:
     from inferasim.observe import ObservationError, observe, parse_duration
 
     # The flags are checked before Prometheus is asked anything, each error naming its flag.
-    if not args.prometheus.startswith(("http://", "https://")):
-        raise UsageError(f"--prometheus {args.prometheus!r} is not an http(s) URL (e.g. http://prometheus:9090)")
+    _check_prometheus_url(args.prometheus)
     try:
         if parse_duration(args.window, "--window") <= 0:
             raise UsageError(f"--window {args.window!r} must be longer than 0")

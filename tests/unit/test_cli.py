@@ -62,6 +62,7 @@ def test_models_list_and_gpus_table() -> None:
     (("observe", "--prometheus", "http://127.0.0.1:1", "--window", "0m"), "--window '0m' must be longer than 0"),
     (("observe", "--prometheus", "http://127.0.0.1:1", "--engine", "trt"), "invalid choice: 'trt'"),
     (("mix", "/no/such/plan.yaml"), "cannot read"),
+    (("anchors", "drift", "--prometheus", "prom:9090", "--deployment", "d.yaml"), "--prometheus 'prom:9090' is not"),
     (("models", "list", "foo"), "models list takes no name"),
 ])
 def test_bad_input_exit_2_with_named_field(args: tuple[str, ...], needle: str) -> None:
