@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from inferasim.anchors import Anchor, AnchorFileError, AnchorStore, KernelSet, NoCompatibleAnchor, load_anchor
-from inferasim.catalog.engines import ENGINES, UnknownEngineError, normalize_engine
+from inferasim.catalog.engines import ENGINES, UnknownEngineError, engine_gpu_error, normalize_engine
 from inferasim.catalog.gpus import GPU, UnknownGPUError, get_gpu, list_gpus
 from inferasim.catalog.models import (
     PRECISIONS,
@@ -197,6 +197,9 @@ def _refuse_unservable(model: ModelSpec, gpu: GPU, layout: Layout, engine: str, 
     HBM even at the raised memory fraction benchmarks use) has no performance to predict."""
     from inferasim.sim.benchmark import TIGHT_MEMORY_FRACTION
 
+    why = engine_gpu_error(engine, gpu.vendor, gpu.name)
+    if why:
+        raise UsageError(f"--engine {engine} --gpu {gpu.name}: {why}")
     plan = plan_memory(model, gpu, layout, engine=engine, precision=precision, kv_dtype=kv_dtype)
     if not plan.feasible:
         tight = plan_memory(model, gpu, layout, engine=engine, precision=precision, kv_dtype=kv_dtype,
@@ -837,6 +840,9 @@ def _fitted_for(args: argparse.Namespace, layout: Layout):  # noqa: ANN202
 
     engine = normalize_engine(args.engine)
     model, gpu = get_model(args.model), get_gpu(args.gpu)
+    why = engine_gpu_error(engine, gpu.vendor, gpu.name)
+    if why:
+        raise UsageError(f"--engine {engine} --gpu {gpu.name}: {why}")
     precision = args.precision if args.precision != "auto" else model.checkpoint_format
     precision = "fp4" if precision == "nvfp4" else precision
     if args.anchor:

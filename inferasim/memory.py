@@ -148,6 +148,8 @@ def layout_problems(model: ModelSpec, layout: Layout, engine: str) -> list[str]:
     reasons: list[str] = []
     if model.n_experts and layout.moe_ep > model.n_experts:
         reasons.append(f"moe_ep={layout.moe_ep} exceeds the model's {model.n_experts} experts")
+    if not model.n_experts and layout.moe_ep > 1:
+        reasons.append(f"moe_ep={layout.moe_ep} on a dense model: {model.name} has no experts to spread (drop --ep)")
     heads = model.attention_heads
     if heads % layout.tp and normalize_engine(engine) != "sglang":
         # vLLM and ATOM assert divisibility at start-up; SGLang pads heads (tp 72 on NVL72).

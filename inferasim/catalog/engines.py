@@ -41,6 +41,7 @@ __all__ = [
     "engine_defaults",
     "engine_flags",
     "flag_for",
+    "engine_gpu_error",
     "is_amd_gpu",
     "is_known_flag",
     "launch_command",
@@ -106,6 +107,14 @@ def normalize_engine(name: str) -> str:
 # --------------------------------------------------------------------------------------------------
 
 _AMD_NAME = re.compile(r"(amd|instinct|radeon|\bmi\s?\d{3}|gfx9\d\d)", re.IGNORECASE)
+
+
+def engine_gpu_error(engine: str, vendor: str, gpu_name: str) -> str | None:
+    """Why `engine` does not run on this GPU (None when it does): ATOM is built on ROCm and AITER
+    kernels, for AMD Instinct GPUs only."""
+    if normalize_engine(engine) == "atom" and vendor != "amd":
+        return f"ATOM runs on AMD Instinct GPUs only (ROCm); {gpu_name} is not one"
+    return None
 
 
 def is_amd_gpu(gpu_name: str) -> bool:

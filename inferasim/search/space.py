@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from inferasim.catalog.engines import engine_gpu_error
 from inferasim.catalog.gpus import GPU
 from inferasim.catalog.models import ModelSpec
 from inferasim.layout import Layout
@@ -107,8 +108,9 @@ def build_space(model: ModelSpec, gpu: GPU, engines: list[str], precisions: list
     out = Space()
     feasible_layouts: dict[tuple[str, str], list[Layout]] = {}
     for engine in engines:
-        if engine == "atom" and gpu.vendor != "amd":
-            out.pruned.append((f"atom on {gpu.name}", "ATOM runs on AMD Instinct GPUs only (ROCm)"))
+        why = engine_gpu_error(engine, gpu.vendor, gpu.name)
+        if why:
+            out.pruned.append((f"{engine} on {gpu.name}", why))
             continue
         for precision in precisions:
             good: list[Layout] = []

@@ -115,7 +115,7 @@ def resolve_fitted(args: argparse.Namespace, layout: Any) -> tuple[Any, bool, st
     """Step-time parameters: --anchor FILE, else the store's best anchor of (engine, model, GPU,
     precision), else measurement-free defaults (with a note)."""
     from inferasim.anchors import load_anchor
-    from inferasim.catalog.engines import normalize_engine
+    from inferasim.catalog.engines import engine_gpu_error, normalize_engine
     from inferasim.catalog.gpus import get_gpu
     from inferasim.catalog.models import get_model, normalize_precision
     from inferasim.predictor import benchmark_kv_dtype, fitted_from_anchor, unanchored
@@ -123,6 +123,9 @@ def resolve_fitted(args: argparse.Namespace, layout: Any) -> tuple[Any, bool, st
 
     engine = normalize_engine(args.engine)
     model, gpu = get_model(args.model), get_gpu(args.gpu)
+    why = engine_gpu_error(engine, gpu.vendor, gpu.name)
+    if why:
+        raise ValueError(f"--engine {engine} --gpu {gpu.name}: {why}")
     precision = args.precision if args.precision != "auto" else model.checkpoint_format
     precision = normalize_precision("fp4" if precision == "nvfp4" else precision)
     kv = args.kv_cache_dtype or benchmark_kv_dtype(precision)

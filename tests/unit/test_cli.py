@@ -64,6 +64,9 @@ def test_models_list_and_gpus_table() -> None:
     (("mix", "/no/such/plan.yaml"), "cannot read"),
     (("anchors", "drift", "--prometheus", "prom:9090", "--deployment", "d.yaml"), "--prometheus 'prom:9090' is not"),
     (("models", "list", "foo"), "models list takes no name"),
+    (("predict", "--model", "meta-llama/Llama-3.1-70B", "--engine", "atom", "--gpu", "h100", "--tp", "2", "--isl",
+      "1024", "--osl", "128", "--concurrency", "4"), "ATOM runs on AMD Instinct GPUs only (ROCm); H100 is not one"),
+    (PREDICT + ("--concurrency", "8", "--ep", "2"), "moe_ep=2 on a dense model"),
 ])
 def test_bad_input_exit_2_with_named_field(args: tuple[str, ...], needle: str) -> None:
     r = run(*args)
