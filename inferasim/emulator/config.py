@@ -121,6 +121,10 @@ def resolve(config: EmulatorConfig) -> Resolved:
     if sched.kv_tokens * params.kv_scale < sched.block_size * 2:
         raise ValueError(f"{model.name} does not fit {gpu.name} at {layout.label()} ({engine}, {precision}): "
                          "no room left for the KV cache by the memory model; use more GPUs or a smaller precision")
+    if config.max_model_len is not None and model.max_context and config.max_model_len > model.max_context:
+        # vLLM refuses a max_model_len beyond the model's max_position_embeddings at start-up.
+        raise ValueError(f"--max-model-len {config.max_model_len} exceeds {model.name}'s context of "
+                         f"{model.max_context} tokens")
     max_len = config.max_model_len or model.max_context or 32768
     return Resolved(config=config, engine=engine, model=model, gpu=gpu, layout=layout, precision=precision,
                     kv_dtype=kv_dtype, params=params, params_source=source, cost=cost, sched=sched,

@@ -444,6 +444,8 @@ def test_config_errors_are_value_errors(tmp_path: object) -> None:
         resolve(EmulatorConfig(model=MODEL, gpu="H100", speedup=0))
     with pytest.raises(ValueError, match="moe_ep"):
         resolve(EmulatorConfig(model=MODEL, gpu="H100", tp=2, ep=3))
+    with pytest.raises(ValueError, match="--max-model-len 10000000 exceeds .* context of 131072"):
+        resolve(EmulatorConfig(model=MODEL, gpu="H100", max_model_len=10_000_000))
 
 
 def test_layouts_the_engine_refuses_are_refused() -> None:
