@@ -715,6 +715,9 @@ def _tune_table(result: Any) -> str:
                       f"max_num_batched_tokens {rec['max_num_batched_tokens']}: "
                       f"{rec['predicted']['throughput_per_gpu_at_slo']:,.0f} tok/s/GPU at the SLO"
                       + ("" if rec["anchor"] else "  [unanchored: measurement-free, rank within engine]")]
+    for p in d.get("proposals") or []:
+        # An LLM proposer's suggestions, the refused ones with their reason (an unreachable endpoint too).
+        lines.append(f"proposal {p['verdict']}: {p['proposal'] or '-'}" + (f" ({p['reason']})" if p["reason"] else ""))
     for m in d["missing_anchors"]:
         cost = f", ${m['harvest_cost']:.2f}" if m.get("harvest_cost") is not None else ""
         lines.append(f"missing anchor: {m['engine']} {m['precision']} on {m['gpu']} "

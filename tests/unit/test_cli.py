@@ -228,3 +228,8 @@ def test_prompt_plus_output_beyond_the_context_is_noted_not_refused() -> None:
             "facebook/opt-6.7b", "--gpu", "gh200", "--isl", "2048", "--osl", "2048", "--concurrency", "1")
     assert r.returncode == 0, r.stderr
     assert "prompt + output = 4096 tokens exceeds facebook/opt-6.7b's context of 2048" in r.stderr
+
+
+def test_tune_table_shows_a_proposer_that_could_not_be_reached() -> None:
+    r = run("tune", str(REPO / "examples" / "llama70b-mi355x.yaml"), "--propose-endpoint", "http://127.0.0.1:1")
+    assert "proposal rejected" in r.stdout and "endpoint failed" in r.stdout
