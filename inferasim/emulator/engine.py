@@ -495,15 +495,17 @@ class EngineLoop:
                 self._dirty.add(rid)  # the rest, later
             finished, req.finished = req.finished, False
             req.emitted = max(req.emitted, 1)
+            failed = False
             try:
                 delivered = req.sink(req)
             except Exception as exc:  # a broken client must not stop the engine
                 req.error = f"delivery failed: {exc}"
-                delivered = True
-                self._dirty.add(rid)
+                delivered = failed = True
             finally:
                 req.finished = finished
-            if not delivered:
+            if failed and not req.finished:
+                self.abort(req)  # as _flush does: the request goes, its error with it
+            elif not delivered:
                 self._dirty.add(rid)
 
     def _account(self, i: int, r: RunningSet, finished: list[Request], end: float, release: dict[int, float],

@@ -445,3 +445,30 @@ def test_emulator_keeps_the_first_token_of_a_request_retracted_right_after_its_p
         sim.submit(r, r.arrival)
     sim.run(lambda r: None)
     np.testing.assert_allclose([r.first_tok_v for r in emu], [r.first_token for r in des], rtol=0, atol=1e-9)
+
+
+def test_a_client_that_breaks_on_its_late_first_token_is_aborted_not_kept() -> None:
+    """The wake for a late first token delivers through the client's sink; a sink that raises
+    there aborts its request (as any delivery does), and the engine goes on with the others."""
+    c, s = _setup("sglang")
+    clock = _FrozenClock(0.0)
+    loop = EngineLoop(StepParams(t_ttft=0.0), c, s, EngineMetrics("sglang", "m", 1, 4096, s.block_size, s.kv_tokens),
+                      clock)  # type: ignore[arg-type]
+
+    def broken(req) -> bool:  # noqa: ANN001
+        if req.emitted:
+            raise ConnectionResetError("client gone")
+        return True
+
+    a = loop.submit(2048, 8, 8, "length", broken)
+    wake = loop._advance(clock.t)
+    clock.t = wake / 2
+    b = loop.submit(2048, 8, 8, "length", lambda r: True)
+    for _ in range(50):  # up to the wake that hands A's late first token out
+        clock.t = wake
+        wake = loop._advance(clock.t)
+        if a.error:
+            break
+    assert a.error.startswith("delivery failed") and a.aborted  # at that wake, not a step later
+    _drive(loop, clock, [b])
+    assert b.finished and not b.error
