@@ -55,6 +55,9 @@ __all__ = [
 ]
 
 SCHEMA_VERSION = 1
+# The anchors shipped beside the package (a checkout or an editable install): the default store
+# of every command and of the search.
+SHIPPED_ANCHORS = Path(__file__).resolve().parent.parent / "anchors"
 
 # The target engines (DESIGN.md section 7: TRT-LLM is not one).
 ENGINES: tuple[str, ...] = ("vllm", "sglang", "atom")

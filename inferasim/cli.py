@@ -13,8 +13,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from inferasim.anchors import Anchor, AnchorFileError, AnchorStore, KernelSet, NoCompatibleAnchor, load_anchor
-from inferasim.catalog.engines import ENGINES, UnknownEngineError, engine_gpu_error, normalize_engine
+from inferasim.anchors import (
+    SHIPPED_ANCHORS,
+    Anchor,
+    AnchorFileError,
+    AnchorStore,
+    KernelSet,
+    NoCompatibleAnchor,
+    load_anchor,
+)
+from inferasim.catalog.engines import ENGINES, UnknownEngineError, normalize_engine
 from inferasim.catalog.gpus import GPU, UnknownGPUError, get_gpu, list_gpus
 from inferasim.catalog.models import (
     PRECISIONS,
@@ -25,7 +33,14 @@ from inferasim.catalog.models import (
     get_model,
     known_models,
 )
-from inferasim.cliargs import SHIPPED_ANCHORS, anchor_store, check_output_file, check_output_folder, fraction
+from inferasim.cliargs import (
+    anchor_store,
+    check_anchor_matches,
+    check_output_file,
+    check_output_folder,
+    fraction,
+    refuse_engine_on_gpu,
+)
 from inferasim.cliargs import positive_float as _positive_float
 from inferasim.cliargs import positive_int as _positive
 from inferasim.layout import Layout, LayoutError
@@ -197,9 +212,7 @@ def _refuse_unservable(model: ModelSpec, gpu: GPU, layout: Layout, engine: str, 
     HBM even at the raised memory fraction benchmarks use) has no performance to predict."""
     from inferasim.sim.benchmark import TIGHT_MEMORY_FRACTION
 
-    why = engine_gpu_error(engine, gpu.vendor, gpu.name)
-    if why:
-        raise UsageError(f"--engine {engine} --gpu {gpu.name}: {why}")
+    refuse_engine_on_gpu(engine, gpu)
     plan = plan_memory(model, gpu, layout, engine=engine, precision=precision, kv_dtype=kv_dtype)
     if not plan.feasible:
         tight = plan_memory(model, gpu, layout, engine=engine, precision=precision, kv_dtype=kv_dtype,
@@ -227,10 +240,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if args.anchor:
         fitted = fitted_from_anchor(load_anchor(args.anchor))
         anchored = True
-        for what, want, got in (("engine", engine, fitted.engine), ("model", model.name, fitted.model.name),
-                                ("gpu", gpu.name, fitted.gpu.name)):
-            if want != got:
-                raise UsageError(f"--anchor {args.anchor} is for {what} {got}, not --{what} {want}")
+        check_anchor_matches(args.anchor, fitted, engine, model.name, gpu.name)
     else:
         ks = KernelSet(engine=engine, engine_version=args.engine_version, model=args.model, gpu=args.gpu,
                        precision=args.precision if args.precision != "auto" else "", kv_dtype=kv_dtype)
@@ -413,13 +423,12 @@ def _check_anchors_flags(args: argparse.Namespace) -> None:
 
 def cmd_anchors(args: argparse.Namespace) -> int:
     _check_anchors_flags(args)
-    if args.action in ("list", "show", "check"):
-        # An explicit folder that does not exist is a typo, not an empty store (the store itself
-        # reads a missing folder as empty: the operator's anchor folder may not exist yet).
+    if args.action == "check":
+        # An explicit folder that does not exist is a typo, not an empty store (list and show get
+        # the same check from anchor_store; check reads the store itself, to list its bad files).
         for folder in args.dir or []:
             if not Path(folder).is_dir():
                 raise UsageError(f"--dir {folder!r} is not a folder of anchor JSON files")
-    if args.action == "check":
         return _anchors_check(args)
     if args.action in ("fit-live", "drift"):
         return _anchors_live(args)
@@ -800,12 +809,11 @@ def cmd_tune(args: argparse.Namespace) -> int:
     for flag, path in (("--plot", args.plot), ("--manifest", args.manifest)):
         if path is not None:
             _usage(check_output_file, flag, path)  # before the search, not after it
-    _anchor_store(args.anchors)  # a missing folder is refused, unreadable files named
-    dirs = [Path(d) for d in args.anchors] if args.anchors else None
     if args.propose_model != "default" and not args.propose_endpoint:
         raise UsageError("--propose-model names the model at --propose-endpoint; give the endpoint too")
+    store = _anchor_store(args.anchors)  # a missing folder is refused, unreadable files named
     propose_with = (args.propose_endpoint, args.propose_model) if args.propose_endpoint else None
-    result = tune(spec, anchor_dirs=dirs, progress=None if args.output != "table" else _stage_progress,
+    result = tune(spec, store=store, progress=None if args.output != "table" else _stage_progress,
                   propose_with=propose_with)
     data = result.as_dict()
     if args.plot:
@@ -843,9 +851,7 @@ def _fitted_for(args: argparse.Namespace, layout: Layout):  # noqa: ANN202
 
     engine = normalize_engine(args.engine)
     model, gpu = get_model(args.model), get_gpu(args.gpu)
-    why = engine_gpu_error(engine, gpu.vendor, gpu.name)
-    if why:
-        raise UsageError(f"--engine {engine} --gpu {gpu.name}: {why}")
+    refuse_engine_on_gpu(engine, gpu)
     precision = args.precision if args.precision != "auto" else model.checkpoint_format
     precision = "fp4" if precision == "nvfp4" else precision
     if args.anchor:
@@ -897,9 +903,7 @@ def cmd_mix(args: argparse.Namespace) -> int:
             f"{'.'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in exc.errors())) from None
     except yaml.YAMLError as exc:
         raise UsageError(f"{args.plan} is not valid YAML: {exc}") from None
-    _anchor_store(args.anchors)  # a missing folder is refused, unreadable files named
-    dirs = [Path(d) for d in args.anchors] if args.anchors else None
-    plan = plan_mix(spec, anchor_dirs=dirs)
+    plan = plan_mix(spec, store=_anchor_store(args.anchors))  # a missing folder refused, bad files named
     rows = [(a.tier, a.model, a.gpus, a.entry["engine"] if a.entry else "-",
              a.entry["layout_label"] if a.entry else "-", a.entry["replicas"] if a.entry else "-")
             for a in plan.assignments]

@@ -8,8 +8,14 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from inferasim.anchors import AnchorStore
+from inferasim.anchors import SHIPPED_ANCHORS, AnchorStore
+from inferasim.catalog.engines import engine_gpu_error
+from inferasim.catalog.gpus import GPU
+
+if TYPE_CHECKING:
+    from inferasim.predictor import FittedAnchor
 
 
 def positive_int(name: str) -> Callable[[str], int]:
@@ -54,10 +60,6 @@ def fraction(name: str, zero: bool = False) -> Callable[[str], float]:
     return parse
 
 
-# The anchors shipped beside the package (a checkout or an editable install).
-SHIPPED_ANCHORS = Path(__file__).resolve().parent.parent / "anchors"
-
-
 def anchor_store(folders: Sequence[str | Path] | None, flag: str = "--anchors") -> AnchorStore:
     """The anchor store a command reads: `folders` as given (each must be a folder: a typo is not
     an empty store), else the shipped anchors. Files that cannot be read are named on stderr,
@@ -70,6 +72,21 @@ def anchor_store(folders: Sequence[str | Path] | None, flag: str = "--anchors") 
     for err in store.errors():
         print(f"note: skipped an unreadable anchor file: {err}", file=sys.stderr)
     return store
+
+
+def refuse_engine_on_gpu(engine: str, gpu: GPU) -> None:
+    """ValueError naming both flags when `engine` does not run on `gpu` (catalog.engines)."""
+    why = engine_gpu_error(engine, gpu.vendor, gpu.name)
+    if why:
+        raise ValueError(f"--engine {engine} --gpu {gpu.name}: {why}")
+
+
+def check_anchor_matches(path: str, fitted: FittedAnchor, engine: str, model: str, gpu: str) -> None:
+    """ValueError when an --anchor file was measured for another engine, model or GPU than asked."""
+    for what, want, got in (("engine", engine, fitted.engine), ("model", model, fitted.model.name),
+                            ("gpu", gpu, fitted.gpu.name)):
+        if want != got:
+            raise ValueError(f"--anchor {path} is for {what} {got}, not --{what} {want}")
 
 
 def check_output_file(flag: str, path: str) -> None:

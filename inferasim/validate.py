@@ -798,11 +798,15 @@ def run_validation(
     summary = _section(results, n_anchor, len(filtered), len(rows), len(anchors), excluded)
     summary["splits"] = {}
     for split in splits:
-        values = sorted({_split_value(split, r, anchors, deployment) for r in filtered})
+        # Each row's group once (a scored row's reach is already on its result).
+        group = {id(r): _split_value(split, r, anchors, deployment) for r in filtered if id(r) in anchor_ids}
+        group.update((id(r.row), r.reach if split == "reach" else _split_value(split, r.row, anchors))
+                     for r in results)
+        values = sorted(set(group.values()))
         per_value: dict[str, Any] = {}
         for value in values:
-            sub_filtered = [r for r in filtered if _split_value(split, r, anchors, deployment) == value]
-            sub_results = [r for r in results if _split_value(split, r.row, anchors, deployment) == value]
+            sub_filtered = [r for r in filtered if group[id(r)] == value]
+            sub_results = [r for r in results if group[id(r.row)] == value]
             sub_anchor = sum(1 for r in sub_filtered if id(r) in anchor_ids)
             sub_kernels = len({r.kernel_key for r in sub_filtered if r.kernel_key in anchors})
             per_value[value] = _section(

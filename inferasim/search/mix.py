@@ -17,6 +17,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
+from inferasim.anchors import SHIPPED_ANCHORS, AnchorStore
 from inferasim.search.tune import tune
 from inferasim.spec import SLO, Hardware, Objective, SearchSpace, StaticWorkload, TuningSpec, WorkloadSource
 
@@ -78,7 +79,7 @@ class MixPlan:
         }
 
 
-def _option(spec: MixSpec, tier: Tier, model: str, pref: int, anchor_dirs: list[Path] | None) -> Option:
+def _option(spec: MixSpec, tier: Tier, model: str, pref: int, store: AnchorStore) -> Option:
     ts = TuningSpec(
         model=model, precision=spec.precision, hardware=spec.hardware, engines=spec.engines,
         objective=Objective(minimize="gpus", slo=tier.slo),
@@ -87,15 +88,18 @@ def _option(spec: MixSpec, tier: Tier, model: str, pref: int, anchor_dirs: list[
                                                       output_tokens=tier.output_tokens)),
         search=spec.search,
     )
-    result = tune(ts, anchor_dirs=anchor_dirs, stage2_top=5)
+    result = tune(ts, store=store, stage2_top=5)
     rec = result.recommendation
     if rec is None or not rec.meets_slo:
         return Option(tier.name, model, pref, None, None)
     return Option(tier.name, model, pref, rec.gpus, result.entry(rec))
 
 
-def plan_mix(spec: MixSpec, anchor_dirs: list[Path] | None = None) -> MixPlan:
-    options = [_option(spec, t, m, i, anchor_dirs) for t in spec.tiers for i, m in enumerate(t.models)]
+def plan_mix(spec: MixSpec, anchor_dirs: list[Path] | None = None, store: AnchorStore | None = None) -> MixPlan:
+    # One store for every tier's search, read once (`store`, else `anchor_dirs`, else the shipped).
+    if store is None:
+        store = AnchorStore(*(anchor_dirs or [SHIPPED_ANCHORS]))
+    options = [_option(spec, t, m, i, store) for t in spec.tiers for i, m in enumerate(t.models)]
     per_tier = [[o for o in options if o.tier == t.name and o.gpus is not None] for t in spec.tiers]
     choices = [opts + [None] for opts in per_tier]  # None = leave the tier unserved
     n = 1

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from inferasim.anchors import Anchor, AnchorStore, method_rank
+from inferasim.anchors import SHIPPED_ANCHORS, Anchor, AnchorStore, method_rank
 from inferasim.catalog.gpus import GPU, get_gpu
 from inferasim.catalog.models import ModelSpec, context_error, get_model, normalize_precision, resolve_model_name
 from inferasim.predictor import FittedAnchor, benchmark_kv_dtype, fitted_from_anchor, unanchored
@@ -287,9 +287,10 @@ def _start_disagg(cands: list[Candidate], fitted_by: dict[tuple[str, str], Fitte
 
 def tune(spec: TuningSpec, anchor_dirs: list[Path] | None = None, progress: Progress | None = None,
          stage2_top: int = STAGE2_TOP, propose_with: tuple[str, str] | None = None,
-         workers: int | None = None) -> TuneResult:
+         workers: int | None = None, store: AnchorStore | None = None) -> TuneResult:
     """`propose_with` = (endpoint, model) turns on the LLM proposer (off by default). `workers`
-    processes run stage 2 (default: up to 2, the cores of the target machine)."""
+    processes run stage 2 (default: up to 2, the cores of the target machine). `store`, when given,
+    is the anchor store already read (instead of reading `anchor_dirs`, default the shipped ones)."""
     import os
     import threading
 
@@ -315,7 +316,8 @@ def tune(spec: TuningSpec, anchor_dirs: list[Path] | None = None, progress: Prog
     space = build_space(model, gpu, spec.engines, precisions, spec.hardware.max_gpus, spec.hardware.gpus_per_node,
                         spec.search)
     timings["space"] = time.perf_counter() - t0
-    store = AnchorStore(*(anchor_dirs or [Path(__file__).resolve().parents[2] / "anchors"]))
+    if store is None:
+        store = AnchorStore(*(anchor_dirs or [SHIPPED_ANCHORS]))
     fitted_by: dict[tuple[str, str], FittedAnchor] = {}
     missing: list[dict[str, Any]] = []
     anchors_used: dict[str, str] = {}

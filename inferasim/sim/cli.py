@@ -20,7 +20,8 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from inferasim.cliargs import SHIPPED_ANCHORS, anchor_store, check_output_file
+from inferasim.anchors import SHIPPED_ANCHORS
+from inferasim.cliargs import anchor_store, check_anchor_matches, check_output_file, refuse_engine_on_gpu
 from inferasim.cliargs import positive_float as _positive_float
 from inferasim.cliargs import positive_int as _positive
 from inferasim.output import OUTPUT_FORMATS, emit
@@ -115,7 +116,7 @@ def resolve_fitted(args: argparse.Namespace, layout: Any) -> tuple[Any, bool, st
     """Step-time parameters: --anchor FILE, else the store's best anchor of (engine, model, GPU,
     precision), else measurement-free defaults (with a note)."""
     from inferasim.anchors import load_anchor
-    from inferasim.catalog.engines import engine_gpu_error, normalize_engine
+    from inferasim.catalog.engines import normalize_engine
     from inferasim.catalog.gpus import get_gpu
     from inferasim.catalog.models import get_model, normalize_precision
     from inferasim.predictor import benchmark_kv_dtype, fitted_from_anchor, unanchored
@@ -123,18 +124,13 @@ def resolve_fitted(args: argparse.Namespace, layout: Any) -> tuple[Any, bool, st
 
     engine = normalize_engine(args.engine)
     model, gpu = get_model(args.model), get_gpu(args.gpu)
-    why = engine_gpu_error(engine, gpu.vendor, gpu.name)
-    if why:
-        raise ValueError(f"--engine {engine} --gpu {gpu.name}: {why}")
+    refuse_engine_on_gpu(engine, gpu)
     precision = args.precision if args.precision != "auto" else model.checkpoint_format
     precision = normalize_precision("fp4" if precision == "nvfp4" else precision)
     kv = args.kv_cache_dtype or benchmark_kv_dtype(precision)
     if args.anchor:
         fitted = fitted_from_anchor(load_anchor(args.anchor))
-        for what, want, got in (("engine", engine, fitted.engine), ("model", model.name, fitted.model.name),
-                                ("gpu", gpu.name, fitted.gpu.name)):
-            if want != got:
-                raise ValueError(f"--anchor {args.anchor} is for {what} {got}, not --{what} {want}")
+        check_anchor_matches(args.anchor, fitted, engine, model.name, gpu.name)
         return fitted, True, fitted.anchor_id
     anchor = _anchor_for(anchor_store(args.anchors), engine, model, gpu, precision)
     if anchor is not None:
