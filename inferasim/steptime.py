@@ -132,6 +132,18 @@ PARAM_BOUNDS: dict[str, tuple[float, float]] = {
 GEMM_M0 = 64.0
 GEMM_N0 = 384.0
 
+# Block-scaled FP8 GEMMs (catalog.models.FP8_SCALES: a scale per 128 x 128 weight block,
+# applied inside the main loop) run at this multiple of the GPU's BF16 rate, where a per-tensor
+# FP8 GEMM gets the full FP8 rate. On shared/data/aic-silicon (min-gpus rule) the prefill time
+# that SGLang's TPOT inflation implies at 8192-token prompts is about twice the full-rate
+# estimate for every block-FP8 kernel set (Qwen3.5-397B, GLM-5, DeepSeek-R1 at fp8 on B200/B300),
+# while the BF16 and NVFP4 ones match it: FP8 at tp4 prefills no faster per token than BF16 at
+# tp8. Chosen among 1, 1.25, 1.5 and 2 (the full rate) with `inferasim validate`: at 1, TPOT
+# 6.9% -> 6.6%, throughput/GPU 6.6 -> 6.3%, TTFT 14.6 -> 13.4%, pair accuracy 0.987 -> 0.991
+# (together with the SGLang single-prompt wave share and e_attn 0.6 below); 1.25 and 1.5 fell in
+# between. Per-tensor FP8 kept at full rate: slowing Llama-3.1-70B-FP8 too made vLLM TTFT worse.
+BLOCK_FP8_RATE = 1.0
+
 # Expert-parallel dispatch and combine (all-to-all, or all-gather + reduce-scatter) cost far more
 # than a link's raw latency: synchronisation of every rank, token permutation, padding. The
 # vLLM DP+EP rows of shared/data/aic-silicon (MiniMax-M2.5, Kimi-K2.5) put it near 60 us per
@@ -168,6 +180,10 @@ def default_params(gpu: GPU, engine: str = "vllm") -> StepParams:
     # near 2 ms per request. 2 ms chosen among 1-4 ms (vLLM TTFT 13.8% -> 13.5%). SGLang's fits
     # find their own (its prior stays at the floor: every default tried made it worse).
     t_front = 2e-3 if engine == "vllm" else 0.0
+    # Prefill attention: FlashAttention-3 reaches about 75% of H100's BF16 peak at long sequences
+    # (Shah et al., 2024), and Blackwell's kernels are of the same order. 0.6 on NVIDIA was chosen
+    # among 0.3-0.7 with `inferasim validate` (TTFT 14.4% at 0.3, 13.6% at 0.4, 13.4% at 0.5-0.7);
+    # a 1024-token anchor hardly constrains it, so the default carries 8192-token prompts.
     return StepParams(
         t_fixed=host,
         burst=burst,
@@ -177,7 +193,7 @@ def default_params(gpu: GPU, engine: str = "vllm") -> StepParams:
         e_bw=0.70 if amd else 0.80,
         e_kv=0.45 if amd else 0.55,
         e_flops=0.45 if amd else 0.55,
-        e_attn=0.35 if amd else 0.40,
+        e_attn=0.35 if amd else 0.60,
     )
 
 
@@ -239,6 +255,10 @@ class LayoutCost:
     peak_flops_dense: float
     peak_flops_moe: float
     peak_flops_attn: float
+    # FLOP/s the step's GEMMs run at before the fitted efficiency: the dtype's peak, except that
+    # block-scaled FP8 is held to the BF16 rate (BLOCK_FP8_RATE). The peaks stay for the roofline.
+    gemm_flops_dense: float
+    gemm_flops_moe: float
     dense_width: float = 1e9  # FLOP-weighted harmonic width per GPU of the dense GEMMs (under tp)
     expert_width: float = 1e9  # output columns per GPU of one routed expert's up GEMM (under moe_tp)
     act_bytes: float = 2.0  # activation element size on the wire
@@ -351,6 +371,11 @@ def _layout_cost(model: ModelSpec, gpu: GPU, layout: Layout, precision: str, kv_
                 over_width += weights / (width / tp)
     dense_width = flops / over_width if over_width else 1e9
     expert_width = max((la.mlp.expert_width for la in moe_layers), default=0) / layout.moe_tp or 1e9
+    gemm_dense, gemm_moe = gpu.peak_flops(dense_dtype), gpu.peak_flops(moe_dtype)
+    if precision == "fp8" and model.fp8_scales == "block":
+        cap = BLOCK_FP8_RATE * gpu.peak_flops("bf16")
+        gemm_dense = min(gemm_dense, cap) if dense_dtype == "fp8" else gemm_dense
+        gemm_moe = min(gemm_moe, cap) if moe_dtype == "fp8" else gemm_moe
     # Attention math runs in bf16 (fp8 attention kernels exist but are not the default).
     return LayoutCost(
         model=model, gpu=gpu, layout=layout, precision=precision, kv_dtype=kv_dtype,
@@ -363,7 +388,7 @@ def _layout_cost(model: ModelSpec, gpu: GPU, layout: Layout, precision: str, kv_
         n_layers=model.num_layers, moe_layers=model.moe_layers, hidden=model.hidden_size, peak_bw=gpu.hbm_bandwidth,
         dense_width=max(dense_width, 1.0), expert_width=max(expert_width, 1.0),
         peak_flops_dense=gpu.peak_flops(dense_dtype), peak_flops_moe=gpu.peak_flops(moe_dtype),
-        peak_flops_attn=gpu.peak_flops("bf16"),
+        peak_flops_attn=gpu.peak_flops("bf16"), gemm_flops_dense=gemm_dense, gemm_flops_moe=gemm_moe,
     )
 
 
@@ -400,7 +425,7 @@ def step_time(p: StepParams, c: LayoutCost, n_dec: ArrayLike, ctx_dec: ArrayLike
     bw_w = c.peak_bw * p.e_bw
     host = p.t_fixed + p.t_seq * n_dec
     t_dense = roof(c.dense_bytes / bw_w, c.dense_flops_per_token * tokens /
-                   (c.peak_flops_dense * p.e_flops * gemm_shape(tokens, c.dense_width)))
+                   (c.gemm_flops_dense * p.e_flops * gemm_shape(tokens, c.dense_width)))
     t_moe = 0.0
     if c.n_experts:
         # Tokens of all dp ranks meet in each MoE layer.
@@ -412,7 +437,7 @@ def step_time(p: StepParams, c: LayoutCost, n_dec: ArrayLike, ctx_dec: ArrayLike
         per_expert = tok_here / np.maximum(experts_here, 1e-9)
         t_moe = roof(experts_here * c.expert_bytes / bw_w,
                      tok_here * c.expert_flops_per_token /
-                     (c.peak_flops_moe * p.e_flops * gemm_shape(per_expert, c.expert_width)))
+                     (c.gemm_flops_moe * p.e_flops * gemm_shape(per_expert, c.expert_width)))
     t_attn = n_dec * c.kv_read_bytes(ctx_dec) / (c.peak_bw * p.e_kv) + \
         n_pref * c.prefill_attn_flops(ctx_pref) / (c.peak_flops_attn * p.e_attn)
     t_comm = p.comm_scale * c.comm_time(tokens)

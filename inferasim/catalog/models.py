@@ -187,6 +187,9 @@ class ModelSpec:
     max_context: int
     source: str = ""  # where the config came from
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # How the model's weights are scaled when it is served at fp8 (see FP8_SCALES): "block" (a
+    # scale per 128 x 128 weight block) or "tensor" (per tensor or per output channel).
+    fp8_scales: str = "tensor"
 
     # ---- structure -------------------------------------------------------------------------
     @property
@@ -378,6 +381,7 @@ class ModelSpec:
             "n_experts": self.n_experts,
             "top_k": self.top_k,
             "checkpoint_format": self.checkpoint_format,
+            "fp8_scales": self.fp8_scales,
             "total_params": p.total,
             "active_params": act.total,
             "params": p.as_dict(),
@@ -467,6 +471,29 @@ def _require(cfg: dict[str, Any], name: str, *alts: str) -> Any:
     if v is None:
         raise ModelConfigError(f"config.json lacks required field {name!r}")
     return v
+
+
+# How FP8 weights are scaled decides the GEMM kernel that serves them. Per 128 x 128 block
+# (DeepSeek-V3's scheme) the scales are applied inside the GEMM main loop (DeepGEMM, CUTLASS
+# blockwise, Triton w8a8-block kernels); per tensor or per channel they are applied once in the
+# epilogue of a plain FP8 GEMM (cuBLASLt, CUTLASS scaled_mm). The published FP8 checkpoints of
+# these families all carry quantization_config.weight_block_size [128, 128]
+# (shared/data/model-configs: DeepSeek-V3/R1/V3.2/V4, Qwen3 and Qwen3-MoE -FP8, GLM-5 -FP8,
+# MiniMax-M2.5/M2.7, Kimi-K2, MiMo-V2-Flash, Step-3.7-Flash -FP8), so a row that serves one of
+# them at fp8 from its BF16 config is taken to run that checkpoint. Other families' FP8 comes
+# per tensor: NVIDIA's ModelOpt checkpoints (Llama-3.1-70B-Instruct-FP8, whose quantization sits
+# outside config.json) and the engines' online `--quantization fp8`.
+FP8_BLOCK_FAMILIES: tuple[str, ...] = ("deepseek", "qwen3", "glm", "minimax", "kimi", "mimo", "step")
+FP8_SCALES: tuple[str, ...] = ("block", "tensor")
+
+
+def _fp8_scales(cfg: dict[str, Any], text: dict[str, Any], model_type: str, fmt: str) -> str:
+    q = cfg.get("quantization_config") or text.get("quantization_config") or {}
+    if isinstance(q, dict) and q.get("weight_block_size"):
+        return "block"
+    if fmt == "fp8":  # an FP8 checkpoint without block sizes: ModelOpt or compressed-tensors
+        return "tensor"
+    return "block" if model_type.lower().startswith(FP8_BLOCK_FAMILIES) else "tensor"
 
 
 def _checkpoint_format(cfg: dict[str, Any], text: dict[str, Any]) -> str:
@@ -801,6 +828,7 @@ def model_from_config(config: dict[str, Any] | str | Path, name: str | None = No
         architecture=str(arch or model_type), model_type=model_type, hidden_size=hidden,
         vocab_size=vocab, layers=tuple(layers), tie_embeddings=tie, checkpoint_format=fmt,
         max_context=max_ctx, source=source, notes=tuple(notes),
+        fp8_scales=_fp8_scales(config, text, model_type, fmt),
     )
 
 

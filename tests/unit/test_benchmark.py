@@ -152,3 +152,27 @@ def test_sglang_prompts_half_the_prefill_budget_or_longer_go_one_per_batch() -> 
     r = closed_loop(p, cost, sched, isl, np.full(4, 1024.0), np.full(4, 16.0))
     edge, before, after = abs(r.ttft[2] - r.ttft[1]), abs(r.ttft[1] - r.ttft[0]), abs(r.ttft[3] - r.ttft[2])
     assert edge > 10.0 * max(before, after)
+
+
+def test_sglang_keeps_part_of_a_wave_prefilled_one_prompt_per_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """8192-token prompts go one per SGLang prefill batch on B200 defaults: the TTFT excess of
+    such a wave over the steady state is kept at SGLANG_SINGLE_PROMPT_WAVE_SHARE. A wave of
+    1024-token prompts, up to 15 per batch, keeps all of it, as does vLLM's."""
+    import inferasim.sim.benchmark as bench
+
+    conc = np.array([4.0, 16.0, 64.0])
+    for engine, isl, expect in (("sglang", 8192.0, bench.SGLANG_SINGLE_PROMPT_WAVE_SHARE),
+                                ("sglang", 1024.0, 1.0), ("vllm", 8192.0, None)):
+        cost, sched = setup(engine, tp=8, gpu="B200")
+        args = (cost, sched, np.full(3, isl), np.full(3, 1024.0), conc)
+        steady = closed_loop(StepParams(burst=0.0), *args).ttft
+        kept = closed_loop(StepParams(burst=1.0), *args).ttft
+        with monkeypatch.context() as m:
+            m.setattr(bench, "SGLANG_SINGLE_PROMPT_WAVE_SHARE", 1.0)
+            whole = closed_loop(StepParams(burst=1.0), *args).ttft
+        assert np.all(whole > steady)
+        if expect is None:
+            np.testing.assert_allclose(kept, whole)
+        else:
+            np.testing.assert_allclose((kept - steady) / (whole - steady), expect, rtol=1e-9)
+    assert 0.0 < bench.SGLANG_SINGLE_PROMPT_WAVE_SHARE < 1.0

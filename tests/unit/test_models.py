@@ -179,3 +179,27 @@ def test_malformed_field_in_text_config_is_refused_by_name() -> None:
     with pytest.raises(ModelConfigError, match="linear_num_key_heads"):
         model_from_config({"architectures": ["X"], "text_config": {**_TINY, "linear_num_key_heads": [],
                                                                   "layer_types": ["linear_attention"] * 2}})
+
+
+@pytest.mark.parametrize(("config", "name", "scales"), [
+    # An FP8 checkpoint that names its 128 x 128 weight blocks.
+    ({**_TINY, "model_type": "llama", "quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}},
+     None, "block"),
+    # ModelOpt FP8 (per tensor), in config.json or only in the repository name.
+    ({**_TINY, "model_type": "qwen3", "quantization_config": {"quant_method": "modelopt", "quant_algo": "FP8"}},
+     None, "tensor"),
+    ({**_TINY, "model_type": "llama"}, "nvidia/Llama-3.1-8B-Instruct-FP8", "tensor"),
+    # A BF16 config: the family's published FP8 checkpoint decides.
+    ({**_TINY, "model_type": "qwen3"}, None, "block"),
+    ({**_TINY, "model_type": "glm_moe_dsa"}, None, "block"),
+    ({**_TINY, "model_type": "llama"}, None, "tensor"),
+])
+def test_fp8_scales_from_the_checkpoint_or_the_family(config: dict, name: str | None, scales: str) -> None:
+    assert model_from_config(config, name=name).fp8_scales == scales
+
+
+def test_shipped_models_fp8_scales() -> None:
+    assert get_model("deepseek-ai/DeepSeek-R1").fp8_scales == "block"  # its own config names the blocks
+    assert get_model("Qwen/Qwen3.5-397B-A17B").fp8_scales == "block"  # BF16 config, block-FP8 family
+    assert get_model("meta-llama/Meta-Llama-3.1-70B").fp8_scales == "tensor"
+    assert get_model("meta-llama/Meta-Llama-3.1-70B").summary()["fp8_scales"] == "tensor"

@@ -12,6 +12,7 @@ from inferasim.catalog.gpus import get_gpu
 from inferasim.catalog.models import get_model
 from inferasim.layout import Layout
 from inferasim.steptime import (
+    BLOCK_FP8_RATE,
     StepParams,
     busiest_rank_factor,
     collective_time,
@@ -200,3 +201,27 @@ def test_a_named_front_end_default_holds_against_prefill_compute(monkeypatch: py
     loose = fit.fit_params(cost, sched, points, prior).params.t_front
     assert 2e-3 / np.e < held < 2e-3 * np.e
     assert abs(np.log(loose / 2e-3)) > abs(np.log(held / 2e-3))
+
+
+def test_block_scaled_fp8_gemms_run_at_the_bf16_rate_and_the_roofline_keeps_the_peak() -> None:
+    """Block-scaled FP8 (DeepSeek-V3's 128 x 128 weight blocks) is priced at BLOCK_FP8_RATE x the
+    BF16 rate; per-tensor FP8 at the FP8 peak. The roofline floor keeps the true peak either way."""
+    gpu, lay = get_gpu("B200"), Layout(tp=8)
+    ds = get_model(DSV3)
+    assert ds.fp8_scales == "block"
+    block = layout_cost(ds, gpu, lay, "fp8")
+    tensor = layout_cost(replace(ds, fp8_scales="tensor"), gpu, lay, "fp8")
+    bf16_rate = gpu.peak_flops("bf16")
+    assert block.gemm_flops_dense == block.gemm_flops_moe == pytest.approx(BLOCK_FP8_RATE * bf16_rate)
+    assert tensor.gemm_flops_dense == tensor.gemm_flops_moe == gpu.peak_flops("fp8") > bf16_rate
+    assert block.peak_flops_dense == tensor.peak_flops_dense == gpu.peak_flops("fp8")
+    p = StepParams()
+    # An 8192-token prefill is compute-bound: block FP8 takes markedly longer; a decode step
+    # (weight-bound) hardly changes.
+    pre_block, pre_tensor = step_time(p, block, 0, 0, 8192.0, 4096.0), step_time(p, tensor, 0, 0, 8192.0, 4096.0)
+    assert pre_block > 1.3 * pre_tensor
+    assert step_time(p, block, 4, 2048.0) == pytest.approx(step_time(p, tensor, 4, 2048.0), rel=0.02)
+    assert roofline_floor(block, 0, 0, 8192.0, 4096.0) == roofline_floor(tensor, 0, 0, 8192.0, 4096.0)
+    # Other precisions are untouched: BF16 serving, and the 4-bit experts of an FP4 deployment.
+    assert layout_cost(ds, gpu, lay, "bf16").gemm_flops_dense == bf16_rate
+    assert layout_cost(ds, gpu, lay, "fp4").gemm_flops_moe == gpu.peak_flops("fp4")
