@@ -130,13 +130,18 @@ def test_variant_qualifier_is_explained() -> None:
 # --- peak_flops ------------------------------------------------------------------------------
 
 
-def test_fp4_on_hopper_falls_back_to_fp8() -> None:
+def test_fp4_on_hopper_runs_at_the_bf16_rate() -> None:
+    # No FP4 tensor cores: 4-bit weights are dequantized into BF16 GEMMs (weight-only kernels),
+    # which is slower than the FP8 rate Hopper does have.
     h100 = get_gpu("h100")
     assert "fp4" not in h100.flops
-    assert h100.peak_flops("fp4") == h100.flops["fp8"]
-    assert h100.peak_flops("nvfp4") == h100.flops["fp8"]
-    assert h100.peak_flops("mxfp4") == h100.flops["fp8"]
+    assert h100.peak_flops("fp4") == h100.flops["bf16"] < h100.flops["fp8"]
+    assert h100.peak_flops("nvfp4") == h100.flops["bf16"]
+    assert h100.peak_flops("mxfp4") == h100.flops["bf16"]
     assert h100.peak_flops("fp6") == h100.flops["fp8"]
+    # MI300X has FP8 but no FP4 either; MI355X and B200 have FP4.
+    assert get_gpu("MI300X").peak_flops("fp4") == get_gpu("MI300X").flops["bf16"]
+    assert get_gpu("B200").peak_flops("fp4") > get_gpu("B200").peak_flops("fp8")
 
 
 def test_fp8_and_fp4_on_a100_fall_back_to_bf16() -> None:
