@@ -65,12 +65,10 @@ SGLANG_CONSECUTIVE_PREFILL_DELAY = 0.3
 # several prompts keep the whole wave (1024-token prompts; 2048 and 4096 on H100). The
 # discrete-event schedulers, which follow the engine's rule, keep the whole wave: this is an
 # empirical share, not a mechanism. Chosen among 0.3-1 with `inferasim validate` (SGLang TTFT
-# 19.8% at 1, 13.5% at 0.5, 15.3% at 0.4, 14.9% at 0.6).
+# 19.8% at 1, 13.5% at 0.5, 15.3% at 0.4, 14.9% at 0.6). It also enters the wave's TPOT
+# (a persisting wave stalls its early requests' decode), which is where the closed loop mixes
+# wave and steady state. See sglang_wave_share for how it grows back for shorter prompts.
 SGLANG_SINGLE_PROMPT_WAVE_SHARE = 0.5
-FIXED_POINT_ITERATIONS = 24
-MIN_KV_TOKENS = 16384  # below this a benchmark of a few requests of a few thousand tokens cannot run
-TIGHT_MEMORY_FRACTION = 0.95
-MAX_PREFILL_SHARE = 0.95
 
 
 @dataclass(frozen=True)
@@ -186,6 +184,26 @@ def _prefill_rate(p: StepParams, c: LayoutCost, sched: EngineSched, isl: np.ndar
     return chunk / step_time(p, c, 0.0, 0.0, chunk, isl / 2.0)
 
 
+def sglang_wave_share(sched: EngineSched, new: np.ndarray) -> np.ndarray:
+    """Factor on the persisting wave share of SGLang's closed loop for prompts of `new` tokens:
+    SGLANG_SINGLE_PROMPT_WAVE_SHARE once a prompt has a prefill batch to itself, growing as
+    (prompt at which batches start holding one) / prompt for shorter ones, up to 1. A step at that
+    edge instead (2 prompts per batch -> 1) made predicted TTFT fall by 40-45% when a prompt grew
+    by one token past it; the factor x prompt never falls, so the wave's excess, which grows with
+    the prompt, does not either. Batches hold one prompt from --max-prefill-tokens / 2 where whole
+    prompts are admitted (budget >= limit, see _sglang_wave), and from the chunk size where the
+    chunk binds."""
+    budget = np.asarray(sched.prefill_chunk, dtype=float)
+    limit = np.asarray(sched.max_prefill_tokens, dtype=float)
+    alone = np.where(budget >= limit, limit / 2.0, budget)
+    s = SGLANG_SINGLE_PROMPT_WAVE_SHARE
+    return np.clip(s * alone / np.maximum(np.asarray(new, dtype=float), 1.0), s, 1.0)
+FIXED_POINT_ITERATIONS = 24
+MIN_KV_TOKENS = 16384  # below this a benchmark of a few requests of a few thousand tokens cannot run
+TIGHT_MEMORY_FRACTION = 0.95
+MAX_PREFILL_SHARE = 0.95
+
+
 def _sglang_wave(p: StepParams, c: LayoutCost, sched: EngineSched, b: np.ndarray, new: np.ndarray,
                  ctx: np.ndarray, pos: np.ndarray, batches: np.ndarray, t_batch: np.ndarray,
                  total_batches: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -288,8 +306,7 @@ def closed_loop(p: StepParams, c: LayoutCost, sched: EngineSched, isl: np.ndarra
     gamma = WAVE_GAMMA_MIXED if sched.mixed else WAVE_GAMMA_SEPARATE
     share = p.burst * np.power(1.0 + wave_excess / steady_part, -gamma)
     if sched.engine == "sglang":
-        single = (b <= total_batches) & (total_batches > 1.0)  # a wave of one-prompt batches
-        share = share * np.where(single, SGLANG_SINGLE_PROMPT_WAVE_SHARE, 1.0)
+        share = share * np.where(total_batches > 1.0, sglang_wave_share(sched, new), 1.0)
     ttft_mean = steady_part + share * wave_excess + admission_wait
     # In a wave, a request that got its first token early decodes while the rest of its wave is
     # prefilled: whole prefill batches stall it (separate batches), or their chunks slow its

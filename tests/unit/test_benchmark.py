@@ -176,3 +176,31 @@ def test_sglang_keeps_part_of_a_wave_prefilled_one_prompt_per_batch(monkeypatch:
         else:
             np.testing.assert_allclose((kept - steady) / (whole - steady), expect, rtol=1e-9)
     assert 0.0 < bench.SGLANG_SINGLE_PROMPT_WAVE_SHARE < 1.0
+
+
+@pytest.mark.parametrize("gpu", ["B200", "H100"])
+def test_sglang_single_prompt_share_never_makes_ttft_fall_as_prompts_grow(
+        gpu: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The share falls to SGLANG_SINGLE_PROMPT_WAVE_SHARE as prompts reach a batch of their own
+    (8192 tokens on B200 defaults, the 8192-token chunk on H100) about as fast as the wave's
+    excess grows: wherever TTFT rose with the prompt without the share it still does, to within
+    0.5% per 64-token step (the fixed part of each batch makes the excess grow slightly slower
+    than the prompt), where a step at that edge once made it fall by 40-45%."""
+    import inferasim.sim.benchmark as bench
+
+    model, g, lay = get_model("Qwen/Qwen3.5-397B-A17B"), get_gpu(gpu), Layout(tp=8)
+    cost, sched = layout_cost(model, g, lay, "fp8"), engine_sched("sglang", model, g, lay, "fp8", "", "fp8")
+    isl = np.arange(4096.0, 16385.0, 64.0)
+    for conc in (8.0, 64.0):
+        args = (cost, sched, isl, np.full(isl.size, 1024.0), np.full(isl.size, conc))
+        ttft = closed_loop(StepParams(burst=1.0), *args).ttft
+        with monkeypatch.context() as m:
+            m.setattr(bench, "SGLANG_SINGLE_PROMPT_WAVE_SHARE", 1.0)
+            plain = np.diff(closed_loop(StepParams(burst=1.0), *args).ttft)
+        rising = plain > 0
+        relative = np.diff(ttft) / ttft[:-1]
+        assert np.all(relative[rising] > -0.005), isl[1:][rising][relative[rising] <= -0.005]
+    edge = 8192.0
+    r = closed_loop(StepParams(burst=1.0), cost, sched, np.array([edge - 64.0, edge]), np.full(2, 1024.0),
+                    np.full(2, 64.0))
+    assert r.ttft[1] > r.ttft[0]
