@@ -127,7 +127,8 @@ def window_point(w: CanaryWindow, row_id: str = "") -> BenchPoint:
 
 def scale_params(params: StepParams, scale: float) -> StepParams:
     """Every step ``scale`` times as long: times times ``scale``, efficiencies divided by it, capped
-    at 1 (the peak: a canary faster than that is explained by the host part instead)."""
+    at 1 (the rate the kernels can reach, see steptime.PARAM_BOUNDS: a canary faster than that is
+    explained by the host part instead)."""
     d = params.as_dict()
     for k in _TIMES:
         d[k] = d[k] * scale

@@ -95,6 +95,7 @@ def cmd_models(args: argparse.Namespace) -> int:
             ("hidden size", info["hidden_size"]), ("attention", ", ".join(info["attention"])),
             ("experts (top-k)", f"{info['n_experts']} ({info['top_k']})" if info["moe"] else "dense"),
             ("checkpoint format", info["checkpoint_format"]),
+            ("FP8 weight scales", info["fp8_scales"]),
             ("total params (B)", info["total_params"] / 1e9),
             ("active params (B)", info["active_params"] / 1e9),
             (f"weights at {args.precision} (GB)", info["weight_bytes"]["total"] / 1e9),
@@ -133,8 +134,10 @@ def cmd_gpus(args: argparse.Namespace) -> int:
         "scale_out_gb_s": g.scale_out.bandwidth / 1e9, "host_link_gb_s": g.host_link.bandwidth / 1e9,
         "gpus_per_node": g.gpus_per_node, "resource": g.resource_name, "product_label": g.product_label,
     } for g in gpus]
+    # Native tensor-core rates only ("-" where the GPU has none; peak_flops would give the rate the
+    # kernels fall back to, e.g. BF16 for FP4 weights on H100).
     rows = [(g.name, g.vendor, g.hbm_gb, g.hbm_bandwidth / 1e12, g.peak_flops("bf16") / 1e12,
-             g.peak_flops("fp8") / 1e12, g.peak_flops("fp4") / 1e12,
+             *(g.flops[k] / 1e12 if k in g.flops else "-" for k in ("fp8", "fp4")),
              f"{g.scale_up.name} {g.scale_up.bandwidth / 1e9:.0f} GB/s x{g.scale_up.domain}",
              g.gpus_per_node) for g in gpus]
     emit(data, args.output, table(

@@ -46,9 +46,11 @@ from inferasim.catalog.engines import (
     normalize_engine,
 )
 from inferasim.catalog.gpus import GPU, get_gpu
+from inferasim.catalog.models import get_model
 from inferasim.layout import Layout
 
 __all__ = [
+    "ANNOTATION_FP8_KERNELS",
     "DISAGG_ROLES",
     "HF_HOME",
     "LABEL_ENGINE",
@@ -60,6 +62,7 @@ __all__ = [
     "engine_args",
     "engine_env",
     "gpu_node_label",
+    "fp8_kernels_note",
     "render_deployment",
     "render_manifests",
     "render_service",
@@ -505,6 +508,27 @@ def _online_fp8(cfg: ServingConfig) -> bool:
     return _norm(cfg.precision) == "fp8" and not _PREQUANTIZED_ID.search(cfg.model)
 
 
+# Annotation of a manifest whose online FP8 runs other kernels than the price assumed.
+ANNOTATION_FP8_KERNELS = "inferasim.io/fp8-kernels"
+
+
+def fp8_kernels_note(cfg: ServingConfig) -> str | None:
+    """What to know when ``cfg`` quantizes a 16-bit checkpoint online to FP8 (per tensor) while the
+    predictor prices the model's family at block-scaled FP8 (catalog.models.FP8_BLOCK_FAMILIES: the
+    kernels of its published FP8 checkpoint, which measured data cover). None when they agree."""
+    if not _online_fp8(cfg):
+        return None
+    try:
+        model = get_model(cfg.model)
+    except (ValueError, OSError):  # ModelConfigError and unknown names are ValueErrors
+        return None  # a model the catalog does not know: nothing was priced from its family
+    if model.fp8_scales != "block" or model.checkpoint_format not in ("bf16", "fp16"):
+        return None  # an FP8 checkpoint brings its own scales, which the price follows
+    return ("priced as block-scaled FP8, the kernels of this family's published FP8 checkpoint; "
+            "--quantization fp8 scales per tensor and prefills faster than priced (TTFT below the "
+            "prediction). Point the model at the published FP8 checkpoint to run the priced kernels.")
+
+
 def _quantization_args(cfg: ServingConfig, args: _Args) -> None:
     # Quantised checkpoints (FP8/FP4/INT4/AWQ/GPTQ ...) carry their scheme in config.json and every
     # engine detects it; the only precision that needs a flag is online FP8 of a 16-bit checkpoint:
@@ -829,6 +853,9 @@ def render_deployment(
     }
     if cfg.engine_version:
         annotations["inferasim.io/engine-version"] = cfg.engine_version
+    note = fp8_kernels_note(cfg)
+    if note:
+        annotations[ANNOTATION_FP8_KERNELS] = note
     pod_annotations = {
         "prometheus.io/scrape": "true",
         "prometheus.io/port": str(port),

@@ -102,7 +102,8 @@ def param_error(name: str, value: object) -> str | None:
     return None
 
 
-# Bounds of the fit: efficiencies in (0, 1] of peak, host costs within what engines show.
+# Bounds of the fit: efficiencies in (0, 1] of the rate a kernel can reach (the dtype's peak; for
+# block-scaled FP8 GEMMs, BLOCK_FP8_RATE x the BF16 peak), host costs within what engines show.
 PARAM_BOUNDS: dict[str, tuple[float, float]] = {
     "t_fixed": (2e-4, 6e-2),
     "t_seq": (0.0, 5e-4),
@@ -138,10 +139,17 @@ GEMM_N0 = 384.0
 # that SGLang's TPOT inflation implies at 8192-token prompts is about twice the full-rate
 # estimate for every block-FP8 kernel set (Qwen3.5-397B, GLM-5, DeepSeek-R1 at fp8 on B200/B300),
 # while the BF16 and NVFP4 ones match it: FP8 at tp4 prefills no faster per token than BF16 at
-# tp8. Chosen among 1, 1.25, 1.5 and 2 (the full rate) with `inferasim validate`: at 1, TPOT
-# 6.9% -> 6.6%, throughput/GPU 6.6 -> 6.3%, TTFT 14.6 -> 13.4%, pair accuracy 0.987 -> 0.991
-# (together with the SGLang single-prompt wave share and e_attn 0.6 below); 1.25 and 1.5 fell in
-# between. Per-tensor FP8 kept at full rate: slowing Llama-3.1-70B-FP8 too made vLLM TTFT worse.
+# tp8. Chosen among 1, 1.25, 1.5 and 2 (the full rate) with `inferasim validate`: against 2, at 1
+# TPOT 6.8% -> 6.5%, throughput/GPU 6.6 -> 6.3%, TTFT 14.4 -> 13.4% (SGLang 16.6 -> 14.2%),
+# pair accuracy 0.986 -> 0.990 (with the SGLang single-prompt wave share,
+# benchmark.SGLANG_SINGLE_PROMPT_WAVE_SHARE); 1.25 and 1.5 (TTFT 14.4%) did no better than 2.
+# It holds on every GPU: the one block-FP8 kernel set on H100 (vLLM MiniMax-M2.5) fits TTFT
+# 10.3% with it and 11.6% at Hopper's full FP8 rate, although DeepGEMM is reported near 1.5x the
+# BF16 peak there. Per-tensor FP8 keeps the full rate:
+# slowing Llama-3.1-70B-FP8 too made vLLM TTFT worse. The rate applies where the deployment is
+# FP8; an FP4 deployment's 8-bit layers keep the FP8 rate (capping them too gave DeepSeek-R1 fp4
+# at 8192-token prompts 23% TTFT error instead of 17%). Anchors fitted before this rate existed
+# read their e_flops against it: refit block-FP8 anchors (`inferasim anchors build`).
 BLOCK_FP8_RATE = 1.0
 
 # Expert-parallel dispatch and combine (all-to-all, or all-gather + reduce-scatter) cost far more
@@ -180,10 +188,9 @@ def default_params(gpu: GPU, engine: str = "vllm") -> StepParams:
     # near 2 ms per request. 2 ms chosen among 1-4 ms (vLLM TTFT 13.8% -> 13.5%). SGLang's fits
     # find their own (its prior stays at the floor: every default tried made it worse).
     t_front = 2e-3 if engine == "vllm" else 0.0
-    # Prefill attention: FlashAttention-3 reaches about 75% of H100's BF16 peak at long sequences
-    # (Shah et al., 2024), and Blackwell's kernels are of the same order. 0.6 on NVIDIA was chosen
-    # among 0.3-0.7 with `inferasim validate` (TTFT 14.4% at 0.3, 13.6% at 0.4, 13.4% at 0.5-0.7);
-    # a 1024-token anchor hardly constrains it, so the default carries 8192-token prompts.
+    # Prefill attention (e_attn): a 1024-token anchor hardly constrains it, so the default carries
+    # 8192-token prompts. With the block-FP8 GEMM rate below, `inferasim validate` is flat from 0.4
+    # to 0.7 on NVIDIA (TTFT 13.3-13.4%) and worse at 0.3 (14.2%); 0.40 kept.
     return StepParams(
         t_fixed=host,
         burst=burst,
@@ -193,7 +200,7 @@ def default_params(gpu: GPU, engine: str = "vllm") -> StepParams:
         e_bw=0.70 if amd else 0.80,
         e_kv=0.45 if amd else 0.55,
         e_flops=0.45 if amd else 0.55,
-        e_attn=0.35 if amd else 0.60,
+        e_attn=0.35 if amd else 0.40,
     )
 
 

@@ -142,14 +142,15 @@ _DTYPE_ALIASES: dict[str, str] = {
 }
 
 # When a dtype is not native on a GPU, peak_flops() uses the rate its kernels fall back to:
-# fp4 -> bf16, fp6 -> fp8 -> bf16, int8 -> bf16, tf32 -> fp32, and fp16 <-> bf16. 4-bit weights
-# without FP4 tensor cores are dequantized and multiplied in BF16 (weight-only kernels: Marlin
-# and Triton's MXFP4 MoE for gpt-oss on Hopper in vLLM and SGLang), not in FP8. On
+# fp4 -> bf16, fp6 -> bf16, fp8 -> bf16, int8 -> bf16, tf32 -> fp32, and fp16 <-> bf16. 4- and
+# 6-bit weights without tensor cores of their width are dequantized and multiplied in BF16
+# (weight-only kernels: Marlin and Triton's MXFP4 MoE for gpt-oss on Hopper in vLLM and SGLang),
+# not in FP8. On
 # shared/data/aic-silicon, gpt-oss-120b on H100 (61 vLLM rows) then fits TTFT 18.9% -> 17.2% and
 # TPOT 10.0% -> 8.0% against the FP8 rate.
 _FALLBACK: dict[str, tuple[str, ...]] = {
     "fp4": ("fp4", "bf16", "fp16"),
-    "fp6": ("fp6", "fp8", "bf16", "fp16"),
+    "fp6": ("fp6", "bf16", "fp16"),
     "fp8": ("fp8", "bf16", "fp16"),
     "int8": ("int8", "bf16", "fp16"),
     "bf16": ("bf16", "fp16"),
@@ -223,7 +224,7 @@ class GPU:
         "fp8_e4m3"/"e4m3" -> "fp8", "nvfp4"/"mxfp4" -> "fp4"; weight-only "int4"/"w4a16" ->
         "bf16"). If the dtype has no native tensor-core rate on this GPU, the rate its kernels
         fall back to is returned (see _FALLBACK): fp4 -> bf16 (4-bit weights on H100 run as
-        weight-only BF16 kernels), fp8 -> bf16 (A100), fp6 -> fp8 -> bf16, int8 -> bf16,
+        weight-only BF16 kernels), fp8 -> bf16 (A100), fp6 -> bf16, int8 -> bf16,
         tf32 -> fp32, fp16 <-> bf16. Unknown spellings raise ValueError.
         """
         canonical = normalize_dtype(dtype)

@@ -483,15 +483,23 @@ def _require(cfg: dict[str, Any], name: str, *alts: str) -> Any:
 # them at fp8 from its BF16 config is taken to run that checkpoint. Other families' FP8 comes
 # per tensor: NVIDIA's ModelOpt checkpoints (Llama-3.1-70B-Instruct-FP8, whose quantization sits
 # outside config.json) and the engines' online `--quantization fp8`.
+#
+# The price follows the family's checkpoint, while `render` serves a BF16 id at fp8 with the
+# engines' online `--quantization fp8`, which scales per tensor: such a deployment prefills faster
+# than priced, and its manifest says so (render's fp8-kernels annotation).
 FP8_BLOCK_FAMILIES: tuple[str, ...] = ("deepseek", "qwen3", "glm", "minimax", "kimi", "mimo", "step")
-FP8_SCALES: tuple[str, ...] = ("block", "tensor")
 
 
 def _fp8_scales(cfg: dict[str, Any], text: dict[str, Any], model_type: str, fmt: str) -> str:
     q = cfg.get("quantization_config") or text.get("quantization_config") or {}
-    if isinstance(q, dict) and q.get("weight_block_size"):
-        return "block"
-    if fmt == "fp8":  # an FP8 checkpoint without block sizes: ModelOpt or compressed-tensors
+    if isinstance(q, dict):
+        if q.get("weight_block_size"):
+            return "block"
+        for group in (q.get("config_groups") or {}).values():  # compressed-tensors
+            weights = (group or {}).get("weights") or {}
+            if weights.get("num_bits") == 8 and weights.get("type") == "float":
+                return "block" if weights.get("strategy") == "block" else "tensor"
+    if fmt == "fp8":  # an FP8 checkpoint without block sizes: ModelOpt per tensor
         return "tensor"
     return "block" if model_type.lower().startswith(FP8_BLOCK_FAMILIES) else "tensor"
 

@@ -65,7 +65,8 @@ SGLANG_CONSECUTIVE_PREFILL_DELAY = 0.3
 # several prompts keep the whole wave (1024-token prompts; 2048 and 4096 on H100). The
 # discrete-event schedulers, which follow the engine's rule, keep the whole wave: this is an
 # empirical share, not a mechanism. Chosen among 0.3-1 with `inferasim validate` (SGLang TTFT
-# 19.8% at 1, 13.5% at 0.5, 15.3% at 0.4, 14.9% at 0.6). It also enters the wave's TPOT
+# 19.4% at 1, 14.2% at 0.5, 15.9% at 0.4, 15.0% at 0.6; overall 15.3, 13.4, 14.4, 13.7%). It
+# also enters the wave's TPOT
 # (a persisting wave stalls its early requests' decode), which is where the closed loop mixes
 # wave and steady state. See sglang_wave_share for how it grows back for shorter prompts.
 SGLANG_SINGLE_PROMPT_WAVE_SHARE = 0.5

@@ -189,6 +189,11 @@ def test_malformed_field_in_text_config_is_refused_by_name() -> None:
     ({**_TINY, "model_type": "qwen3", "quantization_config": {"quant_method": "modelopt", "quant_algo": "FP8"}},
      None, "tensor"),
     ({**_TINY, "model_type": "llama"}, "nvidia/Llama-3.1-8B-Instruct-FP8", "tensor"),
+    # compressed-tensors FP8, by its weights' strategy.
+    ({**_TINY, "model_type": "llama", "quantization_config": {"quant_method": "compressed-tensors", "config_groups": {
+        "group_0": {"weights": {"num_bits": 8, "type": "float", "strategy": "block"}}}}}, None, "block"),
+    ({**_TINY, "model_type": "qwen3", "quantization_config": {"quant_method": "compressed-tensors", "config_groups": {
+        "group_0": {"weights": {"num_bits": 8, "type": "float", "strategy": "channel"}}}}}, None, "tensor"),
     # A BF16 config: the family's published FP8 checkpoint decides.
     ({**_TINY, "model_type": "qwen3"}, None, "block"),
     ({**_TINY, "model_type": "glm_moe_dsa"}, None, "block"),

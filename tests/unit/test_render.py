@@ -21,6 +21,7 @@ from inferasim.catalog.engines import (
 from inferasim.catalog.gpus import get_gpu
 from inferasim.layout import Layout
 from inferasim.render import (
+    ANNOTATION_FP8_KERNELS,
     HF_HOME,
     LABEL_ENGINE,
     LABEL_LAYOUT,
@@ -314,6 +315,21 @@ def test_precision_fp8_quantizes_online_only_for_16_bit_checkpoints():
         assert "--quantization" not in argv
     argv = engine_args(ServingConfig("atom", MODEL, AMD, Layout(tp=8), precision="fp8"))
     assert "--quantization" not in argv
+
+
+def test_online_fp8_of_a_block_fp8_family_says_it_runs_other_kernels_than_priced():
+    # Qwen3.5 publishes a block-scaled FP8 checkpoint, which the predictor prices; --quantization fp8
+    # on the BF16 id scales per tensor instead, and the manifest says so.
+    qwen = ServingConfig("sglang", "Qwen/Qwen3.5-397B-A17B", NVIDIA, Layout(tp=8), precision="fp8")
+    assert _value(engine_args(qwen), "--quantization") == "fp8"
+    note = render_deployment(qwen, "qwen")["metadata"]["annotations"][ANNOTATION_FP8_KERNELS]
+    assert "per tensor" in note and "published FP8 checkpoint" in note
+    # No note where the online FP8 is what was priced (Llama: per tensor), where the checkpoint is
+    # already FP8 (DeepSeek-R1 brings its block scales), or where nothing is quantized online.
+    for cfg in (ServingConfig("vllm", MODEL, NVIDIA, Layout(tp=8), precision="fp8"),
+                ServingConfig("sglang", MOE_MODEL, NVIDIA, Layout(tp=8), precision="fp8"),
+                ServingConfig("sglang", "Qwen/Qwen3.5-397B-A17B", NVIDIA, Layout(tp=8), precision="bf16")):
+        assert ANNOTATION_FP8_KERNELS not in render_deployment(cfg, "x")["metadata"]["annotations"]
 
 
 def test_speculative_decoding_per_engine():

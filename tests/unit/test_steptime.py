@@ -222,6 +222,13 @@ def test_block_scaled_fp8_gemms_run_at_the_bf16_rate_and_the_roofline_keeps_the_
     assert pre_block > 1.3 * pre_tensor
     assert step_time(p, block, 4, 2048.0) == pytest.approx(step_time(p, tensor, 4, 2048.0), rel=0.02)
     assert roofline_floor(block, 0, 0, 8192.0, 4096.0) == roofline_floor(tensor, 0, 0, 8192.0, 4096.0)
-    # Other precisions are untouched: BF16 serving, and the 4-bit experts of an FP4 deployment.
+    # "auto" serves DeepSeek's own FP8 checkpoint: the same kernels.
+    assert layout_cost(ds, gpu, lay, "auto").gemm_flops_moe == block.gemm_flops_moe
+    # Other precisions are untouched: BF16 serving, and an FP4 deployment, whose 4-bit experts
+    # and 8-bit dense layers keep their full rates.
     assert layout_cost(ds, gpu, lay, "bf16").gemm_flops_dense == bf16_rate
-    assert layout_cost(ds, gpu, lay, "fp4").gemm_flops_moe == gpu.peak_flops("fp4")
+    fp4 = layout_cost(ds, gpu, lay, "fp4")
+    assert fp4.gemm_flops_moe == gpu.peak_flops("fp4") and fp4.gemm_flops_dense == gpu.peak_flops("fp8")
+    # Without FP8 tensor cores (A100) FP8 already runs at the BF16 rate: nothing changes.
+    a100 = get_gpu("A100")
+    assert layout_cost(ds, a100, lay, "fp8").gemm_flops_dense == a100.peak_flops("bf16")
