@@ -54,7 +54,9 @@ __all__ = [
     "load_anchor",
 ]
 
-SCHEMA_VERSION = 1
+# 1: the first schema. 2: fit.step_model (the step-time model revision of the parameters); files of
+# version 1 still read, their parameters used as stored.
+SCHEMA_VERSION = 2
 # The anchors shipped beside the package (a checkout or an editable install): the default store
 # of every command and of the search.
 SHIPPED_ANCHORS = Path(__file__).resolve().parent.parent / "anchors"
@@ -290,6 +292,12 @@ class FitReport(BaseModel):
     )
     converged: bool = Field(True, description="Whether the optimiser converged.")
     message: str = Field("", description="Optimiser or fit message.")
+    step_model: str = Field(
+        "",
+        description="Revision of inferasim's step-time model the parameters were fitted under "
+        "(steptime.STEP_MODEL_REVISION); parameters of another revision are refitted from the points "
+        "when read. Empty: not recorded (older writers); the parameters are used as stored.",
+    )
 
 
 class MeasuredRange(BaseModel):

@@ -35,7 +35,7 @@ from inferasim.fit import predict_points
 from inferasim.layout import Layout
 from inferasim.predictor import fit_points
 from inferasim.sim.benchmark import engine_sched
-from inferasim.steptime import PARAM_BOUNDS, StepParams, default_params, layout_cost
+from inferasim.steptime import PARAM_BOUNDS, STEP_MODEL_REVISION, StepParams, default_params, layout_cost
 
 __all__ = [
     "Calibration",
@@ -250,7 +250,8 @@ def calibrate(kernel_set: KernelSet, layout: Layout, points: Sequence[BenchPoint
         fit=FitReport(n_points=len(points), rms_log_error=rms(all_after),
                       max_abs_log_error=float(np.max(np.abs(all_after))) if all_after.size else 0.0,
                       per_metric=per_metric, converged=converged,
-                      message=f"canary calibration: scale {scale:.4f}; {message}"[:500]),
+                      message=f"canary calibration: scale {scale:.4f}; {message}"[:500],
+                      step_model=STEP_MODEL_REVISION),
         provenance=Provenance(method="canary", source=source, measured_at=measured_at, engine_image=engine_image,
                               measured_by=measured_by, rows=[p.row_id for p in points if p.row_id],
                               gpu_seconds=max(gpu_seconds, 0.0), notes=text),

@@ -523,8 +523,8 @@ def _anchors_check(args: argparse.Namespace) -> int:
     parameters). Fits worse than the harvester's own threshold are reported, not failed. Exit 1
     when a file is invalid or unusable."""
     from inferasim.harvest.run import DEFAULT_MAX_RMS_LOG_ERROR
-    from inferasim.predictor import fitted_from_anchor
-    from inferasim.steptime import StepParams
+    from inferasim.predictor import fitted_from_anchor, stale_params
+    from inferasim.steptime import STEP_MODEL_REVISION, StepParams
     from inferasim.validate import CannotPredict
 
     anchors: list[tuple[str, Anchor]] = []
@@ -559,6 +559,14 @@ def _anchors_check(args: argparse.Namespace) -> int:
             problems += 1
             print(f"unusable: {where} ({a.id}): {exc}", file=sys.stderr)
             continue
+        stale = stale_params(a)
+        if stale:
+            print(f"note: {where} ({a.id}): {stale} on every read; `inferasim anchors build` (or a new "
+                  "harvest) stores the refit", file=sys.stderr)
+        elif a.params and (a.fit is None or not a.fit.step_model):
+            print(f"note: {where} ({a.id}): no step-time model revision recorded; its parameters are read "
+                  f"as fitted under this one ({STEP_MODEL_REVISION}). Refit it if it predates that.",
+                  file=sys.stderr)
         unused = sorted(set(a.params) - set(StepParams.__dataclass_fields__))
         if unused:
             print(f"note: {where} ({a.id}): parameters this version does not use (a newer writer, or a typo): "

@@ -28,7 +28,7 @@ from inferasim.catalog.models import ModelSpec
 from inferasim.fit import FitPoint, fit_params
 from inferasim.layout import Layout
 from inferasim.sim.benchmark import engine_sched
-from inferasim.steptime import default_params, layout_cost
+from inferasim.steptime import STEP_MODEL_REVISION, default_params, layout_cost
 
 if TYPE_CHECKING:
     import httpx
@@ -143,7 +143,8 @@ def fit_passive(kernel_set: KernelSet, model: ModelSpec, gpu: GPU, layout: Layou
         params={**params.as_dict(), "burst": 0.0},
         fit=FitReport(n_points=result.n_points, rms_log_error=result.rms_log_error,
                       max_abs_log_error=result.max_abs_log_error, per_metric=result.per_metric_mape,
-                      converged=result.converged, message=(unidentified + result.message)[:500]),
+                      converged=result.converged, message=(unidentified + result.message)[:500],
+                      step_model=STEP_MODEL_REVISION),
         provenance=Provenance(method="passive", source=source,
                               measured_at=f"{_iso(min(w.start for w in win))}/{_iso(max(w.end for w in win))}",
                               measured_by="inferasim passive fit", rows=[b.row_id for b in bench],

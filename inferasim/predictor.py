@@ -20,7 +20,7 @@ from inferasim.catalog.models import ModelConfigError, ModelSpec, UnknownModelEr
 from inferasim.fit import FitPoint, FitResult, fit_params, predict_points
 from inferasim.layout import Layout, LayoutError
 from inferasim.sim.benchmark import engine_sched
-from inferasim.steptime import StepParams, default_params, layout_cost, step_time
+from inferasim.steptime import STEP_MODEL_REVISION, StepParams, default_params, layout_cost, step_time
 from inferasim.transfer import disagg_point
 from inferasim.validate import BenchRow, CannotPredict, RowPrediction
 from inferasim.validate import Layout as RowLayout
@@ -335,7 +335,7 @@ def anchor_from_rows(rows: list[BenchRow], source: str, notes: str = "") -> Anch
         params=fitted.params.as_dict(),
         fit=FitReport(n_points=fit.n_points, rms_log_error=fit.rms_log_error,
                       max_abs_log_error=fit.max_abs_log_error, per_metric=fit.per_metric_mape,
-                      converged=fit.converged, message=fit.message),
+                      converged=fit.converged, message=fit.message, step_model=STEP_MODEL_REVISION),
         provenance=Provenance(method="public-data", source=source, rows=[r.id for r in rows],
                               measured_by="inferasim anchors build (min-gpus anchor rule)", notes=notes),
     )
@@ -348,8 +348,22 @@ def fit_points(points: Sequence[BenchPoint]) -> list[FitPoint]:
                      batch_latency=p.batch_latency_s, throughput=p.throughput_tok_s) for p in points]
 
 
+def stale_params(anchor: Anchor) -> str | None:
+    """Why `anchor`'s stored parameters are not read as they are: fitted under another revision of
+    the step-time model (steptime.STEP_MODEL_REVISION) while it holds benchmark points to refit
+    from. None when they are used as stored (current revision, no revision recorded, or nothing
+    to refit from)."""
+    if not anchor.params or anchor.fit is None or not anchor.fit.step_model or not anchor.points:
+        return None
+    if anchor.fit.step_model == STEP_MODEL_REVISION:
+        return None
+    return (f"parameters fitted under step-time model {anchor.fit.step_model}, this inferasim is "
+            f"{STEP_MODEL_REVISION}: refitted from the anchor's {len(anchor.points)} points")
+
+
 def fitted_from_anchor(anchor: Anchor) -> FittedAnchor:
-    """A FittedAnchor from a stored anchor: its parameters if it has them, else a fresh fit."""
+    """A FittedAnchor from a stored anchor: its parameters if it has them and they were fitted under
+    this step-time model (or record no revision), else a fresh fit of its points."""
     ks = anchor.kernel_set
     try:
         engine = normalize_engine(ks.engine)
@@ -361,7 +375,8 @@ def fitted_from_anchor(anchor: Anchor) -> FittedAnchor:
     precision = ks.precision or "auto"
     kv_dtype = ks.kv_dtype
     points = fit_points(anchor.points)
-    if anchor.params:
+    stale = stale_params(anchor)
+    if anchor.params and stale is None:
         params = StepParams.from_dict(anchor.params)
         rep = anchor.fit
         result = FitResult(params=params, rms_log_error=rep.rms_log_error if rep else 0.1,
@@ -372,6 +387,8 @@ def fitted_from_anchor(anchor: Anchor) -> FittedAnchor:
         cost = layout_cost(model, gpu, layout, precision, kv_dtype)
         sched = engine_sched(engine, model, gpu, layout, precision, ks.engine_version, kv_dtype)
         result = fit_params(cost, sched, points, default_params(gpu, engine))
+        if stale:
+            result.message = f"{stale}; {result.message}"[:500]
     concs = [p.concurrency for p in anchor.points] or [1]
     isls = [p.isl for p in anchor.points] or [1]
     osls = [p.osl for p in anchor.points] or [1]

@@ -133,7 +133,15 @@ PARAM_BOUNDS: dict[str, tuple[float, float]] = {
 GEMM_M0 = 64.0
 GEMM_N0 = 384.0
 
-# Block-scaled FP8 GEMMs (catalog.models.FP8_SCALES: a scale per 128 x 128 weight block,
+# Revision of the step-time model: what a stored anchor's parameters mean. Bump it whenever a
+# change gives the same parameters another meaning (a rate, a shape law, a default the fit leans
+# on), so that anchors fitted before are refitted from their own points when read
+# (predictor.fitted_from_anchor) instead of being read against the new model. Anchors record it
+# in fit.step_model. 2026-12-03: block-scaled FP8 GEMMs at the BF16 rate, FP4 without FP4 tensor
+# cores at the BF16 rate.
+STEP_MODEL_REVISION = "2026-12-03"
+
+# Block-scaled FP8 GEMMs (catalog.models.ModelSpec.fp8_scales: a scale per 128 x 128 weight block,
 # applied inside the main loop) run at this multiple of the GPU's BF16 rate, where a per-tensor
 # FP8 GEMM gets the full FP8 rate. On shared/data/aic-silicon (min-gpus rule) the prefill time
 # that SGLang's TPOT inflation implies at 8192-token prompts is about twice the full-rate

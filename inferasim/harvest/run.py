@@ -46,7 +46,7 @@ from inferasim.harvest.client import (
 from inferasim.harvest.plan import PlanPoint, default_plan
 from inferasim.layout import Layout
 from inferasim.sim.benchmark import engine_sched
-from inferasim.steptime import default_params, layout_cost
+from inferasim.steptime import STEP_MODEL_REVISION, default_params, layout_cost
 
 DEFAULT_MAX_RMS_LOG_ERROR = 0.25
 DEFAULT_BUDGET_S = 900.0
@@ -249,7 +249,8 @@ def _anchor(cfg: HarvestConfig, engine: str, precision: str, kv_dtype: str, layo
         points=bench,
         params=fit.params.as_dict(),
         fit=FitReport(n_points=fit.n_points, rms_log_error=fit.rms_log_error, max_abs_log_error=fit.max_abs_log_error,
-                      per_metric=fit.per_metric_mape, converged=fit.converged, message=fit.message),
+                      per_metric=fit.per_metric_mape, converged=fit.converged, message=fit.message,
+                      step_model=STEP_MODEL_REVISION),
         provenance=Provenance(
             method="harvest", source=base_url(cfg.endpoint),
             measured_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), engine_image=cfg.engine_image,

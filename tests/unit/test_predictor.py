@@ -187,6 +187,37 @@ def test_shipped_anchor_parameters_match_a_fresh_fit() -> None:
             assert a == pytest.approx(b, rel=1e-6, abs=1e-9), (anchor.id, key)
 
 
+def test_parameters_of_another_step_model_revision_are_refitted_from_the_points(tmp_path: Path) -> None:
+    """An anchor records the step-time model revision its parameters were fitted under. Read by a
+    later revision, they would mean something else (a rate, a shape law changed): the anchor is
+    refitted from its own points instead, and `anchors check` says so. Parameters of the current
+    revision, or of an anchor that records none, are used as stored."""
+    from inferasim.steptime import STEP_MODEL_REVISION
+
+    shipped = sorted(AnchorStore(REPO / "anchors").all(), key=lambda a: a.id)[0]
+    assert shipped.fit is not None and shipped.fit.step_model == STEP_MODEL_REVISION
+    fresh = fitted_from_anchor(shipped)
+    bogus = {**shipped.params, "t_fixed": shipped.params["t_fixed"] * 5.0}
+    old_fit = shipped.fit.model_copy(update={"step_model": "2000-01-01"})
+    stale = shipped.model_copy(update={"params": bogus, "fit": old_fit})
+    refit = fitted_from_anchor(stale)
+    assert refit.params.t_fixed == pytest.approx(fresh.params.t_fixed, rel=1e-6)
+    assert "2000-01-01" in refit.fit.message and STEP_MODEL_REVISION in refit.fit.message
+    # The current revision, and no revision at all: the stored parameters.
+    current = shipped.model_copy(update={"params": bogus})
+    assert fitted_from_anchor(current).params.t_fixed == pytest.approx(bogus["t_fixed"])
+    unknown = shipped.model_copy(update={"params": bogus, "fit": shipped.fit.model_copy(update={"step_model": ""})})
+    assert fitted_from_anchor(unknown).params.t_fixed == pytest.approx(bogus["t_fixed"])
+    # `anchors check` names the refit.
+    folder = tmp_path / "a"
+    folder.mkdir()
+    (folder / "stale.json").write_text(stale.model_dump_json(indent=2))
+    out = subprocess.run([sys.executable, "-m", "inferasim", "anchors", "check", str(folder)],
+                         capture_output=True, text=True, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    assert "refitted from the anchor's" in out.stderr and "2000-01-01" in out.stderr
+
+
 def test_schema_layouts_read_as_the_deployment_that_ran() -> None:
     """aiconfigurator silicon rows: batch_size is per attention-DP rank; squared expert-parallel
     widths (vLLM tpT dpT epT*T, SGLang tpT*T over moe_tp T x ep T beyond a node) are the T-GPU runs."""
