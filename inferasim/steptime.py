@@ -153,11 +153,11 @@ STEP_MODEL_REVISION = "2026-12-03"
 # benchmark.SGLANG_SINGLE_PROMPT_WAVE_SHARE); 1.25 and 1.5 (TTFT 14.4%) did no better than 2.
 # It holds on every GPU: the one block-FP8 kernel set on H100 (vLLM MiniMax-M2.5) fits TTFT
 # 10.3% with it and 11.6% at Hopper's full FP8 rate, although DeepGEMM is reported near 1.5x the
-# BF16 peak there. Per-tensor FP8 keeps the full rate:
-# slowing Llama-3.1-70B-FP8 too made vLLM TTFT worse. The rate applies where the deployment is
-# FP8; an FP4 deployment's 8-bit layers keep the FP8 rate (capping them too gave DeepSeek-R1 fp4
-# at 8192-token prompts 23% TTFT error instead of 17%). Anchors fitted before this rate existed
-# read their e_flops against it: refit block-FP8 anchors (`inferasim anchors build`).
+# BF16 peak there. Per-tensor FP8 keeps the full rate: slowing Llama-3.1-70B-FP8 too made vLLM
+# TTFT worse. The rate applies where the deployment is FP8; an FP4 deployment's 8-bit layers keep
+# the FP8 rate (capping them too gave DeepSeek-R1 fp4 at 8192-token prompts 23% TTFT error instead
+# of 17%). Anchors fitted before this rate carry an older fit.step_model and are refitted from
+# their points when read (STEP_MODEL_REVISION).
 BLOCK_FP8_RATE = 1.0
 
 # Expert-parallel dispatch and combine (all-to-all, or all-gather + reduce-scatter) cost far more
@@ -197,8 +197,8 @@ def default_params(gpu: GPU, engine: str = "vllm") -> StepParams:
     # find their own (its prior stays at the floor: every default tried made it worse).
     t_front = 2e-3 if engine == "vllm" else 0.0
     # Prefill attention (e_attn): a 1024-token anchor hardly constrains it, so the default carries
-    # 8192-token prompts. With the block-FP8 GEMM rate below, `inferasim validate` is flat from 0.4
-    # to 0.7 on NVIDIA (TTFT 13.3-13.4%) and worse at 0.3 (14.2%); 0.40 kept.
+    # 8192-token prompts. With block-scaled FP8 at the BF16 rate (BLOCK_FP8_RATE), `inferasim
+    # validate` is flat from 0.4 to 0.7 on NVIDIA (TTFT 13.3-13.4%) and worse at 0.3 (14.2%); 0.40 kept.
     return StepParams(
         t_fixed=host,
         burst=burst,

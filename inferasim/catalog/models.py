@@ -187,7 +187,7 @@ class ModelSpec:
     max_context: int
     source: str = ""  # where the config came from
     notes: tuple[str, ...] = field(default_factory=tuple)
-    # How the model's weights are scaled when it is served at fp8 (see FP8_SCALES): "block" (a
+    # How the model's weights are scaled when it is served at fp8 (see _fp8_scales): "block" (a
     # scale per 128 x 128 weight block) or "tensor" (per tensor or per output channel).
     fp8_scales: str = "tensor"
 

@@ -66,10 +66,14 @@ SGLANG_CONSECUTIVE_PREFILL_DELAY = 0.3
 # discrete-event schedulers, which follow the engine's rule, keep the whole wave: this is an
 # empirical share, not a mechanism. Chosen among 0.3-1 with `inferasim validate` (SGLang TTFT
 # 19.4% at 1, 14.2% at 0.5, 15.9% at 0.4, 15.0% at 0.6; overall 15.3, 13.4, 14.4, 13.7%). It
-# also enters the wave's TPOT
-# (a persisting wave stalls its early requests' decode), which is where the closed loop mixes
-# wave and steady state. See sglang_wave_share for how it grows back for shorter prompts.
+# also enters the TPOT, where the closed loop mixes wave (a persisting wave stalls its early
+# requests' decode) and steady state. See sglang_wave_share for how it grows back for shorter
+# prompts.
 SGLANG_SINGLE_PROMPT_WAVE_SHARE = 0.5
+FIXED_POINT_ITERATIONS = 24
+MIN_KV_TOKENS = 16384  # below this a benchmark of a few requests of a few thousand tokens cannot run
+TIGHT_MEMORY_FRACTION = 0.95
+MAX_PREFILL_SHARE = 0.95
 
 
 @dataclass(frozen=True)
@@ -199,10 +203,6 @@ def sglang_wave_share(sched: EngineSched, new: np.ndarray) -> np.ndarray:
     alone = np.where(budget >= limit, limit / 2.0, budget)
     s = SGLANG_SINGLE_PROMPT_WAVE_SHARE
     return np.clip(s * alone / np.maximum(np.asarray(new, dtype=float), 1.0), s, 1.0)
-FIXED_POINT_ITERATIONS = 24
-MIN_KV_TOKENS = 16384  # below this a benchmark of a few requests of a few thousand tokens cannot run
-TIGHT_MEMORY_FRACTION = 0.95
-MAX_PREFILL_SHARE = 0.95
 
 
 def _sglang_wave(p: StepParams, c: LayoutCost, sched: EngineSched, b: np.ndarray, new: np.ndarray,
