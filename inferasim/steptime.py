@@ -386,11 +386,12 @@ def _layout_cost(model: ModelSpec, gpu: GPU, layout: Layout, precision: str, kv_
                 over_width += weights / (width / tp)
     dense_width = flops / over_width if over_width else 1e9
     expert_width = max((la.mlp.expert_width for la in moe_layers), default=0) / layout.moe_tp or 1e9
-    gemm_dense, gemm_moe = gpu.peak_flops(dense_dtype), gpu.peak_flops(moe_dtype)
-    if precision == "fp8" and model.fp8_scales == "block":
-        cap = BLOCK_FP8_RATE * gpu.peak_flops("bf16")
-        gemm_dense = min(gemm_dense, cap) if dense_dtype == "fp8" else gemm_dense
-        gemm_moe = min(gemm_moe, cap) if moe_dtype == "fp8" else gemm_moe
+    peak_dense, peak_moe = gpu.peak_flops(dense_dtype), gpu.peak_flops(moe_dtype)
+    block_fp8 = precision == "fp8" and model.fp8_scales == "block"
+
+    def gemm_rate(dtype: str, peak: float) -> float:
+        return min(peak, BLOCK_FP8_RATE * gpu.peak_flops("bf16")) if block_fp8 and dtype == "fp8" else peak
+
     # Attention math runs in bf16 (fp8 attention kernels exist but are not the default).
     return LayoutCost(
         model=model, gpu=gpu, layout=layout, precision=precision, kv_dtype=kv_dtype,
@@ -402,8 +403,8 @@ def _layout_cost(model: ModelSpec, gpu: GPU, layout: Layout, precision: str, kv_
         attn_windows=tuple((c / pp, w_) for w_, c in attn_win.items()),
         n_layers=model.num_layers, moe_layers=model.moe_layers, hidden=model.hidden_size, peak_bw=gpu.hbm_bandwidth,
         dense_width=max(dense_width, 1.0), expert_width=max(expert_width, 1.0),
-        peak_flops_dense=gpu.peak_flops(dense_dtype), peak_flops_moe=gpu.peak_flops(moe_dtype),
-        peak_flops_attn=gpu.peak_flops("bf16"), gemm_flops_dense=gemm_dense, gemm_flops_moe=gemm_moe,
+        peak_flops_dense=peak_dense, peak_flops_moe=peak_moe, peak_flops_attn=gpu.peak_flops("bf16"),
+        gemm_flops_dense=gemm_rate(dense_dtype, peak_dense), gemm_flops_moe=gemm_rate(moe_dtype, peak_moe),
     )
 
 

@@ -888,7 +888,7 @@ def write_outputs(result: ValidationResult, out_dir: Path) -> None:
         writer = csv.writer(fh)
         writer.writerow(header)
         for r in result.results:
-            writer.writerow(_csv_record(r, r.reach or row_reach(r.row, result.anchors.get(r.row.kernel_key))))
+            writer.writerow(_csv_record(r, r.reach))
     (out_dir / "summary.json").write_text(
         json.dumps(result.summary, indent=2, allow_nan=False) + "\n", encoding="utf-8"
     )
