@@ -16,6 +16,7 @@ can list them all at once.
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import json
 import os
@@ -52,6 +53,7 @@ __all__ = [
     "StepPoint",
     "anchor_json_schema",
     "load_anchor",
+    "write_anchor_file",
 ]
 
 # 1: the first schema. 2: fit.step_model (the step-time model revision of the parameters); files of
@@ -536,6 +538,37 @@ def load_anchor(path: str | Path) -> Anchor:
         raise AnchorFileError(path, _plain_errors(exc)) from None
 
 
+# Where a replaced anchor file goes: a subfolder, so that a store reading the folder's *.json sees
+# only the new anchor, while the measurement it replaces stays on disk.
+REPLACED_FOLDER = "replaced"
+
+
+def write_anchor_file(anchor: Anchor, path: str | Path, *, keep_previous: bool = True) -> Path | None:
+    """Write ``anchor`` as pretty JSON to ``path``, through a temporary file and a rename so that a
+    reader never sees half a file. A different file already at ``path`` is moved into
+    ``replaced/`` beside it (named by its modification time) unless ``keep_previous`` is False:
+    a harvest costs GPU hours and a re-run must not silently drop the one before. Returns where
+    the previous file went (None: there was none, it held the same text, or it was not kept)."""
+    path = Path(path)
+    text = anchor.model_dump_json(indent=2) + "\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    kept: Path | None = None
+    if keep_previous and path.is_file() and path.read_text(encoding="utf-8", errors="replace") != text:
+        stamp = dt.datetime.fromtimestamp(path.stat().st_mtime, dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+        aside = path.parent / REPLACED_FOLDER
+        aside.mkdir(exist_ok=True)
+        kept = aside / f"{path.stem}.{stamp}{path.suffix}"
+        n = 1
+        while kept.exists():
+            n += 1
+            kept = aside / f"{path.stem}.{stamp}-{n}{path.suffix}"
+        os.replace(path, kept)
+    tmp = path.with_name(f".{path.name}.tmp")  # not *.json: readers skip it
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+    return kept
+
+
 # --------------------------------------------------------------------------------------------
 # the store
 # --------------------------------------------------------------------------------------------
@@ -560,6 +593,7 @@ class AnchorStore:
         self.folders: list[Path] = [Path(f) for f in folders]
         self._anchors: list[tuple[Path, Anchor]] = []
         self._errors: list[AnchorFileError] = []
+        self.last_replaced: Path | None = None  # where save() moved the anchor it replaced
         self.reload()
 
     def reload(self) -> None:
@@ -629,21 +663,16 @@ class AnchorStore:
 
         return [(p, a) for _, p, a in sorted(matches, key=preference)]
 
-    def save(self, anchor: Anchor, folder: str | Path | None = None) -> Path:
-        """Write ``anchor`` as pretty JSON into ``folder`` (default: the first folder) and add it.
-
-        Written to a temporary name and renamed, so a reader never sees half a file.
-        """
+    def save(self, anchor: Anchor, folder: str | Path | None = None, *, keep_previous: bool = True) -> Path:
+        """Write ``anchor`` into ``folder`` (default: the first folder) and add it. A different
+        anchor in its file is moved to ``replaced/`` unless ``keep_previous`` is False (see
+        write_anchor_file); ``last_replaced`` says where it went."""
         if folder is None:
             if not self.folders:
                 raise ValueError("this anchor store has no folder to save into; pass folder=")
             folder = self.folders[0]
-        target_dir = Path(folder)
-        target_dir.mkdir(parents=True, exist_ok=True)
-        path = target_dir / anchor.filename()
-        tmp = target_dir / f".{path.name}.tmp"  # not *.json: readers skip it
-        tmp.write_text(anchor.model_dump_json(indent=2) + "\n", encoding="utf-8")
-        os.replace(tmp, path)
+        path = Path(folder) / anchor.filename()
+        self.last_replaced = write_anchor_file(anchor, path, keep_previous=keep_previous)
         # Replace an entry read from the same file; otherwise the new anchor is the newest.
         self._anchors = [(p, a) for p, a in self._anchors if p.resolve() != path.resolve()]
         self._anchors.append((path, anchor))

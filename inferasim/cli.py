@@ -499,7 +499,7 @@ def _anchors_build(args: argparse.Namespace) -> int:
     store = AnchorStore(out)
     for anchor in built:
         if anchor.filename() not in same:  # an unchanged fit keeps its file as it is
-            store.save(anchor, out)
+            store.save(anchor, out, keep_previous=False)  # --replace asked for it (clashes refused above)
     print(f"wrote {len(built) - len(same)} anchors to {out}" + (f" ({len(clash)} replaced)" if clash else "")
           + (f"; {len(same)} unchanged" if same else ""))
     return 0
@@ -670,13 +670,16 @@ def _write_live_anchor(anchor: Any, args: argparse.Namespace, cmd: str) -> int:
         path = store.save(anchor, out)
         print(f"{cmd}: wrote {path} (fit rms log error {anchor.fit.rms_log_error:.3f}, {len(anchor.points)} windows)",
               file=sys.stderr)
+        if store.last_replaced is not None:
+            print(f"{cmd}: {path.name} held another anchor: kept it as {store.last_replaced}", file=sys.stderr)
         # Both a harvested and a passive anchor of these kernels may be stored: show which one wins.
         for i, (p, a) in enumerate(store.alternatives(anchor.kernel_set, anchor.layout.to_layout())):
             rms = f"{a.fit.rms_log_error:.3f}" if a.fit else "-"
             print(f"  {'used' if i == 0 else 'kept'}: {p.name} ({a.provenance.method}, fit rms log error {rms})",
                   file=sys.stderr)
         return 0
-    path = write_anchor(anchor, out)
+    path = write_anchor(anchor, out, on_replace=lambda p, kept: print(
+        f"{cmd}: {p} held another anchor: kept it as {kept}", file=sys.stderr))
     if path is not None:
         print(f"{cmd}: wrote {path} (fit rms log error {anchor.fit.rms_log_error:.3f})", file=sys.stderr)
     return 0

@@ -133,7 +133,8 @@ def cmd_harvest(args: argparse.Namespace) -> int:
         print(f"harvest: {report.message or 'no anchor'}", file=sys.stderr)
         return report.exit_code or EXIT_FAILED
     try:
-        path = write_anchor(report.anchor, args.out)
+        path = write_anchor(report.anchor, args.out, on_replace=lambda p, kept: progress(
+            f"{p} held another anchor: kept it as {kept}"))
     except OSError as exc:
         # The measurement is not lost: the anchor goes to stdout instead.
         print(f"harvest: failed: --out {args.out!r}: cannot write the anchor ({exc}); it follows on stdout",

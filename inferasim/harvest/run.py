@@ -27,7 +27,15 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from inferasim.anchors import Anchor, BenchPoint, FitReport, KernelSet, LayoutModel, Provenance
+from inferasim.anchors import (
+    Anchor,
+    BenchPoint,
+    FitReport,
+    KernelSet,
+    LayoutModel,
+    Provenance,
+    write_anchor_file,
+)
 from inferasim.catalog.engines import normalize_engine
 from inferasim.catalog.gpus import get_gpu
 from inferasim.catalog.models import get_model
@@ -264,22 +272,23 @@ def harvest(cfg: HarvestConfig, progress: Callable[[str], None] | None = None) -
     return asyncio.run(harvest_async(cfg, progress))
 
 
-def write_anchor(anchor: Anchor, out: str | Path) -> Path | None:
-    """Write to a file, into a folder (under the anchor's own file name), or to stdout for '-'."""
-    text = anchor.model_dump_json(indent=2) + "\n"
+def write_anchor(anchor: Anchor, out: str | Path,
+                 on_replace: Callable[[Path, Path], None] | None = None) -> Path | None:
+    """Write to a file, into a folder (under the anchor's own file name), or to stdout for '-'.
+    A different anchor already in the file is moved to ``replaced/`` beside it, never dropped;
+    ``on_replace(path, kept)`` is told where it went."""
     if str(out) == "-":
         import sys
 
-        sys.stdout.write(text)
+        sys.stdout.write(anchor.model_dump_json(indent=2) + "\n")
         sys.stdout.flush()
         return None
     path = Path(out)
     if path.is_dir():
         path = path / anchor.filename()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
+    kept = write_anchor_file(anchor, path)
+    if kept is not None and on_replace is not None:
+        on_replace(path, kept)
     return path
 
 

@@ -22,6 +22,7 @@ from inferasim.anchors import (
     StepPoint,
     anchor_json_schema,
     load_anchor,
+    write_anchor_file,
 )
 from inferasim.layout import Layout
 
@@ -243,6 +244,29 @@ def test_save_replaces_same_file_and_honours_folder(tmp_path: Path) -> None:
     other = store.save(make_anchor(layout=Layout(tp=8, moe_ep=8)), tmp_path / "b")
     assert other.parent == tmp_path / "b"
     assert len(AnchorStore(tmp_path / "a", tmp_path / "b").all()) == 2
+
+
+def test_save_keeps_the_anchor_it_replaces(tmp_path: Path) -> None:
+    folder = tmp_path / "a"
+    store = AnchorStore(folder)
+    first = make_anchor()
+    store.save(first)
+    assert store.last_replaced is None
+    store.save(first)  # the same text again: nothing to keep
+    assert store.last_replaced is None and not (folder / "replaced").exists()
+    second = make_anchor(concurrencies=(1, 2))
+    path = store.save(second)
+    kept = store.last_replaced
+    assert kept is not None and kept.parent == folder / "replaced" and kept.name.startswith(path.stem + ".")
+    assert load_anchor(kept) == first and load_anchor(path) == second
+    # The folder's store sees only the new anchor: replaced/ is not read.
+    assert AnchorStore(folder).all() == [second]
+    # A third write in the same second does not overwrite the second one kept.
+    store.save(make_anchor(concurrencies=(4, 8)))
+    assert len(list((folder / "replaced").glob("*.json"))) == 2
+    # Asked not to keep it, the file is simply replaced.
+    assert write_anchor_file(first, path, keep_previous=False) is None
+    assert len(list((folder / "replaced").glob("*.json"))) == 2 and load_anchor(path) == first
 
 
 def test_bad_json_names_file_and_position(tmp_path: Path) -> None:

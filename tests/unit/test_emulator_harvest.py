@@ -86,6 +86,12 @@ def test_harvest_writes_a_consistent_anchor(emu: EmulatorProcess, tmp_path: Path
     written = write_anchor(a, path)
     assert written is not None and written.parent == path
     assert load_anchor(written).params == a.params
+    # A second harvest of the same kernels and layout keeps the first one aside.
+    b = a.model_copy(update={"points": a.points[:-1]})
+    told: list[tuple[Path, Path]] = []
+    assert write_anchor(b, path, on_replace=lambda p, kept: told.append((p, kept))) == written
+    assert len(told) == 1 and told[0][0] == written and load_anchor(told[0][1]) == a
+    assert load_anchor(written) == b
 
 
 def test_harvest_refuses_a_poor_fit(emu: EmulatorProcess) -> None:
