@@ -708,11 +708,7 @@ def _tune_table(result: Any) -> str:
     rows = []
     for i, e in enumerate(d["shortlist"], 1):
         p = e["predicted"]
-        dg = e["disaggregation"]
-        shape = e["layout_label"] if not dg else (
-            f"P{dg['prefill_workers']}x{Layout(**dg['prefill_layout']).label()}"
-            f"+D{dg['decode_workers']}x{Layout(**dg['decode_layout']).label()}")
-        rows.append((i, e["engine"], e["precision"], shape, e["replicas"], e["gpus"], e["max_num_seqs"],
+        rows.append((i, e["engine"], e["precision"], e["shape"], e["replicas"], e["gpus"], e["max_num_seqs"],
                      e["max_num_batched_tokens"], round(p["throughput_per_gpu_at_slo"]), p["ttft_p90_ms"],
                      p["itl_p90_ms"], "yes" if e["meets_slo"] else "no",
                      e["anchor"][:24] if e["anchor"] else "unanchored"))
@@ -733,11 +729,13 @@ def _tune_table(result: Any) -> str:
             else "No anchored deployment meets the SLO (a measurement-free "
                  f"{meeting.candidate.engine} {meeting.candidate.layout.label()} x{meeting.replicas} is predicted to; "
                  "harvest its anchor to confirm). Closest anchored")
-        lines += ["", f"{head}: {rec['engine']} {rec['precision']} {rec['layout_label']} x{rec['replicas']} "
+        lines += ["", f"{head}: {rec['engine']} {rec['precision']} {rec['shape']} x{rec['replicas']} "
                       f"({rec['gpus']} GPUs), max_num_seqs {rec['max_num_seqs']}, "
                       f"max_num_batched_tokens {rec['max_num_batched_tokens']}: "
                       f"{rec['predicted']['throughput_per_gpu_at_slo']:,.0f} tok/s/GPU at the SLO"
                       + ("" if rec["anchor"] else "  [unanchored: measurement-free, rank within engine]")]
+    for x in d["space"]["excluded"]:
+        lines.append(f"not considered: {x['what']}: {x['why']}")
     for p in d.get("proposals") or []:
         # An LLM proposer's suggestions, the refused ones with their reason (an unreachable endpoint too).
         lines.append(f"proposal {p['verdict']}: {p['proposal'] or '-'}" + (f" ({p['reason']})" if p["reason"] else ""))
@@ -850,9 +848,15 @@ def cmd_tune(args: argparse.Namespace) -> int:
         if any(e.meets_slo for e in result.ranked):
             print("inferasim tune: the recommended (anchored) deployment misses the SLO; only measurement-free "
                   "candidates are predicted to meet it: harvest their anchors to confirm", file=sys.stderr)
+        elif not result.space.candidates:
+            print("inferasim tune: nothing to search: every engine, precision and layout was pruned "
+                  f"({len(result.space.pruned)}; `-o json` lists space.pruned_reasons)", file=sys.stderr)
         else:
             print("inferasim tune: no deployment meets the SLO (relax objective.slo, raise hardware.maxGPUs, or "
                   "allow more engines/precisions)", file=sys.stderr)
+        if "manifest_file" in data:
+            print(f"inferasim tune: {args.manifest} holds the closest deployment, annotated "
+                  "inferasim.io/predicted meets_slo false", file=sys.stderr)
         return 1
     return 0
 

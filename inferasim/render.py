@@ -46,11 +46,12 @@ from inferasim.catalog.engines import (
     normalize_engine,
 )
 from inferasim.catalog.gpus import GPU, get_gpu
-from inferasim.catalog.models import get_model
+from inferasim.catalog.models import get_model, sibling_checkpoints
 from inferasim.layout import Layout
 
 __all__ = [
     "ANNOTATION_FP8_KERNELS",
+    "ANNOTATION_PD_ROUTER",
     "DISAGG_ROLES",
     "HF_HOME",
     "LABEL_ENGINE",
@@ -63,6 +64,7 @@ __all__ = [
     "engine_env",
     "gpu_node_label",
     "fp8_kernels_note",
+    "precision_error",
     "render_deployment",
     "render_manifests",
     "render_service",
@@ -510,6 +512,13 @@ def _online_fp8(cfg: ServingConfig) -> bool:
 
 # Annotation of a manifest whose online FP8 runs other kernels than the price assumed.
 ANNOTATION_FP8_KERNELS = "inferasim.io/fp8-kernels"
+# Annotation of a P/D pool: the router in front of the pools is not rendered (module docstring).
+ANNOTATION_PD_ROUTER = "inferasim.io/pd-router"
+_PD_ROUTER = {
+    "vllm": "vLLM's disaggregated-serving proxy or llm-d",  # not in the notes
+    "sglang": "sglang_router.launch_router --pd-disaggregation",  # not in the notes
+    "atom": "ATOM's atomesh",  # as in the module docstring; not in the notes
+}
 
 
 def fp8_kernels_note(cfg: ServingConfig) -> str | None:
@@ -527,6 +536,41 @@ def fp8_kernels_note(cfg: ServingConfig) -> str | None:
     return ("priced as block-scaled FP8, the kernels of this family's published FP8 checkpoint; "
             "--quantization fp8 scales per tensor and prefills faster than priced (TTFT below the "
             "prediction). Point the model at the published FP8 checkpoint to run the priced kernels.")
+
+
+# Weight classes a precision asks for and a checkpoint holds (render.PRECISIONS and the catalog's
+# checkpoint formats): a 4-bit float request is met by NVFP4 and MXFP4 checkpoints alike (the
+# public data calls gpt-oss's MXFP4 "fp4").
+_WEIGHT_CLASS = {"bf16": "16-bit", "fp16": "16-bit", "fp8": "fp8", "w8a8": "fp8", "int8": "int8",
+                 "fp4": "fp4", "nvfp4": "fp4", "mxfp4": "fp4", "int4": "int4", "w4a16": "int4",
+                 "awq": "int4", "gptq": "int4"}
+
+
+def precision_error(engine: str, model: str, precision: str) -> str | None:
+    """Why ``engine`` would not serve ``model`` at ``precision`` (None: it would). The engine runs
+    the weights of the checkpoint it loads: a quantised checkpoint at its own format, a 16-bit one
+    at 16 bits or, where the engine quantises online (vLLM and SGLang --quantization fp8), at fp8.
+    Rendering ``deepseek-ai/DeepSeek-R1`` (FP8) for a price at fp4 would run twice the weight bytes
+    that were priced. A model id the catalog does not know is not judged."""
+    want = _WEIGHT_CLASS.get(_norm(precision))
+    if want is None:  # auto: the checkpoint's own format, which is what the price uses
+        return None
+    try:
+        fmt = get_model(model).checkpoint_format
+    except (ValueError, OSError):
+        return None
+    have = _WEIGHT_CLASS.get(fmt, fmt)
+    if have == want:
+        return None
+    online = flag_for(normalize_engine(engine), "quantization") is not None
+    if want == "fp8" and have == "16-bit" and online:
+        return None
+    how = ("quantises online only from 16-bit weights to fp8" if online else "has no online quantization")
+    siblings = [hf for hf, f in sibling_checkpoints(model).items() if _WEIGHT_CLASS.get(f, f) == want]
+    fix = (f"point the model at {' or '.join(siblings)}" if siblings else
+           f"point the model at a {precision} checkpoint of it")
+    return (f"{engine} would serve {model} at {fmt}, not {precision}: the checkpoint holds {fmt} weights and "
+            f"{engine} {how}; {fix}, or choose precision {fmt if have != '16-bit' else 'bf16'}")
 
 
 def _quantization_args(cfg: ServingConfig, args: _Args) -> None:
@@ -797,9 +841,13 @@ def render_deployment(
 
     ``hf_token_secret`` names an optional Secret whose key ``token`` becomes ``HF_TOKEN`` (gated
     models); the pod starts without it. Raises ValueError when a replica needs more GPUs than one
-    node holds (multi-node serving needs LeaderWorkerSet / Ray and is not rendered).
+    node holds (multi-node serving needs LeaderWorkerSet / Ray and is not rendered), and when the
+    engine would not run the precision asked for with this checkpoint (precision_error).
     """
     _check_name(name, namespace)
+    why = precision_error(cfg.engine, cfg.model, cfg.precision)
+    if why:
+        raise ValueError(why)
     gpu = cfg.gpu_spec
     argv = engine_args(cfg)  # also checks the node fit and every flag
     n_launch = len(launch_command(cfg.engine))
@@ -856,6 +904,10 @@ def render_deployment(
     note = fp8_kernels_note(cfg)
     if note:
         annotations[ANNOTATION_FP8_KERNELS] = note
+    if cfg.disagg_role:
+        annotations[ANNOTATION_PD_ROUTER] = (
+            f"this pool runs the {cfg.disagg_role} half of each request; clients go to a P/D router in front of "
+            f"the prefill and decode pools ({_PD_ROUTER[cfg.engine]}), which this manifest does not render")
     pod_annotations = {
         "prometheus.io/scrape": "true",
         "prometheus.io/port": str(port),

@@ -956,6 +956,21 @@ def context_error(model: ModelSpec, prompt: float, output: float = 0.0) -> str |
     return None
 
 
+def sibling_checkpoints(name: str) -> dict[str, str]:
+    """Catalog checkpoints of the same model as `name` (the same id once org, `Meta-` prefix and
+    checkpoint suffixes are dropped), each with its weight format: where to point a deployment
+    that needs another precision (nvidia/Llama-3.1-70B-Instruct-FP8 for meta-llama's BF16 one)."""
+    key = _canon(name.replace("--", "/"))
+    out: dict[str, str] = {}
+    for hf_id in sorted(_catalog_files()):
+        if _canon(hf_id) == key:
+            try:
+                out[hf_id] = _load_known(hf_id).checkpoint_format
+            except ModelConfigError:
+                continue  # a config the catalog cannot read is not a place to point anyone
+    return out
+
+
 def get_model(name_or_path: str | Path) -> ModelSpec:
     """A ModelSpec by Hugging Face id / alias, or from a config.json path (a file, or a folder
     holding config.json)."""

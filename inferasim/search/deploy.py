@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import json
+from typing import TYPE_CHECKING, Any
 
 from inferasim.render import ServingConfig, render_manifests, to_yaml
 
@@ -11,17 +12,69 @@ if TYPE_CHECKING:  # pragma: no cover
     from inferasim.search.tune import TuneResult
 
 
-def config_of(result: TuneResult, e: Estimate) -> ServingConfig:
+def pool_configs(result: TuneResult, e: Estimate) -> list[tuple[str, ServingConfig]]:
+    """(name suffix, config) of each pool that deploys ``e``: one for colocated replicas; for a
+    disaggregated candidate a prefill and a decode pool, each with its workers x ``e.replicas``
+    pods at its own layout and its role (the engine's KV-transfer flags)."""
     c = e.candidate
-    return ServingConfig(
-        engine=c.engine, model=result.model.name, gpu=result.gpu.name, layout=c.layout, replicas=e.replicas,
-        precision=c.precision, kv_cache_dtype=e.fitted.kv_dtype, max_num_seqs=c.max_num_seqs,
+    common: dict[str, Any] = dict(
+        engine=c.engine, model=result.model.name, gpu=result.gpu.name, precision=c.precision,
+        kv_cache_dtype=e.fitted.kv_dtype, max_num_seqs=c.max_num_seqs,
         max_num_batched_tokens=c.max_batched_tokens, chunked_prefill=c.chunked_prefill,
     )
+    d = c.disagg
+    if d is None:
+        return [("", ServingConfig(layout=c.layout, replicas=e.replicas, **common))]
+    return [
+        ("-prefill", ServingConfig(layout=d.prefill, replicas=d.prefill_workers * e.replicas,
+                                   disagg_role="prefill", **common)),
+        ("-decode", ServingConfig(layout=d.decode, replicas=d.decode_workers * e.replicas,
+                                  disagg_role="decode", **common)),
+    ]
+
+
+def config_of(result: TuneResult, e: Estimate) -> ServingConfig:
+    """The one config of a colocated candidate. A disaggregated one deploys two pools
+    (pool_configs): ValueError, rather than a single Deployment that would serve the whole load
+    on the decode pool's GPUs."""
+    pools = pool_configs(result, e)
+    if len(pools) != 1:
+        raise ValueError(f"{e.candidate.label()} is disaggregated: it deploys a prefill and a decode pool "
+                         "(search.deploy.pool_configs), not one Deployment")
+    return pools[0][1]
+
+
+def render_pools(result: TuneResult, e: Estimate, name: str, namespace: str = "default") -> list[dict[str, Any]]:
+    """Deployment and Service of every pool of ``e`` (``name``, or ``name-prefill`` and ``name-decode``)."""
+    out: list[dict[str, Any]] = []
+    for suffix, cfg in pool_configs(result, e):
+        out += render_manifests(cfg, f"{name}{suffix}", namespace)
+    return out
+
+
+# Annotation holding what the search predicted for a rendered recommendation, for the canary
+# automation that compares it with what the deployment then measures (and for a person reading
+# the manifest: whether it was predicted to meet the SLO at all).
+ANNOTATION_PREDICTED = "inferasim.io/predicted"
+
+
+def predicted_annotation(result: TuneResult, e: Estimate) -> str:
+    entry = result.entry(e)
+    p = entry["predicted"]
+    keep = ("ttft_p90_ms", "itl_p90_ms", "ttft_ms", "tpot_ms", "throughput_per_gpu_at_slo",
+            "max_request_rate_per_replica_at_slo")
+    view = {k: (round(p[k], 3) if isinstance(p.get(k), float) else p.get(k)) for k in keep}
+    view.update(meets_slo=entry["meets_slo"], shape=entry["shape"], anchor=entry["anchor"] or "unanchored")
+    return json.dumps(view, separators=(",", ":"))
 
 
 def manifests_for(result: TuneResult, name: str = "llm", namespace: str = "default") -> str:
     rec = result.recommendation
     if rec is None:
         raise ValueError("the search found no feasible deployment to render")
-    return to_yaml(render_manifests(config_of(result, rec), name, namespace))
+    manifests = render_pools(result, rec, name, namespace)
+    note = predicted_annotation(result, rec)
+    for m in manifests:
+        if m["kind"] == "Deployment":
+            m["metadata"]["annotations"][ANNOTATION_PREDICTED] = note
+    return to_yaml(manifests)

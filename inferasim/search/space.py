@@ -18,6 +18,7 @@ from inferasim.catalog.gpus import GPU
 from inferasim.catalog.models import ModelSpec
 from inferasim.layout import Layout
 from inferasim.memory import plan_memory
+from inferasim.render import precision_error
 from inferasim.spec import SearchSpace
 
 
@@ -68,6 +69,9 @@ class Candidate:
 class Space:
     candidates: list[Candidate] = field(default_factory=list)
     pruned: list[tuple[str, str]] = field(default_factory=list)  # (what, why)
+    # The prunings that drop a whole engine or engine x precision (also in `pruned`): worth telling
+    # a person, unlike the many layouts that do not fit.
+    excluded: list[tuple[str, str]] = field(default_factory=list)
 
     @property
     def size(self) -> int:
@@ -111,8 +115,16 @@ def build_space(model: ModelSpec, gpu: GPU, engines: list[str], precisions: list
         why = engine_gpu_error(engine, gpu.vendor, gpu.name)
         if why:
             out.pruned.append((f"{engine} on {gpu.name}", why))
+            out.excluded.append(out.pruned[-1])
             continue
         for precision in precisions:
+            # A precision the engine would not run with this checkpoint (an FP4 price for an FP8
+            # checkpoint) could be recommended but not deployed as priced: pruned, saying why.
+            unservable = precision_error(engine, model.name, precision)
+            if unservable:
+                out.pruned.append((f"{engine} {precision}", unservable))
+                out.excluded.append(out.pruned[-1])
+                continue
             good: list[Layout] = []
             for lay in layouts(model, gpu, max_gpus, gpus_per_node, space):
                 plan = plan_memory(model, gpu, lay, engine=engine, precision=precision)

@@ -71,7 +71,8 @@ class TuneResult:
         price = self.spec.hardware.price_per_gpu_hour
         d: dict[str, Any] = {
             "engine": c.engine, "precision": c.precision, "layout": c.layout.as_dict(),
-            "layout_label": c.layout.label(), "replicas": e.replicas, "gpus": e.gpus,
+            "layout_label": c.layout.label(), "shape": c.disagg.label() if c.disagg else c.layout.label(),
+            "replicas": e.replicas, "gpus": e.gpus,
             "gpus_per_replica": c.gpus_per_replica,
             "max_num_seqs": c.max_num_seqs, "max_num_batched_tokens": c.max_batched_tokens,
             "chunked_prefill": c.chunked_prefill, "spec_method": c.spec_method,
@@ -110,7 +111,8 @@ class TuneResult:
             "missing_anchors": self.missing_anchors,
             "anchors_used": self.anchors_used,
             "space": {"candidates": len(self.space.candidates), "pruned": len(self.space.pruned),
-                      "pruned_reasons": [{"what": w, "why": r} for w, r in self.space.pruned[:200]]},
+                      "pruned_reasons": [{"what": w, "why": r} for w, r in self.space.pruned[:200]],
+                      "excluded": [{"what": w, "why": r} for w, r in self.space.excluded]},
             "timings_s": self.timings,
             "proposals": self.proposals,
         }

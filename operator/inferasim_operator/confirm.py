@@ -102,10 +102,10 @@ async def start_confirmation(body: dict[str, Any], spec: TuningSpec, payload: di
     target = await asyncio.to_thread(kube.get_deployment, book.namespace, spec.target.name) if spec.target else None
     target_labels = ((target or {}).get("spec") or {}).get("selector", {}).get("matchLabels", {}) or {}
     canaries = []
-    for dep, entry in list(zip(payload.get("shortlist_deployments", []), shortlist, strict=False))[
-            : spec.confirmation.candidates]:
-        if "error" in dep:
-            continue
+    # The first `candidates` entries that render as one Deployment (a disaggregated one does not).
+    renderable = [(dep, entry) for dep, entry in zip(payload.get("shortlist_deployments", []), shortlist, strict=False)
+                  if "error" not in dep]
+    for dep, entry in renderable[: spec.confirmation.candidates]:
         d = canary_deployment(dep, target_labels, book.name)
         kopf.adopt(d, owner=body)
         await asyncio.to_thread(kube.apply_deployment, d)

@@ -579,7 +579,8 @@ def candidate_of(entry: dict[str, Any], confirm_hours: float | None = None) -> C
         engine=entry["engine"], precision=entry["precision"],
         layout=LayoutStatus(tp=lay.get("tp", 1), pp=lay.get("pp", 1), dp=lay.get("dp", 1),
                             moe_tp=lay.get("moe_tp", 0), moe_ep=lay.get("moe_ep", 1)),
-        layout_label=entry["layout_label"], replicas=entry["replicas"], gpus=entry["gpus"],
+        # A disaggregated candidate's shape (P2xtp4+D1xtp8), not only its decode pool's layout.
+        layout_label=entry.get("shape") or entry["layout_label"], replicas=entry["replicas"], gpus=entry["gpus"],
         max_num_seqs=entry.get("max_num_seqs"), max_num_batched_tokens=entry.get("max_num_batched_tokens"),
         chunked_prefill=entry.get("chunked_prefill"), predicted=_predicted(entry.get("predicted") or {}),
         meets_slo=bool(entry.get("meets_slo")), extrapolated=bool(entry.get("extrapolated")),

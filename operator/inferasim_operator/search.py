@@ -53,8 +53,8 @@ def adopt_selector(deployment: dict[str, Any], selector: dict[str, Any] | None) 
 def search_payload(spec: dict[str, Any], anchor_dirs: list[str], name: str, namespace: str,
                    stage2_top: int, target_selector: dict[str, Any] | None = None) -> dict[str, Any]:
     """Run `tune` and render what the status and the canaries need (runs in the child)."""
-    from inferasim.render import render_deployment, render_manifests, to_yaml
-    from inferasim.search.deploy import config_of
+    from inferasim.render import render_deployment, to_yaml
+    from inferasim.search.deploy import config_of, render_pools
     from inferasim.search.tune import tune
     from inferasim.spec import TuningSpec
 
@@ -77,17 +77,22 @@ def search_payload(spec: dict[str, Any], anchor_dirs: list[str], name: str, name
     rec = result.recommendation
     if rec is not None:
         try:
-            manifests = render_manifests(config_of(result, rec), name, namespace)
-            adopt_selector(manifests[0], target_selector)
+            manifests = render_pools(result, rec, name, namespace)
+            if rec.candidate.disagg is None:
+                adopt_selector(manifests[0], target_selector)
+                out["container"] = _container_view(manifests[0])
+            # A disaggregated recommendation is two pools (name-prefill, name-decode) beside the
+            # target, not a patch of it: no single container to show, no selector to adopt.
             out["manifest"] = to_yaml(manifests)
-            out["container"] = _container_view(manifests[0])
         except ValueError as exc:  # e.g. a replica larger than one node: not renderable as a Deployment
             out["render_error"] = str(exc)
-    for i, e in enumerate(result.shortlist()):
+    n_canaries = 0  # canaries are numbered among the renderable entries: the first is -canary-0
+    for e in result.shortlist():
         try:
             cfg = config_of(result, e)
-            out["shortlist_deployments"].append(render_deployment(cfg, f"{name}-canary-{i}"[:63], namespace))
-        except ValueError as exc:
+            out["shortlist_deployments"].append(render_deployment(cfg, f"{name}-canary-{n_canaries}"[:63], namespace))
+            n_canaries += 1
+        except ValueError as exc:  # a disaggregated entry (two pools), or one a Deployment cannot hold
             out["shortlist_deployments"].append({"error": str(exc)})
     out["seconds"] = time.perf_counter() - t0
     return out

@@ -134,7 +134,15 @@ def test_search_payload(payload: dict[str, Any]) -> None:
     assert dep["spec"]["template"]["metadata"]["labels"]["app"] == "chat"
     assert payload["container"]["image"].startswith("vllm/") and payload["container"]["args"][0] == "vllm"
     assert 1 <= len(payload["shortlist"]) <= 5
-    assert [d["metadata"]["name"] for d in payload["shortlist_deployments"]][:2] == ["chat-canary-0", "chat-canary-1"]
+    # One canary Deployment per colocated entry; a disaggregated one (two pools) is not canaried.
+    n = 0
+    for dep, entry in zip(payload["shortlist_deployments"], payload["shortlist"], strict=True):
+        if entry["disaggregation"]:
+            assert "disaggregated" in dep["error"]
+        else:
+            assert dep["metadata"]["name"] == f"chat-canary-{n}"
+            n += 1
+    assert n >= 1
 
 
 def test_status_pieces(payload: dict[str, Any]) -> None:

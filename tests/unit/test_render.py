@@ -622,3 +622,38 @@ def test_render_does_not_import_kubernetes_or_kopf():
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize(
+    "engine,model,precision,ok",
+    [
+        ("vllm", "meta-llama/Meta-Llama-3.1-70B", "fp8", True),  # online --quantization fp8
+        ("sglang", "meta-llama/Meta-Llama-3.1-70B", "fp8", True),
+        ("atom", "meta-llama/Meta-Llama-3.1-70B", "fp8", False),  # ATOM has no online quantization
+        ("vllm", "deepseek-ai/DeepSeek-R1", "fp4", False),  # an FP8 checkpoint priced at fp4
+        ("vllm", "deepseek-ai/DeepSeek-R1", "bf16", False),  # nor is it served at 16 bits
+        ("vllm", "deepseek-ai/DeepSeek-R1", "fp8", True),
+        ("vllm", "deepseek-ai/DeepSeek-R1", "auto", True),
+        ("vllm", "nvidia/Qwen3.5-397B-A17B-NVFP4", "fp4", True),
+        ("vllm", "openai/gpt-oss-120b", "fp4", True),  # MXFP4 is a 4-bit float checkpoint
+        ("vllm", "Qwen/Qwen3.5-397B-A17B", "fp4", False),
+        ("vllm", "someone/unknown-model", "fp4", True),  # not in the catalog: not judged
+    ],
+)
+def test_precision_error_names_what_the_engine_would_run(engine: str, model: str, precision: str,
+                                                         ok: bool) -> None:
+    from inferasim.render import precision_error
+
+    why = precision_error(engine, model, precision)
+    assert (why is None) == ok, why
+    if not ok:
+        assert model in why and precision in why
+    if model == "Qwen/Qwen3.5-397B-A17B" and not ok:
+        assert "nvidia/Qwen3.5-397B-A17B-NVFP4" in why  # where the weights of that precision are
+
+
+def test_render_refuses_a_precision_the_checkpoint_would_not_run() -> None:
+    cfg = ServingConfig(engine="vllm", model="deepseek-ai/DeepSeek-R1", gpu="B200", layout=Layout(tp=8),
+                        precision="fp4")
+    with pytest.raises(ValueError, match="would serve deepseek-ai/DeepSeek-R1 at fp8, not fp4"):
+        render_deployment(cfg, "r1")

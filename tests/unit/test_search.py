@@ -308,3 +308,45 @@ def test_an_explicit_sglang_chunk_flag_is_divided_like_the_default() -> None:
     minimax = get_model("MiniMaxAI/MiniMax-M2.5")
     vdp2 = Layout(tp=2, pp=1, dp=2, moe_tp=1, moe_ep=4)
     assert engine_sched("vllm", minimax, gpu, vdp2, "fp8", max_batched_tokens=8192).max_batched_tokens == 8192
+
+
+def test_a_disaggregated_recommendation_renders_both_pools() -> None:
+    from inferasim.render import ANNOTATION_PD_ROUTER, LABEL_ROLE
+    from inferasim.search.deploy import config_of, pool_configs, render_pools
+
+    spec = parse_spec(small_spec(search={"maxNumSeqs": [64], "maxNumBatchedTokens": [8192],
+                                         "chunkedPrefill": [True], "disaggregation": True},
+                                 hardware={"gpu": "H100", "gpusPerNode": 8, "maxGPUs": 4}))
+    result = tune(spec, stage2_top=0)
+    e = next(e for e in result.ranked if e.candidate.disagg is not None)
+    d = e.candidate.disagg
+    assert d is not None
+    # One Deployment for a P/D candidate would serve the whole load on the decode pool's GPUs.
+    with pytest.raises(ValueError, match="disaggregated"):
+        config_of(result, e)
+    pools = dict(pool_configs(result, e))
+    assert pools["-prefill"].layout == d.prefill and pools["-decode"].layout == d.decode
+    assert pools["-prefill"].replicas == d.prefill_workers * e.replicas
+    assert pools["-decode"].replicas == d.decode_workers * e.replicas
+    docs = render_pools(result, e, "chat")
+    assert [(m["kind"], m["metadata"]["name"]) for m in docs] == [
+        ("Deployment", "chat-prefill"), ("Service", "chat-prefill"), ("Deployment", "chat-decode"),
+        ("Service", "chat-decode")]
+    gpus = 0
+    for dep, role in ((docs[0], "prefill"), (docs[2], "decode")):
+        assert dep["metadata"]["labels"][LABEL_ROLE] == role
+        assert ANNOTATION_PD_ROUTER in dep["metadata"]["annotations"]
+        container = dep["spec"]["template"]["spec"]["containers"][0]
+        assert "--kv-transfer-config" in container["args"]  # vLLM's KV transfer between the pools
+        gpus += int(container["resources"]["limits"]["nvidia.com/gpu"]) * dep["spec"]["replicas"]
+    assert gpus == e.gpus  # every GPU the estimate priced, and no more
+
+
+def test_a_precision_the_checkpoint_cannot_run_is_pruned_with_the_fix() -> None:
+    model, gpu = get_model("meta-llama/Meta-Llama-3.1-70B"), get_gpu("MI355X")
+    space = build_space(model, gpu, ["vllm", "atom"], ["fp8"], 8, 8, SearchSpace())
+    # vLLM quantises the BF16 checkpoint to FP8 at load; ATOM cannot, and says where FP8 weights are.
+    assert {c.engine for c in space.candidates} == {"vllm"}
+    (what, why), = space.excluded
+    assert what == "atom fp8" and "nvidia/Llama-3.1-70B-Instruct-FP8" in why and "bf16" in why
+    assert (what, why) in space.pruned
