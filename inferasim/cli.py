@@ -23,7 +23,7 @@ from inferasim.anchors import (
     load_anchor,
 )
 from inferasim.catalog.engines import ENGINES, UnknownEngineError, normalize_engine
-from inferasim.catalog.gpus import GPU, UnknownGPUError, get_gpu, list_gpus
+from inferasim.catalog.gpus import UnknownGPUError, get_gpu, list_gpus
 from inferasim.catalog.models import (
     PRECISIONS,
     ModelConfigError,
@@ -40,6 +40,7 @@ from inferasim.cliargs import (
     check_output_folder,
     fraction,
     refuse_engine_on_gpu,
+    refuse_unservable,
 )
 from inferasim.cliargs import positive_float as _positive_float
 from inferasim.cliargs import positive_int as _positive
@@ -47,6 +48,8 @@ from inferasim.layout import Layout, LayoutError
 from inferasim.memory import plan_memory
 from inferasim.output import OUTPUT_FORMATS, emit, table
 from inferasim.spec import SpecError
+from inferasim.userfile import read_user_text
+from inferasim.validate import CannotPredict
 
 EXIT_USAGE = 2
 
@@ -209,22 +212,6 @@ def _refuse_beyond_context(model: ModelSpec, isl: int, osl: int) -> None:
               "at the context)", file=sys.stderr)
 
 
-def _refuse_unservable(model: ModelSpec, gpu: GPU, layout: Layout, engine: str, precision: str,
-                       kv_dtype: str) -> None:
-    """A layout the engine would not start (tp not dividing the heads under vLLM, weights beyond
-    HBM even at the raised memory fraction benchmarks use) has no performance to predict."""
-    from inferasim.sim.benchmark import TIGHT_MEMORY_FRACTION
-
-    refuse_engine_on_gpu(engine, gpu)
-    plan = plan_memory(model, gpu, layout, engine=engine, precision=precision, kv_dtype=kv_dtype)
-    if not plan.feasible:
-        tight = plan_memory(model, gpu, layout, engine=engine, precision=precision, kv_dtype=kv_dtype,
-                            memory_fraction=TIGHT_MEMORY_FRACTION)
-        if not tight.feasible:
-            raise UsageError(f"{engine} cannot serve {model.name} at {layout.label()} on {gpu.name}: "
-                             + "; ".join(tight.reasons) + " (see `inferasim memory` for the plan)")
-
-
 def cmd_predict(args: argparse.Namespace) -> int:
     from inferasim.predictor import fitted_from_anchor, unanchored
     from inferasim.sim.benchmark import engine_sched, open_loop
@@ -259,7 +246,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
             print(f"note: {exc}; predicting measurement-free (rank within one engine only)", file=sys.stderr)
     # Checked at what the prediction will run: an anchor's precision and KV dtype may differ from
     # the flags' (an fp8 anchor of a bf16 checkpoint fits layouts bf16 does not).
-    _refuse_unservable(fitted.model, fitted.gpu, layout, fitted.engine, fitted.precision, fitted.kv_dtype)
+    refuse_unservable(fitted.model, fitted.gpu, layout, fitted.engine, fitted.precision, fitted.kv_dtype)
     isl, osl = args.isl, args.osl
     replicas = args.replicas
     if args.concurrency is not None:
@@ -828,20 +815,36 @@ def cmd_tune(args: argparse.Namespace) -> int:
     result = tune(spec, store=store, progress=None if args.output != "table" else _stage_progress,
                   propose_with=propose_with)
     data = result.as_dict()
+    # The search is done: a file that cannot be written (or a manifest that cannot be rendered)
+    # is reported after the result, which is printed all the same.
+    failures: list[str] = []
+    plotted = False
     if args.plot:
-        _plot_pareto(result, args.plot)
+        try:
+            _plot_pareto(result, args.plot)
+            plotted = True
+        except OSError as exc:
+            failures.append(f"--plot {args.plot}: cannot write ({exc.strerror or exc})")
     if args.manifest and result.recommendation is not None:
         from inferasim.search.deploy import manifests_for
 
-        text = manifests_for(result, name=args.name, namespace=args.namespace)
-        Path(args.manifest).write_text(text)
-        data["manifest_file"] = args.manifest
+        try:
+            Path(args.manifest).write_text(manifests_for(result, name=args.name, namespace=args.namespace))
+            data["manifest_file"] = args.manifest
+        except ValueError as exc:
+            failures.append(f"--manifest {args.manifest}: not rendered: {exc}")
+        except OSError as exc:
+            failures.append(f"--manifest {args.manifest}: cannot write ({exc.strerror or exc})")
     emit(data, args.output, _tune_table(result))
     if args.output == "table":
-        if args.plot:
+        if plotted:
             print(f"Pareto plot written to {args.plot}")
         if "manifest_file" in data:
             print(f"Deployment manifest written to {args.manifest}")
+    for failure in failures:
+        print(f"inferasim tune: error: {failure}", file=sys.stderr)
+    if failures:
+        return 1
     rec = result.recommendation
     if rec is None or not rec.meets_slo:
         # A pipeline must not roll out a deployment that misses the SLO: exit 1, the result printed.
@@ -873,7 +876,9 @@ def _fitted_for(args: argparse.Namespace, layout: Layout):  # noqa: ANN202
     precision = args.precision if args.precision != "auto" else model.checkpoint_format
     precision = "fp4" if precision == "nvfp4" else precision
     if args.anchor:
-        return fitted_from_anchor(load_anchor(args.anchor)), True
+        fitted = fitted_from_anchor(load_anchor(args.anchor))
+        check_anchor_matches(args.anchor, fitted, engine, model.name, gpu.name)  # not another model's
+        return fitted, True
     anchor = _anchor_for(_anchor_store(args.anchors), engine, model, gpu, precision)
     if anchor is not None:
         return fitted_from_anchor(anchor), True
@@ -887,6 +892,7 @@ def cmd_advise(args: argparse.Namespace) -> int:
     layout = _layout(args)
     _refuse_beyond_context(get_model(args.model), args.isl, args.osl)
     fitted, anchored = _fitted_for(args, layout)
+    refuse_unservable(fitted.model, fitted.gpu, layout, fitted.engine, fitted.precision, fitted.kv_dtype)
     adv = advise_batch(fitted, args.isl, args.osl, args.itl_p90_ms, args.max_loss, layout=layout)
     d = adv.as_dict()
     d["anchored"] = anchored
@@ -909,7 +915,7 @@ def cmd_mix(args: argparse.Namespace) -> int:
     from inferasim.search.mix import MixSpec, plan_mix
 
     try:
-        raw = yaml.safe_load(Path(args.plan).read_text())
+        raw = yaml.safe_load(read_user_text(args.plan, "mix plan"))
         if not isinstance(raw, dict):
             raise UsageError(f"{args.plan} must hold a mapping of plan fields (hardware, engines, precision, tiers); "
                              f"it holds {'nothing' if raw is None else type(raw).__name__}")
@@ -1135,12 +1141,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except USER_ERRORS as exc:
         print(f"inferasim {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except ValueError as exc:
-        # Library validation errors (precision, dtype, ranges) name the field in their message.
+    except (ValueError, CannotPredict) as exc:
+        # Library validation errors (precision, dtype, ranges) name the field in their message;
+        # CannotPredict says why an anchor cannot price a deployment (its kernel set unknown here).
         print(f"inferasim {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except BrokenPipeError:
         return 0
+    except OSError as exc:
+        # A file the command writes (a full disk, a folder where a file goes) or stdout itself.
+        where = f" {exc.filename}:" if exc.filename else ""
+        print(f"inferasim {args.command}: error:{where} {exc.strerror or exc}", file=sys.stderr)
+        return 1
 
 
 

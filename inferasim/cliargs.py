@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 from inferasim.anchors import SHIPPED_ANCHORS, AnchorStore
 from inferasim.catalog.engines import engine_gpu_error
 from inferasim.catalog.gpus import GPU
+from inferasim.catalog.models import ModelSpec
+from inferasim.layout import Layout
 
 if TYPE_CHECKING:
     from inferasim.predictor import FittedAnchor
@@ -79,6 +81,28 @@ def refuse_engine_on_gpu(engine: str, gpu: GPU) -> None:
     why = engine_gpu_error(engine, gpu.vendor, gpu.name)
     if why:
         raise ValueError(f"--engine {engine} --gpu {gpu.name}: {why}")
+
+
+def refuse_unservable(model: ModelSpec, gpu: GPU, layout: Layout, engine: str, precision: str,
+                      kv_dtype: str) -> None:
+    """ValueError when the engine would not start `layout` (tp not dividing the heads, weights
+    beyond HBM even at the raised memory fraction benchmarks use): it has no performance to predict,
+    simulate or measure. Where only the raised fraction fits, a note on stderr says so."""
+    from inferasim.memory import plan_memory
+    from inferasim.sim.benchmark import TIGHT_MEMORY_FRACTION
+
+    refuse_engine_on_gpu(engine, gpu)
+    plan = plan_memory(model, gpu, layout, engine=engine, precision=precision, kv_dtype=kv_dtype)
+    if plan.feasible:
+        return
+    tight = plan_memory(model, gpu, layout, engine=engine, precision=precision, kv_dtype=kv_dtype,
+                        memory_fraction=TIGHT_MEMORY_FRACTION)
+    if not tight.feasible:
+        raise ValueError(f"{engine} cannot serve {model.name} at {layout.label()} on {gpu.name}: "
+                         + "; ".join(tight.reasons) + " (see `inferasim memory` for the plan)")
+    print(f"note: {model.name} at {layout.label()} on {gpu.name} does not fit {engine}'s default memory fraction "
+          f"({'; '.join(plan.reasons)}); priced at {TIGHT_MEMORY_FRACTION}, as benchmarks run it: serve it with that "
+          "memory fraction (vLLM/ATOM --gpu-memory-utilization, SGLang --mem-fraction-static)", file=sys.stderr)
 
 
 def check_anchor_matches(path: str, fitted: FittedAnchor, engine: str, model: str, gpu: str) -> None:

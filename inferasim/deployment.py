@@ -55,6 +55,7 @@ from inferasim.render import (
     _image,
     flag_spelling,
 )
+from inferasim.userfile import UserFileError, read_user_text
 
 __all__ = ["DeploymentError", "LiveDeployment", "engine_version_from_image", "kernel_set_of", "read_deployment"]
 
@@ -148,9 +149,9 @@ def _load(manifest: Mapping[str, Any] | str | Path, name: str | None) -> dict[st
     else:
         path = Path(manifest)
         try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise DeploymentError(f"--deployment {path}: cannot read: {exc}") from None
+            text = read_user_text(path, "--deployment")
+        except UserFileError as exc:
+            raise DeploymentError(str(exc)) from None
         try:
             docs = [d for d in yaml.safe_load_all(text) if d is not None]
         except yaml.YAMLError as exc:

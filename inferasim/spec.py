@@ -9,13 +9,14 @@ accepted on input.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 from inferasim.catalog.engines import ENGINES
+from inferasim.userfile import UserFileError, read_user_text
 
 
 class _Model(BaseModel):
@@ -74,6 +75,9 @@ class Objective(_Model):
     @model_validator(mode="after")
     def _one_goal(self) -> Objective:
         if self.minimize is not None:
+            if "maximize" in self.model_fields_set and self.maximize is not None:
+                raise ValueError(f"objective has both maximize ({self.maximize}) and minimize ({self.minimize}); "
+                                 "keep the one to optimise")
             self.maximize = None
         if self.maximize is None and self.minimize is None:
             raise ValueError("objective needs maximize (throughputPerGPU | goodput) or minimize (gpus | "
@@ -158,9 +162,13 @@ class Retune(_Model):
 class SearchSpace(_Model):
     """Limits of the configuration space (defaults cover what the engines usually run)."""
 
-    max_num_seqs: list[int] = Field(default_factory=lambda: [64, 128, 256, 512, 1024])
-    max_num_batched_tokens: list[int] = Field(default_factory=lambda: [2048, 4096, 8192, 16384])
-    chunked_prefill: list[bool] = Field(default_factory=lambda: [True, False])
+    # Each list is tried as given: an empty one would leave nothing to search, a limit below one
+    # request (or one token per step) no engine accepts.
+    max_num_seqs: list[Annotated[int, Field(ge=1)]] = Field(
+        default_factory=lambda: [64, 128, 256, 512, 1024], min_length=1)
+    max_num_batched_tokens: list[Annotated[int, Field(ge=1)]] = Field(
+        default_factory=lambda: [2048, 4096, 8192, 16384], min_length=1)
+    chunked_prefill: list[bool] = Field(default_factory=lambda: [True, False], min_length=1)
     disaggregation: bool = Field(True, description="Also consider prefill/decode pools.")
     expert_parallel: bool = True
     attention_dp: bool = True
@@ -236,9 +244,9 @@ def parse_spec(data: dict[str, Any]) -> TuningSpec:
 def load_spec(path: str | Path) -> TuningSpec:
     p = Path(path)
     try:
-        data = yaml.safe_load(p.read_text())
-    except FileNotFoundError:
-        raise SpecError(f"spec file {p} does not exist") from None
+        data = yaml.safe_load(read_user_text(p, "spec file"))
+    except UserFileError as exc:
+        raise SpecError(str(exc)) from None
     except yaml.YAMLError as exc:
         raise SpecError(f"{p} is not valid YAML: {exc}") from None
     try:

@@ -27,6 +27,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
+from inferasim.userfile import UserFileError, read_user_text
+
 AttentionKind = Literal["gqa", "mla", "linear", "mamba"]
 
 # Bytes per parameter of each weight format. Block scales are included: NVFP4 carries one fp8
@@ -716,9 +718,9 @@ def model_from_config(config: dict[str, Any] | str | Path, name: str | None = No
     if not isinstance(config, dict):
         path = Path(config)
         try:
-            config = json.loads(path.read_text())
-        except FileNotFoundError as exc:
-            raise ModelConfigError(f"config file {path} does not exist") from exc
+            config = json.loads(read_user_text(path, "config file"))
+        except UserFileError as exc:
+            raise ModelConfigError(str(exc)) from None
         except json.JSONDecodeError as exc:
             raise ModelConfigError(f"{path} is not valid JSON: {exc}") from exc
         source = source or str(path)

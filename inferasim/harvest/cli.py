@@ -82,6 +82,23 @@ def config_from_args(args: argparse.Namespace) -> HarvestConfig:
         warmup=not args.no_warmup, seed=args.seed, client=args.client, timing=args.timing)
 
 
+def _refuse_unservable_layout(cfg: HarvestConfig) -> None:
+    """The layout the engine behind --endpoint was started with: one it would not run (tp not
+    dividing the heads, weights beyond HBM) means --tp/--ep/--dp/--pp do not describe it, and an
+    anchor recorded under them would price another deployment."""
+    from inferasim.catalog.engines import normalize_engine
+    from inferasim.catalog.gpus import get_gpu
+    from inferasim.catalog.models import get_model
+    from inferasim.cliargs import refuse_unservable
+    from inferasim.predictor import benchmark_kv_dtype
+
+    model, gpu = get_model(cfg.model), get_gpu(cfg.gpu)
+    precision = cfg.precision if cfg.precision != "auto" else model.checkpoint_format
+    precision = "fp4" if precision == "nvfp4" else precision
+    refuse_unservable(model, gpu, cfg.layout(), normalize_engine(cfg.engine), precision,
+                      cfg.kv_dtype or benchmark_kv_dtype(precision))
+
+
 def check_writable(flag: str, out: str) -> None:
     """ValueError naming `flag` unless `out` can be written (a folder to write into, or a file
     whose missing parent folders can be created), so that no GPU time is spent on a harvest
@@ -108,6 +125,7 @@ def cmd_harvest(args: argparse.Namespace) -> int:
     if getattr(args, "harvest_action", "run") != "run":
         raise ValueError(f"unknown harvest action {args.harvest_action!r}; use: run")
     cfg = config_from_args(args)  # ValueError on bad input, before any traffic
+    _refuse_unservable_layout(cfg)
     check_writable("--out", args.out)
     if args.report:
         check_writable("--report", args.report)

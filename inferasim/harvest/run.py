@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import math
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -284,7 +285,8 @@ def write_anchor(anchor: Anchor, out: str | Path,
         sys.stdout.flush()
         return None
     path = Path(out)
-    if path.is_dir():
+    # A folder: one that exists, or one named with a trailing slash (created, as `anchors/` asks).
+    if path.is_dir() or str(out).endswith(("/", os.sep)):
         path = path / anchor.filename()
     kept = write_anchor_file(anchor, path)
     if kept is not None and on_replace is not None:

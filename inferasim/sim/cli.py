@@ -21,11 +21,18 @@ import yaml
 from pydantic import ValidationError
 
 from inferasim.anchors import SHIPPED_ANCHORS
-from inferasim.cliargs import anchor_store, check_anchor_matches, check_output_file, refuse_engine_on_gpu
+from inferasim.cliargs import (
+    anchor_store,
+    check_anchor_matches,
+    check_output_file,
+    refuse_engine_on_gpu,
+    refuse_unservable,
+)
 from inferasim.cliargs import positive_float as _positive_float
 from inferasim.cliargs import positive_int as _positive
 from inferasim.output import OUTPUT_FORMATS, emit
 from inferasim.spec import StaticWorkload, TraceWorkload
+from inferasim.userfile import read_user_text
 
 ANCHOR_DIR = SHIPPED_ANCHORS
 
@@ -88,9 +95,7 @@ def load_workload(path: str | Path) -> StaticWorkload | TraceWorkload:
     a mapping with one key `static` or `trace` (as in a spec's `workload`)."""
     p = Path(path)
     try:
-        data = yaml.safe_load(p.read_text())
-    except FileNotFoundError:
-        raise ValueError(f"--workload: file {p} does not exist") from None
+        data = yaml.safe_load(read_user_text(p, "--workload"))
     except yaml.YAMLError as exc:
         raise ValueError(f"--workload: {p} is not valid YAML: {exc}") from None
     if isinstance(data, dict) and "workload" in data and isinstance(data["workload"], dict):
@@ -179,6 +184,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.disagg and args.replicas != 1:
         raise ValueError("--disagg P:D sets the replicas of both pools; leave --replicas out")
     fitted, anchored, anchor_id = resolve_fitted(args, layout)
+    refuse_unservable(fitted.model, fitted.gpu, layout, fitted.engine, fitted.precision, fitted.kv_dtype)
     if not anchored:
         print(f"note: no anchor for {fitted.engine} / {fitted.model.name} / {fitted.gpu.name} / {fitted.precision}; "
               "simulating with measurement-free defaults (good for ranking within one engine only)",
@@ -219,18 +225,32 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             else f"{cfg['replicas']} replica(s), router {cfg['router']}")
     head = (f"{cfg['engine']} {cfg['model']} on {cfg['gpu']} {cfg['layout_label']} ({cfg['precision']}), {topo}; "
             f"{source}; anchor {anchor_id}")
+    # The run is done: a file that cannot be written is reported after the result, not instead of it.
+    failures: list[str] = []
+    plotted = False
     if args.plot:
-        plot_report(report, args.plot)
+        try:
+            plot_report(report, args.plot)
+            plotted = True
+        except OSError as exc:
+            failures.append(f"--plot {args.plot}: cannot write ({exc.strerror or exc})")
     if args.requests_out:
         import json
 
-        with open(args.requests_out, "w") as fh:
-            for rec in report.request_records():
-                fh.write(json.dumps(rec) + "\n")
-        data["requests_file"] = args.requests_out
+        try:
+            with open(args.requests_out, "w") as fh:
+                for rec in report.request_records():
+                    fh.write(json.dumps(rec) + "\n")
+            data["requests_file"] = args.requests_out
+        except OSError as exc:
+            failures.append(f"--requests-out {args.requests_out}: cannot write ({exc.strerror or exc})")
     emit(data, args.output, head + "\n\n" + report.table())
-    if args.plot and args.output == "table":
+    if plotted and args.output == "table":
         print(f"plot written to {args.plot}")
+    for failure in failures:
+        print(f"inferasim simulate: error: {failure}", file=sys.stderr)
+    if failures:
+        return 1
     if data.get("completed") == 0:
         # Every request dropped (too long for the model or the KV pool): a failed run, not a fast one.
         reasons = "; ".join(f"{n} x {why}" for why, n in (data.get("dropped_reasons") or {}).items())

@@ -463,3 +463,13 @@ def test_differences_ignore_names_the_catalogs_resolve_alike() -> None:
     there = KernelSet(engine="vllm", model="meta-llama/Llama-3.1-8B", gpu="NVIDIA-H100-80GB-HBM3",
                       precision="FP8", engine_version="0.12.0")
     assert here.differences(there) == [("engine_version", "", "0.12.0")]
+
+
+def test_write_anchor_takes_a_trailing_slash_for_a_new_folder(tmp_path: Path) -> None:
+    from inferasim.harvest import write_anchor
+
+    anchor = make_anchor()
+    path = write_anchor(anchor, f"{tmp_path}/new/")
+    assert path == tmp_path / "new" / anchor.filename() and load_anchor(path) == anchor
+    # Without the slash a name that does not exist is a file.
+    assert write_anchor(anchor, tmp_path / "plain.json") == tmp_path / "plain.json"

@@ -61,7 +61,22 @@ def test_models_list_and_gpus_table() -> None:
     (("observe", "--prometheus", "http://127.0.0.1:1", "--window", "5x"), "--window: '5x' is not a Prometheus"),
     (("observe", "--prometheus", "http://127.0.0.1:1", "--window", "0m"), "--window '0m' must be longer than 0"),
     (("observe", "--prometheus", "http://127.0.0.1:1", "--engine", "trt"), "invalid choice: 'trt'"),
-    (("mix", "/no/such/plan.yaml"), "cannot read"),
+    (("mix", "/no/such/plan.yaml"), "mix plan: /no/such/plan.yaml does not exist"),
+    (("tune", "/"), "spec file: / is a folder"),
+    (("simulate", "--model", "meta-llama/Llama-3.1-8B", "--gpu", "h100", "--engine", "vllm", "--workload", "/"),
+     "--workload: / is a folder"),
+    # A layout the engine would not start is refused by every command, not only predict.
+    (("advise", "--model", "meta-llama/Llama-3.1-8B", "--gpu", "h100", "--engine", "vllm", "--tp", "3", "--isl",
+      "1024", "--osl", "128", "--itl-p90-ms", "40"), "tp=3 does not divide the 32 attention heads"),
+    (("advise", "--model", "meta-llama/Llama-3.1-70B", "--gpu", "h100", "--engine", "vllm", "--isl", "1024",
+      "--osl", "128", "--itl-p90-ms", "300", "--precision", "bf16"), "weights need"),
+    (("simulate", "--model", "meta-llama/Llama-3.1-8B", "--gpu", "h100", "--engine", "vllm", "--tp", "3", "--trace",
+      "../shared/data/traces/conversation_trace.jsonl"), "tp=3 does not divide"),
+    (("harvest", "run", "--endpoint", "http://127.0.0.1:1", "--model", "meta-llama/Llama-3.1-8B", "--gpu", "h100",
+      "--engine", "vllm", "--tp", "3", "--out", "-"), "tp=3 does not divide"),
+    (("advise", "--model", "meta-llama/Llama-3.1-8B", "--gpu", "h100", "--engine", "vllm", "--isl", "1024",
+      "--osl", "128", "--itl-p90-ms", "40", "--anchor", "anchors/sglang-zhipuai--glm-5-b200_sxm-fp8-tp8-22605d.json"),
+     "is for engine sglang, not --engine vllm"),
     (("anchors", "drift", "--prometheus", "prom:9090", "--deployment", "d.yaml"), "--prometheus 'prom:9090' is not"),
     (("models", "list", "foo"), "models list takes no name"),
     (("predict", "--model", "meta-llama/Llama-3.1-70B", "--engine", "atom", "--gpu", "h100", "--tp", "2", "--isl",
@@ -233,3 +248,28 @@ def test_prompt_plus_output_beyond_the_context_is_noted_not_refused() -> None:
 def test_tune_table_shows_a_proposer_that_could_not_be_reached() -> None:
     r = run("tune", str(REPO / "examples" / "llama70b-mi355x.yaml"), "--propose-endpoint", "http://127.0.0.1:1")
     assert "proposal rejected" in r.stdout and "endpoint failed" in r.stdout
+
+
+def test_an_anchor_of_an_unknown_gpu_is_an_error_not_a_traceback(tmp_path: Path) -> None:
+    src = REPO / "anchors" / "sglang-zhipuai--glm-5-b200_sxm-fp8-tp8-22605d.json"
+    data = json.loads(src.read_text())
+    data["kernel_set"]["gpu"] = "h900"
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(data))
+    r = run("predict", "--model", "zai-org/GLM-5", "--gpu", "b200", "--engine", "sglang", "--tp", "8",
+            "--precision", "fp8", "--isl", "1024", "--osl", "128", "--concurrency", "8", "--anchor", str(bad))
+    assert r.returncode == 2 and "Unknown GPU 'h900'" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_tune_prints_its_result_when_an_output_file_cannot_be_written(tmp_path: Path) -> None:
+    import yaml
+
+    spec = yaml.safe_load((REPO / "examples" / "llama70b-mi355x.yaml").read_text())
+    spec["engines"] = ["vllm"]
+    spec["search"] = {"maxNumSeqs": [128], "maxNumBatchedTokens": [2048], "disaggregation": False}
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    r = run("tune", str(path), "--manifest", "/dev/full", "-o", "json")
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert json.loads(r.stdout)["recommendation"]  # the search's result is not lost
+    assert "--manifest /dev/full: cannot write" in r.stderr

@@ -139,8 +139,10 @@ def test_file_errors(tmp_path: Path) -> None:
     path.write_text(yaml.safe_dump({"kind": "Service", "metadata": {"name": "x"}}))
     with pytest.raises(DeploymentError, match=r"no kind: Deployment \(found: Service\)"):
         read_deployment(path)
-    with pytest.raises(DeploymentError, match="cannot read"):
+    with pytest.raises(DeploymentError, match="--deployment: .*absent.yaml does not exist"):
         read_deployment(tmp_path / "absent.yaml")
+    with pytest.raises(DeploymentError, match="is a folder"):
+        read_deployment(tmp_path)
 
 
 @pytest.mark.parametrize("image,version", [
