@@ -47,7 +47,7 @@ from inferasim.cliargs import positive_int as _positive
 from inferasim.layout import Layout, LayoutError
 from inferasim.memory import plan_memory
 from inferasim.output import OUTPUT_FORMATS, emit, table
-from inferasim.spec import SpecError
+from inferasim.spec import SpecError, plain_validation_error
 from inferasim.userfile import read_user_text
 from inferasim.validate import CannotPredict
 
@@ -354,6 +354,12 @@ def cmd_validate(args: argparse.Namespace) -> int:
           f"(equal GPU count {pct(r.get('pair_accuracy_equal_gpus'))} over {r.get('pairs_equal_gpus', 0)}), "
           f"top-1 {pct(r.get('top1'))}, regret {pct(r.get('regret'))}")
     print(f"anchor share {pct(s.get('anchor_share'))}; unpredicted rows {s.get('unpredicted', {}).get('n', 0)}")
+    counts = s.get("counts") or {}
+    if counts.get("excluded_engine") or counts.get("excluded_mode"):
+        print(f"not validated: {counts.get('excluded_engine', 0)} rows of other engines (only vllm, sglang, atom), "
+              f"{counts.get('excluded_mode', 0)} of other modes (only agg, disagg)")
+    for u in s.get("unusable_anchors") or []:
+        print(f"unusable anchor {u['kernel_set']} ({len(u['rows'])} rows, nothing else to score): {u['reason']}")
     d = s.get("disagg") or {}
     if any((d.get(k) or {}).get("n") for k in ("tpot", "ttft")):
         print("disaggregated: " + ", ".join(f"{k} median {pct((d.get(k) or {}).get('median_ape'))}"
@@ -466,7 +472,11 @@ def _anchors_build(args: argparse.Namespace) -> int:
         raise UsageError("give the destination once: --out FOLDER (or --dir FOLDER), not both")
     out = Path(args.out) if args.out else Path(args.dir[0]) if args.dir else ANCHOR_DIR
     _usage(check_output_folder, "--out" if args.out else "--dir", str(out))
-    rows = filter_rows(load_rows(args.name))
+    every = load_rows(args.name)
+    rows = filter_rows(every)
+    if len(rows) < len(every):  # trtllm rows, other modes: said, not dropped silently
+        print(f"not used: {len(every) - len(rows)} of {len(every)} rows (engines other than vllm, sglang, atom, "
+              "or modes other than agg, disagg)", file=sys.stderr)
     chosen = select_anchors(rows)
     built: list[Anchor] = []
     for i, (_key, choice) in enumerate(chosen.items(), 1):
@@ -489,6 +499,11 @@ def _anchors_build(args: argparse.Namespace) -> int:
             store.save(anchor, out, keep_previous=False)  # --replace asked for it (clashes refused above)
     print(f"wrote {len(built) - len(same)} anchors to {out}" + (f" ({len(clash)} replaced)" if clash else "")
           + (f"; {len(same)} unchanged" if same else ""))
+    if not built:
+        # Nothing to anchor on is a failure: a pipeline building anchors must not carry on.
+        print(f"inferasim anchors build: no anchor built from {args.name} ({len(chosen)} kernel sets, "
+              f"{len(rows)} usable rows)", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -923,11 +938,16 @@ def cmd_mix(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise UsageError(f"{args.plan}: cannot read ({exc.strerror or exc})") from None
     except ValidationError as exc:
-        raise UsageError(f"{args.plan}: " + "; ".join(
-            f"{'.'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in exc.errors())) from None
+        raise UsageError(f"{args.plan}: " + plain_validation_error(exc, "plan")) from None
     except yaml.YAMLError as exc:
         raise UsageError(f"{args.plan} is not valid YAML: {exc}") from None
-    plan = plan_mix(spec, store=_anchor_store(args.anchors))  # a missing folder refused, bad files named
+    store = _anchor_store(args.anchors)  # a missing folder refused, bad files named
+    try:
+        plan = plan_mix(spec, store=store)
+    except ValidationError as exc:  # a tier's spec, built from the plan's fields
+        raise UsageError(f"{args.plan}: " + plain_validation_error(exc, "plan")) from None
+    except (UnknownModelError, UnknownGPUError, ValueError) as exc:  # names the model, GPU or precision
+        raise UsageError(f"{args.plan}: {exc}") from None
     rows = [(a.tier, a.model, a.gpus, a.entry["engine"] if a.entry else "-",
              a.entry["layout_label"] if a.entry else "-", a.entry["replicas"] if a.entry else "-")
             for a in plan.assignments]

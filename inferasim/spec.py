@@ -213,12 +213,14 @@ class SpecError(ValueError):
     """A spec file that cannot be used; the message names the field and the fix."""
 
 
-def _plain_error(exc: ValidationError) -> str:
+def plain_validation_error(exc: ValidationError, whole: str = "spec") -> str:
+    """A pydantic error as `field.path: message; ...` (`whole` names an error of the whole
+    object), without pydantic's type tags and links."""
     parts = []
     for err in exc.errors():
         loc = ".".join(str(x) for x in err["loc"] if not str(x).startswith("function-after"))
         msg = err["msg"].removeprefix("Value error, ")
-        parts.append(f"{loc or 'spec'}: {msg}")
+        parts.append(f"{loc or whole}: {msg}")
     return "; ".join(parts)
 
 
@@ -238,7 +240,7 @@ def parse_spec(data: dict[str, Any]) -> TuningSpec:
     try:
         return TuningSpec.model_validate(data)
     except ValidationError as exc:
-        raise SpecError(_plain_error(exc)) from None
+        raise SpecError(plain_validation_error(exc)) from None
 
 
 def load_spec(path: str | Path) -> TuningSpec:

@@ -787,6 +787,21 @@ def run_validation(
         if progress is not None:
             progress(done, total)
 
+    # A kernel set whose only rows are its anchor has nothing to score, and its fit was never
+    # tried: an anchor the predictor cannot use (an unknown GPU, model or precision) would
+    # otherwise vanish into the anchor share. Fitted here, and the ones that fail are listed.
+    unusable = []
+    for key, anchor in anchors.items():
+        if key in fitted:
+            kernel = fitted[key]
+        else:
+            try:
+                kernel = predictor.fit(key, list(anchor.rows))
+            except Exception as exc:  # reported, as a scored row's fit failure is
+                kernel = "fit failed: " + _reason(exc)
+        if isinstance(kernel, str):
+            unusable.append({"kernel_set": ":".join(str(k) for k in key), "anchor": anchor.describe(),
+                             "rows": [r.id for r in anchor.rows], "reason": kernel})
     n_anchor = sum(len(a.rows) for a in anchors.values())
     excluded = {
         "excluded_engine": sum(1 for r in rows if r.mode in MODES and not _is_target(r)),
@@ -796,6 +811,7 @@ def run_validation(
         ),
     }
     summary = _section(results, n_anchor, len(filtered), len(rows), len(anchors), excluded)
+    summary["unusable_anchors"] = unusable
     summary["splits"] = {}
     for split in splits:
         # Each row's group once (a scored row's reach is already on its result).

@@ -31,7 +31,7 @@ from inferasim.cliargs import (
 from inferasim.cliargs import positive_float as _positive_float
 from inferasim.cliargs import positive_int as _positive
 from inferasim.output import OUTPUT_FORMATS, emit
-from inferasim.spec import StaticWorkload, TraceWorkload
+from inferasim.spec import StaticWorkload, TraceWorkload, plain_validation_error
 from inferasim.userfile import read_user_text
 
 ANCHOR_DIR = SHIPPED_ANCHORS
@@ -110,11 +110,7 @@ def load_workload(path: str | Path) -> StaticWorkload | TraceWorkload:
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        parts = []
-        for err in exc.errors():
-            loc = ".".join(str(x) for x in err["loc"]) or "workload"
-            parts.append(f"{loc}: {err['msg'].removeprefix('Value error, ')}")
-        raise ValueError(f"--workload {p}: " + "; ".join(parts)) from None
+        raise ValueError(f"--workload {p}: " + plain_validation_error(exc, "workload")) from None
 
 
 def resolve_fitted(args: argparse.Namespace, layout: Any) -> tuple[Any, bool, str]:

@@ -154,3 +154,15 @@ def test_build_writes_where_asked_and_never_replaces_a_different_fit_unasked(tmp
     assert r.returncode == 0 and sorted(p.name for p in (tmp_path / "new").glob("*.json")) == [p.name for p in files]
     r = run("fit-live", "--dir", str(out), "--prometheus", "http://127.0.0.1:1")
     assert r.returncode == 2 and "--dir does not apply to `anchors fit-live`" in r.stderr
+
+
+def test_build_from_rows_that_make_no_anchor_fails_and_says_why(tmp_path: Path) -> None:
+    dev = Path(__file__).resolve().parents[3] / "shared" / "data" / "aic-silicon" / "silicon_dev.csv"
+    lines = dev.read_text().splitlines()
+    header = lines[0]
+    trt = next(line for line in lines[1:] if ",trtllm," in line)
+    csv = tmp_path / "only_trtllm.csv"
+    csv.write_text(header + "\n" + trt + "\n")
+    r = run("build", str(csv), "--out", str(tmp_path / "out"))
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert "not used: 1 of 1 rows" in r.stderr and "no anchor built" in r.stderr

@@ -442,6 +442,21 @@ def test_cannot_predict_kernel_set_rows_listed_with_reason(tmp_path: Path) -> No
     assert c["filtered"] == c["anchor_rows"] + c["scored_agg"] + c["scored_disagg"] + s["unpredicted"]["n"]
 
 
+def test_an_anchor_with_nothing_to_score_that_cannot_be_fitted_is_listed(tmp_path: Path) -> None:
+    # The h900 row is its kernel set's only row, hence its anchor: no scored row would say why its
+    # fit fails, and it must not vanish into the anchor share.
+    rows = rows_of(tmp_path, [rec(tp=1, rid="a"), rec(tp=2, rid="b"), rec(tp=1, system="h900", rid="lone")])
+    lone = next(r.kernel_key for r in rows if r.id == "lone")
+    s = run_validation(rows, DoublePredictor(rows, refuse={lone})).summary
+    assert [(u["rows"], "unknown architecture" in u["reason"]) for u in s["unusable_anchors"]] == [(["lone"], True)]
+    assert s["unpredicted"]["n"] == 0 and s["tpot"]["n"] == 1
+    # With the real predictor the unknown GPU is named.
+    from inferasim.predictor import AnchoredPredictor
+
+    s = run_validation(rows, AnchoredPredictor()).summary
+    assert len(s["unusable_anchors"]) == 1 and "h900" in s["unusable_anchors"][0]["reason"]
+
+
 def test_predict_raising_for_one_row_is_reported(tmp_path: Path) -> None:
     rows = rows_of(tmp_path, [rec(tp=1, rid="a"), rec(tp=2, rid="b"), rec(tp=4, rid="c")])
 
