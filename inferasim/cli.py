@@ -32,6 +32,7 @@ from inferasim.catalog.models import (
     context_error,
     get_model,
     known_models,
+    normalize_precision,
 )
 from inferasim.cliargs import (
     anchor_store,
@@ -236,7 +237,18 @@ def cmd_predict(args: argparse.Namespace) -> int:
                        precision=args.precision if args.precision != "auto" else "", kv_dtype=kv_dtype)
         store = _anchor_store(args.anchors)
         try:
-            fitted = fitted_from_anchor(store.find(ks, layout))
+            if args.engine_version:
+                fitted = fitted_from_anchor(store.find(ks, layout))
+            else:
+                # No version asked: the anchor tune, simulate and advise use for this kernel set (any
+                # version; measured on purpose first, then the most points, then the newest), so
+                # that predict and tune give one number for one deployment.
+                from inferasim.search.tune import _anchor_for
+
+                precision = args.precision if args.precision != "auto" else model.checkpoint_format
+                best = _anchor_for(store, engine, model, gpu, normalize_precision(
+                    "fp4" if precision == "nvfp4" else precision))
+                fitted = fitted_from_anchor(best if best is not None else store.find(ks, layout))
             anchored = True
         except NoCompatibleAnchor as exc:
             if args.require_anchor:
@@ -736,6 +748,12 @@ def _tune_table(result: Any) -> str:
                       f"max_num_batched_tokens {rec['max_num_batched_tokens']}: "
                       f"{rec['predicted']['throughput_per_gpu_at_slo']:,.0f} tok/s/GPU at the SLO"
                       + ("" if rec["anchor"] else "  [unanchored: measurement-free, rank within engine]")]
+        engines = sorted({e["engine"] for e in d["shortlist"] if not e["anchor"]})
+        if not rec["anchor"] and len(engines) > 1:
+            # Measurement-free defaults rank layouts within one engine; between engines they differ by
+            # assumption, not by measurement.
+            lines.append(f"note: {', '.join(engines)} are compared measurement-free: which engine serves best is "
+                         "not decided until their anchors are harvested (below)")
     for x in d["space"]["excluded"]:
         lines.append(f"not considered: {x['what']}: {x['why']}")
     for p in d.get("proposals") or []:

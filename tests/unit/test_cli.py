@@ -273,3 +273,23 @@ def test_tune_prints_its_result_when_an_output_file_cannot_be_written(tmp_path: 
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert json.loads(r.stdout)["recommendation"]  # the search's result is not lost
     assert "--manifest /dev/full: cannot write" in r.stderr
+
+
+def test_predict_without_a_version_uses_the_anchor_tune_uses() -> None:
+    from inferasim.anchors import SHIPPED_ANCHORS, AnchorStore
+    from inferasim.catalog.gpus import get_gpu
+    from inferasim.catalog.models import get_model
+    from inferasim.search.tune import _anchor_for
+
+    # Three shipped anchors of this kernel set differ in engine version and layout.
+    model, gpu = get_model("deepseek-ai/DeepSeek-R1"), get_gpu("b200")
+    store = AnchorStore(SHIPPED_ANCHORS)
+    same = [a for a in store.all() if a.kernel_set.engine == "sglang" and a.kernel_set.model == model.name
+            and a.kernel_set.gpu == "b200_sxm" and a.kernel_set.precision == "fp8"]
+    assert len({a.kernel_set.engine_version for a in same}) > 1
+    expected = _anchor_for(store, "sglang", model, gpu, "fp8")
+    assert expected is not None
+    r = run("predict", "--model", model.name, "--gpu", "b200", "--engine", "sglang", "--precision", "fp8", "--tp",
+            "4", "--isl", "1024", "--osl", "1024", "--concurrency", "16", "-o", "json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["anchor"] == expected.id
