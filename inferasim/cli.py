@@ -171,6 +171,10 @@ def cmd_memory(args: argparse.Namespace) -> int:
         ("  embeddings + head", w["embeddings_head"]),
         ("activations (GB, est.)", d["activation_gb"]), ("non-torch (GB, est.)", d["non_torch_gb"]),
         ("KV pool / GPU (GB)", d["kv_gb_per_gpu"]),
+        # The engine's default is the model's dtype; benchmarks (and predict/simulate) run fp8
+        # KV with fp8 or fp4 weights: say which this plan used.
+        ("KV dtype", args.kv_cache_dtype if args.kv_cache_dtype not in (None, "auto")
+         else "auto (the model's dtype; --kv-cache-dtype fp8 halves the bytes per token)"),
         ("KV bytes / token / GPU", d["kv_bytes_per_token_per_gpu"]),
         ("KV tokens / replica", d["kv_tokens_per_replica"]),
         ("feasible", plan.feasible),
@@ -181,6 +185,38 @@ def cmd_memory(args: argparse.Namespace) -> int:
                                            "sequences": plan.max_concurrency(args.context)}
     emit(d, args.output, table(["memory plan", "value"], rows))
     return 0 if plan.feasible or not args.strict else 1
+
+
+# ---- render ------------------------------------------------------------------------------------
+
+def cmd_render(args: argparse.Namespace) -> int:
+    """The Deployment and Service of one hand-picked configuration (what `tune --manifest` writes
+    for its recommendation), checked as tune checks its own: flags known to the engine, the
+    replica on one node, a precision the engine would run with this checkpoint."""
+    from inferasim.render import ServingConfig, render_manifests, to_yaml
+
+    if args.out:
+        _usage(check_output_file, "--out", args.out)
+    layout = _layout(args)
+    model = get_model(args.model)  # an unknown model is named here, before the manifest
+    gpu = get_gpu(args.gpu)
+    engine = normalize_engine(args.engine)
+    refuse_unservable(model, gpu, layout, engine, args.precision,
+                      args.kv_cache_dtype if args.kv_cache_dtype != "auto" else "auto")
+    cfg = ServingConfig(
+        engine=engine, model=model.name, gpu=gpu.name, layout=layout, replicas=args.replicas,
+        precision=args.precision, kv_cache_dtype=args.kv_cache_dtype, max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens, memory_fraction=args.memory_fraction,
+        max_model_len=args.max_model_len, image=args.image, engine_version=args.engine_version,
+        disagg_role=args.disagg_role)
+    text = to_yaml(render_manifests(cfg, args.name, args.namespace))
+    if args.out:
+        Path(args.out).write_text(text)
+        print(f"wrote {args.out}: Deployment and Service {args.name} ({engine} {layout.label()} x{args.replicas})",
+              file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0
 
 
 # ---- predict -----------------------------------------------------------------------------------
@@ -1054,6 +1090,27 @@ def build_parser() -> argparse.ArgumentParser:
     _add_layout(p)
     _add_output(p)
     p.set_defaults(func=cmd_memory)
+
+    p = sub.add_parser("render", help="the Kubernetes Deployment and Service of one configuration")
+    _add_deployment(p)
+    p.add_argument("--precision", choices=PRECISIONS, default="auto",
+                   help="weights as priced; fp8 of a 16-bit checkpoint adds the engine's online quantization")
+    p.add_argument("--kv-cache-dtype", default="auto", help="auto, bf16, fp8")
+    p.add_argument("--replicas", type=_positive("replicas"), default=1)
+    p.add_argument("--max-num-seqs", type=_positive("max-num-seqs"), default=None)
+    p.add_argument("--max-num-batched-tokens", type=_positive("max-num-batched-tokens"), default=None)
+    p.add_argument("--memory-fraction", type=fraction("memory-fraction"), default=None,
+                   help="gpu_memory_utilization / mem_fraction_static (default: the engine's own)")
+    p.add_argument("--max-model-len", type=_positive("max-model-len"), default=None)
+    p.add_argument("--image", default=None, help="engine image (default: the engine's release image for the GPU)")
+    p.add_argument("--engine-version", default="", help="image tag version, when --image is not given")
+    p.add_argument("--disagg-role", choices=("prefill", "decode"), default=None,
+                   help="one pool of a P/D deployment (its KV-transfer flags)")
+    p.add_argument("--name", default="llm", help="Deployment and Service name")
+    p.add_argument("--namespace", default="default")
+    p.add_argument("--out", default=None, help="write the YAML here (default: stdout)")
+    _add_layout(p)
+    p.set_defaults(func=cmd_render)
 
     p = sub.add_parser("predict", help="TTFT, TPOT and throughput of one deployment")
     _add_deployment(p)

@@ -219,7 +219,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     cfg = report.config
     topo = (f"prefill {cfg['disagg']['prefill']} + decode {cfg['disagg']['decode']} replicas" if cfg["disagg"]
             else f"{cfg['replicas']} replica(s), router {cfg['router']}")
-    head = (f"{cfg['engine']} {cfg['model']} on {cfg['gpu']} {cfg['layout_label']} ({cfg['precision']}), {topo}; "
+    head = (f"{cfg['engine']} {cfg['model']} on {cfg['gpu']} {cfg['layout_label']} ({cfg['precision']}, "
+            f"KV {cfg.get('kv_dtype') or 'auto'}), {topo}; "
             f"{source}; anchor {anchor_id}")
     # The run is done: a file that cannot be written is reported after the result, not instead of it.
     failures: list[str] = []

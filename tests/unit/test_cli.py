@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from inferasim.layout import Layout
+
 REPO = Path(__file__).resolve().parents[2]
 PREDICT = ("predict", "--model", "meta-llama/Llama-3.1-70B", "--engine", "vllm", "--precision", "fp8", "--gpu",
            "h100_sxm", "--tp", "2", "--isl", "1024", "--osl", "1024")
@@ -293,3 +295,26 @@ def test_predict_without_a_version_uses_the_anchor_tune_uses() -> None:
             "4", "--isl", "1024", "--osl", "1024", "--concurrency", "16", "-o", "json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["anchor"] == expected.id
+
+
+def test_render_writes_what_read_deployment_reads_back(tmp_path: Path) -> None:
+    from inferasim.deployment import read_deployment
+
+    out = tmp_path / "deploy.yaml"
+    r = run("render", "--model", "meta-llama/Llama-3.1-70B", "--gpu", "MI355X", "--engine", "sglang", "--precision",
+            "fp8", "--tp", "2", "--replicas", "3", "--max-num-seqs", "96", "--name", "chat", "--namespace", "llm",
+            "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    live = read_deployment(out)
+    cfg = live.config
+    assert (live.name, live.namespace, cfg.engine, cfg.layout, cfg.replicas) == ("chat", "llm", "sglang", Layout(tp=2),
+                                                                               3)
+    assert cfg.max_num_seqs == 96 and cfg.precision == "fp8" and cfg.gpu == "MI355X"
+    # stdout without --out; refusals name what to change
+    assert run("render", "--model", "meta-llama/Llama-3.1-8B", "--gpu", "h100", "--engine", "vllm").stdout.startswith(
+        "apiVersion: apps/v1")
+    bad = run("render", "--model", "deepseek-ai/DeepSeek-R1", "--gpu", "b200", "--engine", "vllm", "--precision",
+              "fp4", "--tp", "8")
+    assert bad.returncode == 2 and "not fp4" in bad.stderr and "choose precision fp8" in bad.stderr
+    wide = run("render", "--model", "meta-llama/Llama-3.1-70B", "--gpu", "h100", "--engine", "vllm", "--tp", "16")
+    assert wide.returncode == 2 and "gpus_per_node=8" in wide.stderr
