@@ -118,10 +118,10 @@ def cmd_models(args: argparse.Namespace) -> int:
             continue
         data.append({"name": hf_id, "supported": True, "total_params": m.total_params,
                      "active_params": m.active_param_count, "moe": m.is_moe,
-                     "attention": sorted({la.attention.kind for la in m.layers}),
+                     "attention": m.attention_kinds(),
                      "checkpoint_format": m.checkpoint_format})
         rows.append((hf_id, m.total_params / 1e9, m.active_param_count / 1e9,
-                     ",".join(sorted({la.attention.kind for la in m.layers})), m.checkpoint_format, ""))
+                     ",".join(m.attention_kinds()), m.checkpoint_format, ""))
     emit(data, args.output, table(["model", "total B", "active B", "attention", "format", "note"], rows))
     return 0
 
@@ -762,7 +762,7 @@ def _tune_table(result: Any) -> str:
                      e["max_num_batched_tokens"], round(p["throughput_per_gpu_at_slo"]), p["ttft_p90_ms"],
                      p["itl_p90_ms"], "yes" if e["meets_slo"] else "no",
                      e["anchor"][:24] if e["anchor"] else "unanchored"))
-    headers = ["#", "engine", "prec", "layout", "repl", "GPUs", "max seqs", "max tokens", "tok/s/GPU@SLO",
+    headers = ["#", "engine", "prec", "layout", "repl", "GPUs", "max seqs", "max tokens", "out tok/s/GPU@SLO",
                "TTFT p90 ms", "ITL p90 ms", "SLO", "anchor"]
     if result.spec.hardware.price_per_gpu_hour is not None:
         headers.insert(9, "$/Mtok")

@@ -369,6 +369,12 @@ class ModelSpec:
         return prompt * (self.linear_flops_per_token() + self.attn_flops_per_token(mean_ctx, "prefill"))
 
     # ---- summary -------------------------------------------------------------------------------
+    def attention_kinds(self) -> list[str]:
+        """The token mixers of the layers, sorted; GQA with one KV head per query head is named
+        multi-head attention (mha)."""
+        return sorted({"mha" if a.kind == "gqa" and a.n_kv_heads == a.n_heads else a.kind
+                       for a in (layer.attention for layer in self.layers)})
+
     def summary(self, precision: str = "auto") -> dict[str, Any]:
         p = self.params()
         act = self.active_params()
@@ -378,7 +384,7 @@ class ModelSpec:
             "model_type": self.model_type,
             "layers": self.num_layers,
             "hidden_size": self.hidden_size,
-            "attention": sorted({layer.attention.kind for layer in self.layers}),
+            "attention": self.attention_kinds(),
             "moe": self.is_moe,
             "n_experts": self.n_experts,
             "top_k": self.top_k,

@@ -208,3 +208,9 @@ def test_shipped_models_fp8_scales() -> None:
     assert get_model("Qwen/Qwen3.5-397B-A17B").fp8_scales == "block"  # BF16 config, block-FP8 family
     assert get_model("meta-llama/Meta-Llama-3.1-70B").fp8_scales == "tensor"
     assert get_model("meta-llama/Meta-Llama-3.1-70B").summary()["fp8_scales"] == "tensor"
+
+
+def test_attention_kinds_name_multi_head_attention() -> None:
+    assert get_model("meta-llama/Llama-2-7b-hf").attention_kinds() == ["mha"]  # 32 KV heads for 32 heads
+    assert get_model("meta-llama/Meta-Llama-3.1-8B").attention_kinds() == ["gqa"]  # 8 for 32
+    assert get_model("deepseek-ai/DeepSeek-R1").attention_kinds() == ["mla"]
