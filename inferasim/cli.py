@@ -304,6 +304,23 @@ def cmd_predict(args: argparse.Namespace) -> int:
         tput = pred["throughput"] * replicas
         stable = True
         load = {"concurrency": args.concurrency}
+        # Clients beyond what the KV pool (or max_num_seqs) runs at once queue for a slot: their
+        # wait is in TTFT, and a reader should know it is a queue, not a slow prefill.
+        import numpy as np
+
+        from inferasim.sim.benchmark import closed_loop
+
+        cost = layout_cost(fitted.model, fitted.gpu, layout, fitted.precision, fitted.kv_dtype)
+        sched = engine_sched(fitted.engine, fitted.model, fitted.gpu, layout, fitted.precision,
+                             fitted.engine_version, fitted.kv_dtype)
+        bench = closed_loop(fitted.params, cost, sched, np.array([float(isl)]), np.array([float(osl)]),
+                            np.array([float(per_replica)]))
+        running = int(round(float(bench.running[0])))
+        if running < per_replica:
+            why = "the KV pool" if bool(bench.kv_limited[0]) else "max_num_seqs"
+            load["running_per_replica"] = running
+            print(f"note: {why} holds {running} of the {per_replica} requests per replica at once; the rest queue "
+                  "for a slot, and that wait is in TTFT", file=sys.stderr)
     else:
         cost = layout_cost(fitted.model, fitted.gpu, layout, fitted.precision, fitted.kv_dtype)
         sched = engine_sched(fitted.engine, fitted.model, fitted.gpu, layout, fitted.precision,

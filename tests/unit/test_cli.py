@@ -318,3 +318,14 @@ def test_render_writes_what_read_deployment_reads_back(tmp_path: Path) -> None:
     assert bad.returncode == 2 and "not fp4" in bad.stderr and "choose precision fp8" in bad.stderr
     wide = run("render", "--model", "meta-llama/Llama-3.1-70B", "--gpu", "h100", "--engine", "vllm", "--tp", "16")
     assert wide.returncode == 2 and "gpus_per_node=8" in wide.stderr
+
+
+def test_predict_says_when_clients_queue_for_kv() -> None:
+    args = ("predict", "--model", "meta-llama/Llama-3.1-8B", "--gpu", "h100", "--engine", "vllm", "--isl", "65536",
+            "--osl", "512", "--concurrency", "256", "-o", "json")
+    r = run(*args)
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert 1 <= d["running_per_replica"] < 256 and "the KV pool holds" in r.stderr
+    small = json.loads(run(*args[:-6], "--isl", "1024", "--osl", "128", "--concurrency", "8", "-o", "json").stdout)
+    assert "running_per_replica" not in small  # all 8 run at once
