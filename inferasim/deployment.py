@@ -213,6 +213,10 @@ def _argv(container: Mapping[str, Any]) -> list[str]:
     return argv
 
 
+# Images whose entrypoint is vLLM's OpenAI server (vllm/vllm-openai and its -rocm build, Docker Hub).
+_ENTRYPOINT_IMAGE = re.compile(r"(^|/)vllm-openai(-rocm)?(:|@|$)")
+
+
 def _launch(argv: list[str]) -> tuple[str, int] | None:
     """(engine, index of the first argument after the launch command), or None."""
     for i, tok in enumerate(argv):
@@ -582,6 +586,12 @@ def read_deployment(manifest: Mapping[str, Any] | str | Path, *, gpu: str | None
         launch = _launch(argv)
         if launch is not None:
             found.append((c, argv, launch))
+    if not found:
+        # The vLLM OpenAI image starts the server itself (its ENTRYPOINT): a container that gives
+        # only `args` (the server's flags) is the usual way to run it.
+        for c in containers:
+            if not c.get("command") and _ENTRYPOINT_IMAGE.search(str(c.get("image") or "")):
+                found.append((c, _argv(c), ("vllm", 0)))
     if not found:
         names = [c.get("name") for c in containers]
         raise DeploymentError(f"no container of {names} starts vllm (`vllm serve MODEL`), SGLang (`python3 -m "

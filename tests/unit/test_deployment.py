@@ -153,3 +153,17 @@ def test_file_errors(tmp_path: Path) -> None:
 ])
 def test_engine_version_from_image(image: str, version: str | None) -> None:
     assert engine_version_from_image(image) == version
+
+
+def test_the_vllm_openai_image_entrypoint_starts_the_server_from_args_alone() -> None:
+    dep = _deployment([], ["--model", "meta-llama/Llama-3.1-8B", "--tensor-parallel-size", "2",
+                           "--max-num-seqs", "128"], "vllm/vllm-openai:v0.10.1", {"nvidia.com/gpu": "2"},
+                      {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}, replicas=2)
+    live = read_deployment(dep)
+    cfg = live.config
+    assert (cfg.engine, cfg.model, cfg.layout.tp, cfg.replicas, cfg.max_num_seqs) == (
+        "vllm", "meta-llama/Llama-3.1-8B", 2, 2, 128)
+    # Another image with no command starts no known server: still refused, naming the fix.
+    other = _deployment([], ["--model", "m"], "busybox:1", {"nvidia.com/gpu": "1"})
+    with pytest.raises(DeploymentError, match="check the container's command/args"):
+        read_deployment(other)
