@@ -16,6 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic.alias_generators import to_camel
 
 from inferasim.catalog.engines import ENGINES
+from inferasim.catalog.gpus import get_gpu
+from inferasim.catalog.models import get_model, normalize_precision
 from inferasim.userfile import UserFileError, read_user_text
 
 
@@ -35,6 +37,12 @@ class Hardware(_Model):
     gpus_per_node: int = Field(8, ge=1, description="GPUs per node (scale-up domain of one node).")
     max_gpus: int = Field(8, ge=1, alias="maxGPUs", description="GPU budget of the recommended deployment.")
     price_per_gpu_hour: float | None = Field(None, ge=0, description="For the cost view ($/GPU-hour).")
+
+    @field_validator("gpu")
+    @classmethod
+    def _gpu_known(cls, v: str) -> str:
+        get_gpu(v)  # an unknown name fails here, where the error can name hardware.gpu
+        return v
 
 
 class SLO(_Model):
@@ -207,6 +215,19 @@ class TuningSpec(_Model):
     @classmethod
     def _precision_list(cls, v: Any) -> Any:
         return [v] if isinstance(v, str) else v
+
+    @field_validator("precision")
+    @classmethod
+    def _precisions_known(cls, v: list[str]) -> list[str]:
+        for p in v:
+            normalize_precision(p)  # names the accepted spellings
+        return v
+
+    @field_validator("model")
+    @classmethod
+    def _model_known(cls, v: str) -> str:
+        get_model(v)  # a catalog id, alias or config.json path; the error names the fix
+        return v
 
 
 class SpecError(ValueError):

@@ -350,3 +350,13 @@ def test_a_precision_the_checkpoint_cannot_run_is_pruned_with_the_fix() -> None:
     (what, why), = space.excluded
     assert what == "atom fp8" and "nvidia/Llama-3.1-70B-Instruct-FP8" in why and "bf16" in why
     assert (what, why) in space.pruned
+
+
+@pytest.mark.parametrize(("over", "field"), [
+    ({"hardware": {"gpu": "H900", "gpusPerNode": 8, "maxGPUs": 2}}, "hardware.gpu"),
+    ({"model": "foo/bar"}, "model"),
+    ({"precision": ["fp9"]}, "precision"),
+])
+def test_spec_names_the_field_of_an_unknown_name(over: dict, field: str) -> None:
+    with pytest.raises(SpecError, match=rf"^{field}: "):
+        parse_spec(small_spec(**over))
