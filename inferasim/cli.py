@@ -644,6 +644,10 @@ def _anchors_check(args: argparse.Namespace) -> int:
                   f"{DEFAULT_MAX_RMS_LOG_ERROR:g}, the threshold below which `harvest run` writes an anchor",
                   file=sys.stderr)
     print(f"{len(anchors)} anchors valid, {len(bad)} invalid files, {problems} unusable, {poor} with a poor fit")
+    if not anchors and not bad:
+        # A pipeline checking the wrong folder must not pass: nothing checked is not "all valid".
+        print("inferasim anchors check: no anchor JSON file found", file=sys.stderr)
+        return 1
     return 1 if bad or problems else 0
 
 
@@ -1076,10 +1080,24 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 # ---- entry point -------------------------------------------------------------------------------
 
+def _version() -> str:
+    """The installed distribution's version, and the step-time model revision anchors record."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from inferasim.steptime import STEP_MODEL_REVISION
+
+    try:
+        release = version("inferasim")
+    except PackageNotFoundError:  # run from a checkout without installing
+        release = "unknown (not installed)"
+    return f"{release} (step-time model {STEP_MODEL_REVISION})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="inferasim",
         description="Predict LLM serving performance from anchors, simulate traffic, search deployments.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("models", help="list known models, or `models show NAME`")

@@ -166,3 +166,8 @@ def test_build_from_rows_that_make_no_anchor_fails_and_says_why(tmp_path: Path) 
     r = run("build", str(csv), "--out", str(tmp_path / "out"))
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert "not used: 1 of 1 rows" in r.stderr and "no anchor built" in r.stderr
+
+
+def test_check_of_a_folder_without_anchors_fails(tmp_path: Path) -> None:
+    r = run("check", str(tmp_path))
+    assert r.returncode == 1 and "no anchor JSON file found" in r.stderr

@@ -329,3 +329,10 @@ def test_predict_says_when_clients_queue_for_kv() -> None:
     assert 1 <= d["running_per_replica"] < 256 and "the KV pool holds" in r.stderr
     small = json.loads(run(*args[:-6], "--isl", "1024", "--osl", "128", "--concurrency", "8", "-o", "json").stdout)
     assert "running_per_replica" not in small  # all 8 run at once
+
+
+def test_version_names_the_release_and_the_step_model() -> None:
+    from inferasim.steptime import STEP_MODEL_REVISION
+
+    r = run("--version")
+    assert r.returncode == 0 and r.stdout.startswith("inferasim ") and STEP_MODEL_REVISION in r.stdout
