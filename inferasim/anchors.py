@@ -21,6 +21,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self
@@ -552,20 +553,25 @@ def write_anchor_file(anchor: Anchor, path: str | Path, *, keep_previous: bool =
     path = Path(path)
     text = anchor.model_dump_json(indent=2) + "\n"
     path.parent.mkdir(parents=True, exist_ok=True)
-    kept: Path | None = None
-    if keep_previous and path.is_file() and path.read_text(encoding="utf-8", errors="replace") != text:
-        stamp = dt.datetime.fromtimestamp(path.stat().st_mtime, dt.UTC).strftime("%Y%m%dT%H%M%SZ")
-        aside = path.parent / REPLACED_FOLDER
-        aside.mkdir(exist_ok=True)
-        kept = aside / f"{path.stem}.{stamp}{path.suffix}"
-        n = 1
-        while kept.exists():
-            n += 1
-            kept = aside / f"{path.stem}.{stamp}-{n}{path.suffix}"
-        os.replace(path, kept)
-    tmp = path.with_name(f".{path.name}.tmp")  # not *.json: readers skip it
+    # The new text is written first: a full disk leaves the old anchor in place and active.
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # not *.json: readers skip it
     tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    kept: Path | None = None
+    try:
+        if keep_previous and path.is_file() and path.read_text(encoding="utf-8", errors="replace") != text:
+            stamp = dt.datetime.fromtimestamp(path.stat().st_mtime, dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+            aside = path.parent / REPLACED_FOLDER
+            aside.mkdir(exist_ok=True)
+            kept = aside / f"{path.stem}.{stamp}{path.suffix}"
+            n = 1
+            while kept.exists():
+                n += 1
+                kept = aside / f"{path.stem}.{stamp}-{n}{path.suffix}"
+            # A copy, not a move: the active file stays until the rename below replaces it.
+            shutil.copy2(path, kept)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
     return kept
 
 

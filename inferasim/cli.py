@@ -193,7 +193,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     """The Deployment and Service of one hand-picked configuration (what `tune --manifest` writes
     for its recommendation), checked as tune checks its own: flags known to the engine, the
     replica on one node, a precision the engine would run with this checkpoint."""
-    from inferasim.render import ServingConfig, render_manifests, to_yaml
+    from inferasim.render import ServingConfig, render_manifests, served_model_id, to_yaml
 
     if args.out:
         _usage(check_output_file, "--out", args.out)
@@ -201,12 +201,19 @@ def cmd_render(args: argparse.Namespace) -> int:
     model = get_model(args.model)  # an unknown model is named here, before the manifest
     gpu = get_gpu(args.gpu)
     engine = normalize_engine(args.engine)
-    refuse_unservable(model, gpu, layout, engine, args.precision,
-                      args.kv_cache_dtype if args.kv_cache_dtype != "auto" else "auto")
+    # Planned at the weights the named checkpoint holds (an -FP8 variant of a BF16 catalog model).
+    from inferasim.render import checkpoint_format
+
+    weights = args.precision if args.precision != "auto" else (checkpoint_format(args.model) or "auto")
+    needed = refuse_unservable(model, gpu, layout, engine, "fp4" if weights == "nvfp4" else weights,
+                               args.kv_cache_dtype, args.memory_fraction)
     cfg = ServingConfig(
-        engine=engine, model=model.name, gpu=gpu.name, layout=layout, replicas=args.replicas,
+        engine=engine, model=served_model_id(args.model, model.name), gpu=gpu.name, layout=layout,
+        replicas=args.replicas,
         precision=args.precision, kv_cache_dtype=args.kv_cache_dtype, max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens, memory_fraction=args.memory_fraction,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        # The raised fraction the layout needs is rendered, not only noted (None: the engine's default).
+        memory_fraction=args.memory_fraction if args.memory_fraction is not None else needed,
         max_model_len=args.max_model_len, image=args.image, engine_version=args.engine_version,
         disagg_role=args.disagg_role)
     text = to_yaml(render_manifests(cfg, args.name, args.namespace))
@@ -283,7 +290,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
                 precision = args.precision if args.precision != "auto" else model.checkpoint_format
                 best = _anchor_for(store, engine, model, gpu, normalize_precision(
-                    "fp4" if precision == "nvfp4" else precision))
+                    "fp4" if precision == "nvfp4" else precision), kv_dtype=args.kv_cache_dtype)
                 fitted = fitted_from_anchor(best if best is not None else store.find(ks, layout))
             anchored = True
         except NoCompatibleAnchor as exc:
@@ -363,8 +370,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
     }
     rows = [("deployment", f"{engine} {model.name} on {replicas}x{layout.label()} {gpu.name} ({gpus} GPUs)"),
             ("load", ", ".join(f"{k}={v}" for k, v in load.items()) + f", isl={isl}, osl={osl}"),
-            ("TTFT (ms)", f"{out['ttft_ms']:.1f}  [{out['interval']['ttft_ms'][0]:.1f}, "
-                          f"{out['interval']['ttft_ms'][1]:.1f}]" if stable else "unbounded (the queue grows)"),
+            ("TTFT (ms)", f"{out['ttft_ms']:,.1f}  [{out['interval']['ttft_ms'][0]:,.1f}, "
+                          f"{out['interval']['ttft_ms'][1]:,.1f}]" if stable else "unbounded (the queue grows)"),
             ("TPOT (ms)", f"{out['tpot_ms']:.2f}  [{out['interval']['tpot_ms'][0]:.2f}, "
                           f"{out['interval']['tpot_ms'][1]:.2f}]"),
             ("output tok/s", f"{tput:,.0f}"), ("tok/s per GPU", f"{tput / gpus:,.0f}"),
@@ -424,7 +431,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         print(f"not validated: {counts.get('excluded_engine', 0)} rows of other engines (only vllm, sglang, atom), "
               f"{counts.get('excluded_mode', 0)} of other modes (only agg, disagg)")
     for u in s.get("unusable_anchors") or []:
-        print(f"unusable anchor {u['kernel_set']} ({len(u['rows'])} rows, nothing else to score): {u['reason']}")
+        print(f"unusable anchor {u['kernel_set']} ({len(u['rows'])} anchor rows): {u['reason']}")
     d = s.get("disagg") or {}
     if any((d.get(k) or {}).get("n") for k in ("tpot", "ttft")):
         print("disaggregated: " + ", ".join(f"{k} median {pct((d.get(k) or {}).get('median_ape'))}"
@@ -915,6 +922,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
             plotted = True
         except OSError as exc:
             failures.append(f"--plot {args.plot}: cannot write ({exc.strerror or exc})")
+        except ValueError as exc:  # matplotlib: a file extension it cannot write
+            failures.append(f"--plot {args.plot}: {exc}")
     if args.manifest and result.recommendation is not None:
         from inferasim.search.deploy import manifests_for
 

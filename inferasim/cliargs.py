@@ -84,25 +84,32 @@ def refuse_engine_on_gpu(engine: str, gpu: GPU) -> None:
 
 
 def refuse_unservable(model: ModelSpec, gpu: GPU, layout: Layout, engine: str, precision: str,
-                      kv_dtype: str) -> None:
+                      kv_dtype: str, memory_fraction: float | None = None) -> float | None:
     """ValueError when the engine would not start `layout` (tp not dividing the heads, weights
-    beyond HBM even at the raised memory fraction benchmarks use): it has no performance to predict,
-    simulate or measure. Where only the raised fraction fits, a note on stderr says so."""
+    beyond HBM even at the raised memory fraction benchmarks use; or at `memory_fraction` when one
+    is given): it has no performance to predict, simulate or measure. Returns the memory fraction
+    the layout needs when the engine's default does not fit and only the raised one does (a note
+    on stderr says so), else None."""
     from inferasim.memory import plan_memory
     from inferasim.sim.benchmark import TIGHT_MEMORY_FRACTION
 
     refuse_engine_on_gpu(engine, gpu)
-    plan = plan_memory(model, gpu, layout, engine=engine, precision=precision, kv_dtype=kv_dtype)
+    plan = plan_memory(model, gpu, layout, engine=engine, precision=precision, kv_dtype=kv_dtype,
+                       memory_fraction=memory_fraction)
     if plan.feasible:
-        return
+        return None
+    if memory_fraction is not None:
+        raise ValueError(f"{engine} cannot serve {model.name} at {layout.label()} on {gpu.name} with memory "
+                         f"fraction {memory_fraction:g}: " + "; ".join(plan.reasons))
     tight = plan_memory(model, gpu, layout, engine=engine, precision=precision, kv_dtype=kv_dtype,
                         memory_fraction=TIGHT_MEMORY_FRACTION)
     if not tight.feasible:
         raise ValueError(f"{engine} cannot serve {model.name} at {layout.label()} on {gpu.name}: "
                          + "; ".join(tight.reasons) + " (see `inferasim memory` for the plan)")
     print(f"note: {model.name} at {layout.label()} on {gpu.name} does not fit {engine}'s default memory fraction "
-          f"({'; '.join(plan.reasons)}); priced at {TIGHT_MEMORY_FRACTION}, as benchmarks run it: serve it with that "
-          "memory fraction (vLLM/ATOM --gpu-memory-utilization, SGLang --mem-fraction-static)", file=sys.stderr)
+          f"({'; '.join(plan.reasons)}); it needs {TIGHT_MEMORY_FRACTION}, as benchmarks run it (vLLM/ATOM "
+          "--gpu-memory-utilization, SGLang --mem-fraction-static)", file=sys.stderr)
+    return TIGHT_MEMORY_FRACTION
 
 
 def check_anchor_matches(path: str, fitted: FittedAnchor, engine: str, model: str, gpu: str) -> None:

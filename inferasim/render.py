@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -46,7 +47,7 @@ from inferasim.catalog.engines import (
     normalize_engine,
 )
 from inferasim.catalog.gpus import GPU, get_gpu
-from inferasim.catalog.models import get_model, sibling_checkpoints
+from inferasim.catalog.models import exact_catalog_id, get_model, sibling_checkpoints
 from inferasim.layout import Layout
 
 __all__ = [
@@ -65,6 +66,7 @@ __all__ = [
     "gpu_node_label",
     "fp8_kernels_note",
     "precision_error",
+    "served_model_id",
     "render_deployment",
     "render_manifests",
     "render_service",
@@ -546,18 +548,59 @@ _WEIGHT_CLASS = {"bf16": "16-bit", "fp16": "16-bit", "fp8": "fp8", "w8a8": "fp8"
                  "awq": "int4", "gptq": "int4"}
 
 
+# A quantised checkpoint's format from its id where the catalog does not hold that exact id
+# (RedHatAI/Meta-Llama-3.1-70B-Instruct-FP8, Qwen/Qwen3-235B-A22B-Instruct-2507-FP8).
+_ID_FORMAT = (("mxfp4", "mxfp4"), ("nvfp4", "nvfp4"), ("fp4", "nvfp4"), ("fp8", "fp8"), ("w8a8", "fp8"),
+              ("ptpc", "fp8"), ("int8", "int8"), ("int4", "int4"), ("awq", "int4"), ("gptq", "int4"),
+              ("w4a16", "int4"), ("w4a8", "int4"))
+
+
+def served_model_id(model: str, spec_name: str) -> str:
+    """The id a manifest serves for a model the user named ``model`` (``spec_name``: the catalog's
+    name for it): the user's own id, which may be a variant the catalog only prices by its base
+    (an -Instruct or another org's -FP8); for a config.json path, the Hugging Face id its file
+    name spells (``org--name_config.json``). ValueError when a path names none: a pod downloads
+    an id, not a local file."""
+    if not (model.endswith(".json") or Path(model).is_dir()):
+        return model
+    if "/" in spec_name and not spec_name.startswith(("/", ".")):
+        return spec_name
+    raise ValueError(f"model {model!r} is a config.json path that names no Hugging Face id; a manifest needs "
+                     "the id the pod downloads: give model as that id (org/name)")
+
+
+def checkpoint_format(model: str) -> str | None:
+    """The weight format of the checkpoint ``model`` names, as the engine will load it: a
+    config.json path's own, an exact catalog id's, the format an id spells out (-FP8, -AWQ ...),
+    else that of the catalog model it is a variant of (an -Instruct of a BF16 base is BF16).
+    None when nothing says (an unknown id, or a scheme the catalog does not price)."""
+    try:
+        path = Path(model)
+        if model.endswith(".json") or path.is_dir():
+            return get_model(model).checkpoint_format
+        exact = exact_catalog_id(model)
+        if exact is not None:
+            return get_model(exact).checkpoint_format
+        if _PREQUANTIZED_ID.search(model):
+            tokens = set(re.split(r"[^a-z0-9]+", model.lower()))
+            return next((fmt for token, fmt in _ID_FORMAT if token in tokens), None)
+        return get_model(model).checkpoint_format
+    except (ValueError, OSError):
+        return None
+
+
 def precision_error(engine: str, model: str, precision: str) -> str | None:
-    """Why ``engine`` would not serve ``model`` at ``precision`` (None: it would). The engine runs
-    the weights of the checkpoint it loads: a quantised checkpoint at its own format, a 16-bit one
-    at 16 bits or, where the engine quantises online (vLLM and SGLang --quantization fp8), at fp8.
-    Rendering ``deepseek-ai/DeepSeek-R1`` (FP8) for a price at fp4 would run twice the weight bytes
-    that were priced. A model id the catalog does not know is not judged."""
+    """Why ``engine`` would not serve ``model`` (the id or config path as the user wrote it) at
+    ``precision`` (None: it would). The engine runs the weights of the checkpoint it loads: a
+    quantised checkpoint at its own format, a 16-bit one at 16 bits or, where the engine quantises
+    online (vLLM and SGLang --quantization fp8), at fp8. Rendering ``deepseek-ai/DeepSeek-R1``
+    (FP8) for a price at fp4 would run twice the weight bytes that were priced. A checkpoint whose
+    format nothing states (checkpoint_format) is not judged."""
     want = _WEIGHT_CLASS.get(_norm(precision))
     if want is None:  # auto: the checkpoint's own format, which is what the price uses
         return None
-    try:
-        fmt = get_model(model).checkpoint_format
-    except (ValueError, OSError):
+    fmt = checkpoint_format(model)
+    if fmt is None:
         return None
     have = _WEIGHT_CLASS.get(fmt, fmt)
     if have == want:

@@ -789,7 +789,8 @@ def run_validation(
 
     # A kernel set whose only rows are its anchor has nothing to score, and its fit was never
     # tried: an anchor the predictor cannot use (an unknown GPU, model or precision) would
-    # otherwise vanish into the anchor share. Fitted here, and the ones that fail are listed.
+    # otherwise vanish into the anchor share. Fitted here; every anchor whose fit failed is
+    # listed (those with scored rows also give the reason on each of them).
     unusable = []
     for key, anchor in anchors.items():
         if key in fitted:

@@ -964,14 +964,27 @@ def context_error(model: ModelSpec, prompt: float, output: float = 0.0) -> str |
     return None
 
 
+def exact_catalog_id(name: str) -> str | None:
+    """The catalog id `name` names exactly (the id in any case, its file-style spelling, or an
+    alias), or None; unlike resolve_model_name, no spelling that only shares the canonical name
+    (an -Instruct or -FP8 variant is another checkpoint)."""
+    files = _catalog_files()
+    candidate = name.strip().replace("--", "/")
+    if candidate in MODEL_ALIASES and MODEL_ALIASES[candidate] in files:
+        return MODEL_ALIASES[candidate]
+    return {k.lower(): k for k in files}.get(candidate.lower())
+
+
 def sibling_checkpoints(name: str) -> dict[str, str]:
     """Catalog checkpoints of the same model as `name` (the same id once org, `Meta-` prefix and
-    checkpoint suffixes are dropped), each with its weight format: where to point a deployment
-    that needs another precision (nvidia/Llama-3.1-70B-Instruct-FP8 for meta-llama's BF16 one)."""
+    checkpoint suffixes are dropped; instruction-tuned or not, like `name`), each with its weight
+    format: where to point a deployment that needs another precision
+    (nvidia/Llama-3.1-70B-Instruct-FP8 for meta-llama/Llama-3.1-70B-Instruct)."""
     key = _canon(name.replace("--", "/"))
+    instruct = "instruct" in name.lower()
     out: dict[str, str] = {}
     for hf_id in sorted(_catalog_files()):
-        if _canon(hf_id) == key:
+        if _canon(hf_id) == key and ("instruct" in hf_id.lower()) == instruct:
             try:
                 out[hf_id] = _load_known(hf_id).checkpoint_format
             except ModelConfigError:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from inferasim.render import ServingConfig, render_manifests, to_yaml
+from inferasim.render import ServingConfig, render_manifests, served_model_id, to_yaml
 
 if TYPE_CHECKING:  # pragma: no cover
     from inferasim.search.estimate import Estimate
@@ -18,7 +18,8 @@ def pool_configs(result: TuneResult, e: Estimate) -> list[tuple[str, ServingConf
     pods at its own layout and its role (the engine's KV-transfer flags)."""
     c = e.candidate
     common: dict[str, Any] = dict(
-        engine=c.engine, model=result.model.name, gpu=result.gpu.name, precision=c.precision,
+        engine=c.engine, model=served_model_id(result.spec.model, result.model.name), gpu=result.gpu.name,
+        precision=c.precision,
         kv_cache_dtype=e.fitted.kv_dtype, max_num_seqs=c.max_num_seqs,
         max_num_batched_tokens=c.max_batched_tokens, chunked_prefill=c.chunked_prefill,
     )
@@ -68,13 +69,20 @@ def predicted_annotation(result: TuneResult, e: Estimate) -> str:
     return json.dumps(view, separators=(",", ":"))
 
 
+def recommendation_manifests(result: TuneResult, e: Estimate, name: str,
+                             namespace: str = "default") -> list[dict[str, Any]]:
+    """render_pools, each Deployment annotated with what the search predicted for it (the same
+    manifests for `tune --manifest` and the operator's ConfigMap)."""
+    manifests = render_pools(result, e, name, namespace)
+    note = predicted_annotation(result, e)
+    for m in manifests:
+        if m["kind"] == "Deployment":
+            m["metadata"]["annotations"][ANNOTATION_PREDICTED] = note
+    return manifests
+
+
 def manifests_for(result: TuneResult, name: str = "llm", namespace: str = "default") -> str:
     rec = result.recommendation
     if rec is None:
         raise ValueError("the search found no feasible deployment to render")
-    manifests = render_pools(result, rec, name, namespace)
-    note = predicted_annotation(result, rec)
-    for m in manifests:
-        if m["kind"] == "Deployment":
-            m["metadata"]["annotations"][ANNOTATION_PREDICTED] = note
-    return to_yaml(manifests)
+    return to_yaml(recommendation_manifests(result, rec, name, namespace))

@@ -108,7 +108,9 @@ def layouts(model: ModelSpec, gpu: GPU, max_gpus: int, gpus_per_node: int, space
 
 
 def build_space(model: ModelSpec, gpu: GPU, engines: list[str], precisions: list[str], max_gpus: int,
-                gpus_per_node: int, space: SearchSpace) -> Space:
+                gpus_per_node: int, space: SearchSpace, model_id: str | None = None) -> Space:
+    """`model_id`: the model as the user named it (the checkpoint a manifest serves, whose weight
+    format decides which precisions the engines can run; default: the catalog's name)."""
     out = Space()
     feasible_layouts: dict[tuple[str, str], list[Layout]] = {}
     for engine in engines:
@@ -120,7 +122,7 @@ def build_space(model: ModelSpec, gpu: GPU, engines: list[str], precisions: list
         for precision in precisions:
             # A precision the engine would not run with this checkpoint (an FP4 price for an FP8
             # checkpoint) could be recommended but not deployed as priced: pruned, saying why.
-            unservable = precision_error(engine, model.name, precision)
+            unservable = precision_error(engine, model_id or model.name, precision)
             if unservable:
                 out.pruned.append((f"{engine} {precision}", unservable))
                 out.excluded.append(out.pruned[-1])

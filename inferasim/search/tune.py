@@ -16,6 +16,7 @@ from inferasim.anchors import SHIPPED_ANCHORS, Anchor, AnchorStore, method_rank
 from inferasim.catalog.gpus import GPU, get_gpu
 from inferasim.catalog.models import ModelSpec, context_error, get_model, normalize_precision, resolve_model_name
 from inferasim.predictor import FittedAnchor, benchmark_kv_dtype, fitted_from_anchor, unanchored
+from inferasim.render import checkpoint_format
 from inferasim.search.estimate import Estimate, estimate_disagg, estimate_group, operate
 from inferasim.search.select import (
     ParetoPoint,
@@ -122,11 +123,20 @@ def _ms(v: float) -> float | None:
     return None if not math.isfinite(v) else v * 1e3
 
 
-def _anchor_for(store: AnchorStore, engine: str, model: ModelSpec, gpu: GPU, precision: str) -> Anchor | None:
+def _weights(precision: str) -> str:
+    # NVFP4 and MXFP4 checkpoints both run 4-bit float kernels; the public data calls gpt-oss's
+    # MXFP4 "fp4", and a spec at auto reads the checkpoint's own "mxfp4".
+    p = normalize_precision(precision or "auto")
+    return "fp4" if p in ("fp4", "mxfp4") else p
+
+
+def _anchor_for(store: AnchorStore, engine: str, model: ModelSpec, gpu: GPU, precision: str,
+                kv_dtype: str | None = None) -> Anchor | None:
     """The best stored anchor of (engine, model, GPU, precision), any engine version: the newest
     measurements a user would deploy. Anchors measured on purpose (public data, harvest, PyTorch)
     come before those taken from live traffic (passive, canary), as in the store's own ranking, so
-    that a live fit never silently replaces a measurement; then more points, then the newest version."""
+    that a live fit never silently replaces a measurement; then more points, then the newest version.
+    ``kv_dtype``, when given, must match too (another KV dtype is another kernel set)."""
     hits = []
     for a in store.all():
         ks = a.kernel_set
@@ -137,8 +147,9 @@ def _anchor_for(store: AnchorStore, engine: str, model: ModelSpec, gpu: GPU, pre
             same_gpu = get_gpu(ks.gpu).name == gpu.name
         except ValueError:
             continue
-        p = normalize_precision(ks.precision or "auto")
-        if same_model and same_gpu and p == precision:
+        if kv_dtype not in (None, "", "auto") and (ks.kv_dtype or "auto") != kv_dtype:
+            continue
+        if same_model and same_gpu and _weights(ks.precision) == _weights(precision):
             hits.append(a)
     if not hits:
         return None
@@ -313,10 +324,13 @@ def tune(spec: TuningSpec, anchor_dirs: list[Path] | None = None, progress: Prog
     if beyond:
         raise ValueError(f"workload.static: {beyond}; shorten inputTokens (or pick a longer-context model)")
     precisions = [normalize_precision(p) for p in spec.precision]
-    precisions = [model.checkpoint_format if p == "auto" else p for p in precisions]
+    # auto: the weights of the checkpoint the user named (an -FP8 variant of a BF16 catalog model
+    # is fp8), not only those of the catalog model it is priced by.
+    own = checkpoint_format(spec.model) or model.checkpoint_format
+    precisions = [own if p == "auto" else p for p in precisions]
     precisions = ["fp4" if p == "nvfp4" else p for p in precisions]
     space = build_space(model, gpu, spec.engines, precisions, spec.hardware.max_gpus, spec.hardware.gpus_per_node,
-                        spec.search)
+                        spec.search, model_id=spec.model)
     timings["space"] = time.perf_counter() - t0
     if store is None:
         store = AnchorStore(*(anchor_dirs or [SHIPPED_ANCHORS]))

@@ -231,6 +231,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             plotted = True
         except OSError as exc:
             failures.append(f"--plot {args.plot}: cannot write ({exc.strerror or exc})")
+        except ValueError as exc:  # matplotlib: a file extension it cannot write
+            failures.append(f"--plot {args.plot}: {exc}")
     if args.requests_out:
         import json
 

@@ -829,8 +829,12 @@ async def _reconcile(body: dict[str, Any], book: StatusBook, kube: Kube, setting
     entry = HistoryEntry(time=now_iso(), generation=gen, reason=reason[:200],
                          request_rate=observed.request_rate if observed else None)
     if rec is None:
+        # Engine x precision pairs dropped before the search say why (ATOM on NVIDIA, fp4 for an
+        # FP8 checkpoint): with no candidate left, that is the reason, not the GPU budget.
+        excluded = "; ".join(f"{x['what']}: {x['why']}" for x in payload.get("excluded") or [])
         book.condition("Recommended", "False", "NoFeasibleConfig",
-                       f"none of {payload['candidates']} candidates fits {spec.hardware.max_gpus} GPUs")
+                       f"none of {payload['candidates']} candidates fits {spec.hardware.max_gpus} GPUs"
+                       + (f"; not considered: {excluded}" if excluded else ""))
         book.set(phase="Harvesting" if harvesting else "Failed", recommendation=None, shortlist=[])
     else:
         if payload.get("render_error"):

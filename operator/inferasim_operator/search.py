@@ -54,7 +54,7 @@ def search_payload(spec: dict[str, Any], anchor_dirs: list[str], name: str, name
                    stage2_top: int, target_selector: dict[str, Any] | None = None) -> dict[str, Any]:
     """Run `tune` and render what the status and the canaries need (runs in the child)."""
     from inferasim.render import render_deployment, to_yaml
-    from inferasim.search.deploy import config_of, render_pools
+    from inferasim.search.deploy import config_of, recommendation_manifests
     from inferasim.search.tune import tune
     from inferasim.spec import TuningSpec
 
@@ -65,7 +65,8 @@ def search_payload(spec: dict[str, Any], anchor_dirs: list[str], name: str, name
     out: dict[str, Any] = {
         "recommendation": full["recommendation"], "shortlist": full["shortlist"],
         "missing_anchors": full["missing_anchors"], "anchors_used": full["anchors_used"],
-        "candidates": full["space"]["candidates"], "workload": full["workload"], "timings": full["timings_s"],
+        "candidates": full["space"]["candidates"], "excluded": full["space"]["excluded"],
+        "workload": full["workload"], "timings": full["timings_s"],
         "manifest": "", "container": None, "render_error": "", "shortlist_deployments": [],
     }
     # How each anchor used was measured (harvest, public, passive, canary): the status shows it.
@@ -77,7 +78,7 @@ def search_payload(spec: dict[str, Any], anchor_dirs: list[str], name: str, name
     rec = result.recommendation
     if rec is not None:
         try:
-            manifests = render_pools(result, rec, name, namespace)
+            manifests = recommendation_manifests(result, rec, name, namespace)
             if rec.candidate.disagg is None:
                 adopt_selector(manifests[0], target_selector)
                 out["container"] = _container_view(manifests[0])

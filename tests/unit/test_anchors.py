@@ -473,3 +473,20 @@ def test_write_anchor_takes_a_trailing_slash_for_a_new_folder(tmp_path: Path) ->
     assert path == tmp_path / "new" / anchor.filename() and load_anchor(path) == anchor
     # Without the slash a name that does not exist is a file.
     assert write_anchor(anchor, tmp_path / "plain.json") == tmp_path / "plain.json"
+
+
+def test_a_failed_write_leaves_the_previous_anchor_active(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = tmp_path / "a"
+    store = AnchorStore(folder)
+    first = make_anchor()
+    path = store.save(first)
+
+    def full_disk(self: Path, *args: object, **kwargs: object) -> int:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", full_disk)
+    with pytest.raises(OSError):
+        write_anchor_file(make_anchor(concurrencies=(1, 2)), path)
+    monkeypatch.undo()
+    assert load_anchor(path) == first and AnchorStore(folder).all() == [first]
+    assert not (folder / "replaced").exists() and [p.name for p in folder.iterdir()] == [path.name]

@@ -657,3 +657,21 @@ def test_render_refuses_a_precision_the_checkpoint_would_not_run() -> None:
                         precision="fp4")
     with pytest.raises(ValueError, match="would serve deepseek-ai/DeepSeek-R1 at fp8, not fp4"):
         render_deployment(cfg, "r1")
+
+
+def test_the_manifest_serves_the_checkpoint_the_user_named() -> None:
+    from inferasim.render import served_model_id
+
+    # A variant the catalog prices by its base (another org's FP8 build) is rendered as named, and
+    # its own FP8 weights need no online quantization flag.
+    cfg = ServingConfig(engine="vllm", model="RedHatAI/Meta-Llama-3.1-70B-Instruct-FP8", gpu="H100",
+                        layout=Layout(tp=2), precision="fp8")
+    args = render_deployment(cfg, "chat")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "RedHatAI/Meta-Llama-3.1-70B-Instruct-FP8" in args and "--quantization" not in args
+    assert served_model_id("meta-llama/Llama-3.1-70B-Instruct", "meta-llama/Meta-Llama-3.1-70B") == \
+        "meta-llama/Llama-3.1-70B-Instruct"
+    # A config.json path serves the id its file name spells, or is refused.
+    assert served_model_id("/x/deepseek-ai--DeepSeek-R1_config.json", "deepseek-ai/DeepSeek-R1") == \
+        "deepseek-ai/DeepSeek-R1"
+    with pytest.raises(ValueError, match="names no Hugging Face id"):
+        served_model_id("/x/config.json", "config")

@@ -344,12 +344,21 @@ def test_a_disaggregated_recommendation_renders_both_pools() -> None:
 
 def test_a_precision_the_checkpoint_cannot_run_is_pruned_with_the_fix() -> None:
     model, gpu = get_model("meta-llama/Meta-Llama-3.1-70B"), get_gpu("MI355X")
-    space = build_space(model, gpu, ["vllm", "atom"], ["fp8"], 8, 8, SearchSpace())
+    space = build_space(model, gpu, ["vllm", "atom"], ["fp8"], 8, 8, SearchSpace(),
+                        model_id="meta-llama/Llama-3.1-70B-Instruct")
     # vLLM quantises the BF16 checkpoint to FP8 at load; ATOM cannot, and says where FP8 weights are.
     assert {c.engine for c in space.candidates} == {"vllm"}
     (what, why), = space.excluded
     assert what == "atom fp8" and "nvidia/Llama-3.1-70B-Instruct-FP8" in why and "bf16" in why
     assert (what, why) in space.pruned
+    # Named as another org's FP8 checkpoint, the same model runs on ATOM as it is.
+    fp8_id = build_space(model, gpu, ["vllm", "atom"], ["fp8"], 8, 8, SearchSpace(),
+                         model_id="RedHatAI/Meta-Llama-3.1-70B-Instruct-FP8")
+    assert not fp8_id.excluded and {c.engine for c in fp8_id.candidates} == {"vllm", "atom"}
+    # A config.json path is judged by its own quantization_config: DeepSeek-R1's FP8 is not fp4.
+    path = str(REPO.parent / "shared" / "data" / "model-configs" / "deepseek-ai--DeepSeek-R1_config.json")
+    r1 = build_space(get_model(path), get_gpu("B200"), ["vllm"], ["fp4"], 8, 8, SearchSpace(), model_id=path)
+    assert not r1.candidates and "not fp4" in r1.excluded[0][1]
 
 
 @pytest.mark.parametrize(("over", "field"), [
