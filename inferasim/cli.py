@@ -39,6 +39,7 @@ from inferasim.cliargs import (
     check_anchor_matches,
     check_output_file,
     check_output_folder,
+    draw_plot,
     fraction,
     refuse_engine_on_gpu,
     refuse_unservable,
@@ -915,15 +916,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     # The search is done: a file that cannot be written (or a manifest that cannot be rendered)
     # is reported after the result, which is printed all the same.
     failures: list[str] = []
-    plotted = False
-    if args.plot:
-        try:
-            _plot_pareto(result, args.plot)
-            plotted = True
-        except OSError as exc:
-            failures.append(f"--plot {args.plot}: cannot write ({exc.strerror or exc})")
-        except ValueError as exc:  # matplotlib: a file extension it cannot write
-            failures.append(f"--plot {args.plot}: {exc}")
+    plotted = bool(args.plot) and draw_plot(lambda: _plot_pareto(result, args.plot), args.plot, failures)
     if args.manifest and result.recommendation is not None:
         from inferasim.search.deploy import manifests_for
 

@@ -83,6 +83,20 @@ def refuse_engine_on_gpu(engine: str, gpu: GPU) -> None:
         raise ValueError(f"--engine {engine} --gpu {gpu.name}: {why}")
 
 
+def draw_plot(draw: Callable[[], None], path: str, failures: list[str]) -> bool:
+    """Run `draw` (which writes the --plot file `path`) after a command's work is done: a file it
+    cannot write (a full disk, an extension matplotlib does not know) is added to `failures`, to
+    be reported after the result instead of replacing it. True when the plot was written."""
+    try:
+        draw()
+        return True
+    except OSError as exc:
+        failures.append(f"--plot {path}: cannot write ({exc.strerror or exc})")
+    except ValueError as exc:  # matplotlib: a file extension it cannot write
+        failures.append(f"--plot {path}: {exc}")
+    return False
+
+
 def refuse_unservable(model: ModelSpec, gpu: GPU, layout: Layout, engine: str, precision: str,
                       kv_dtype: str, memory_fraction: float | None = None) -> float | None:
     """ValueError when the engine would not start `layout` (tp not dividing the heads, weights

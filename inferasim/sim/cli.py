@@ -25,6 +25,7 @@ from inferasim.cliargs import (
     anchor_store,
     check_anchor_matches,
     check_output_file,
+    draw_plot,
     refuse_engine_on_gpu,
     refuse_unservable,
 )
@@ -224,15 +225,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             f"{source}; anchor {anchor_id}")
     # The run is done: a file that cannot be written is reported after the result, not instead of it.
     failures: list[str] = []
-    plotted = False
-    if args.plot:
-        try:
-            plot_report(report, args.plot)
-            plotted = True
-        except OSError as exc:
-            failures.append(f"--plot {args.plot}: cannot write ({exc.strerror or exc})")
-        except ValueError as exc:  # matplotlib: a file extension it cannot write
-            failures.append(f"--plot {args.plot}: {exc}")
+    plotted = bool(args.plot) and draw_plot(lambda: plot_report(report, args.plot), args.plot, failures)
     if args.requests_out:
         import json
 
