@@ -41,6 +41,7 @@ from inferasim.cliargs import (
     check_output_folder,
     draw_plot,
     fraction,
+    precision_name,
     refuse_engine_on_gpu,
     refuse_unservable,
 )
@@ -1152,7 +1153,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("predict", help="TTFT, TPOT and throughput of one deployment")
     _add_deployment(p)
     p.add_argument("--engine-version", default="")
-    p.add_argument("--precision", default="auto", help=f"one of {', '.join(PRECISIONS)}")
+    p.add_argument("--precision", type=precision_name, default="auto", help=f"one of {', '.join(PRECISIONS)}")
     p.add_argument("--kv-cache-dtype", default=None,
                    help="auto, bf16 or fp8 (default: fp8 for fp8/fp4 precision, as in the public benchmarks)")
     p.add_argument("--isl", type=_positive("isl"), required=True, help="input tokens per request")
@@ -1220,7 +1221,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("advise", help="batching advisor: batch limit for a latency target, KV to give back")
     _add_deployment(p)
-    p.add_argument("--precision", default="auto")
+    p.add_argument("--precision", type=precision_name, default="auto")
     p.add_argument("--isl", type=_positive("isl"), required=True)
     p.add_argument("--osl", type=_positive("osl"), required=True)
     p.add_argument("--itl-p90-ms", type=_positive_float("itl-p90-ms"), required=True,

@@ -8,6 +8,7 @@ import os
 import sys
 from pathlib import Path
 
+from inferasim.cliargs import precision_name
 from inferasim.emulator.cli import add_layout_args, positive_float, positive_int
 from inferasim.harvest.plan import DEFAULT_PLAN_TEXT, MIN_REQUESTS, REQUESTS_PER_CLIENT, parse_plan
 from inferasim.harvest.run import (
@@ -38,7 +39,8 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[typ
     run.add_argument("--gpu", required=True, help="GPU the engine runs on (see `inferasim gpus`)")
     run.add_argument("--engine", required=True, help="vllm, sglang or atom")
     add_layout_args(run)
-    run.add_argument("--precision", default="auto", help="weight precision (auto = the checkpoint's)")
+    run.add_argument("--precision", type=precision_name, default="auto",
+                     help="weight precision (auto = the checkpoint's)")
     run.add_argument("--kv-cache-dtype", default=None, help="KV-cache dtype (default: fp8 for fp8/fp4 weights)")
     run.add_argument("--engine-version", default="", help="engine release or build (part of the kernel set)")
     run.add_argument("--engine-image", default="", help="container image measured (recorded in provenance)")

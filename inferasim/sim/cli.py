@@ -26,6 +26,7 @@ from inferasim.cliargs import (
     check_anchor_matches,
     check_output_file,
     draw_plot,
+    precision_name,
     refuse_engine_on_gpu,
     refuse_unservable,
 )
@@ -49,7 +50,8 @@ def add_cli(subparsers: Any) -> None:
     p.add_argument("--gpu", required=True, help="GPU name, e.g. H100, h200_sxm, MI355X")
     p.add_argument("--engine", required=True, help="vllm, sglang or atom")
     p.add_argument("--engine-version", default="")
-    p.add_argument("--precision", default="auto", help="auto (the checkpoint's), bf16, fp8, fp4 ...")
+    p.add_argument("--precision", type=precision_name, default="auto",
+                   help="auto (the checkpoint's), bf16, fp8, fp4 ...")
     p.add_argument("--kv-cache-dtype", default=None, help="auto, bf16, fp8 (default: fp8 for fp8/fp4 precision)")
     p.add_argument("--tp", type=_positive("tp"), default=1, help="tensor-parallel width")
     p.add_argument("--pp", type=_positive("pp"), default=1, help="pipeline stages")

@@ -84,6 +84,9 @@ def test_models_list_and_gpus_table() -> None:
     (("predict", "--model", "meta-llama/Llama-3.1-70B", "--engine", "atom", "--gpu", "h100", "--tp", "2", "--isl",
       "1024", "--osl", "128", "--concurrency", "4"), "ATOM runs on AMD Instinct GPUs only (ROCm); H100 is not one"),
     (PREDICT + ("--concurrency", "8", "--ep", "2"), "moe_ep=2 on a dense model"),
+    # An unknown precision is refused by the argument parser, before any anchor note.
+    (("predict", "--model", "meta-llama/Llama-3.1-8B", "--engine", "vllm", "--gpu", "h100", "--precision", "fp9",
+      "--isl", "64", "--osl", "8", "--concurrency", "1"), "argument --precision: unknown precision 'fp9'"),
 ])
 def test_bad_input_exit_2_with_named_field(args: tuple[str, ...], needle: str) -> None:
     r = run(*args)
