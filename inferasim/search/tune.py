@@ -349,8 +349,11 @@ def tune(spec: TuningSpec, anchor_dirs: list[Path] | None = None, progress: Prog
                 anchors_used[f"{cand.engine}/{cand.precision}"] = anchor.id
             else:
                 fitted_by[key] = unanchored(cand.engine, model, gpu, cand.precision, cand.layout, kv_dtype=kv)
+                # The fewest GPUs; among those the plainest layout (no pipeline stages, attention dp
+                # or expert parallelism to carry back out), then the larger KV pool (tp over pp):
+                # 70B bf16 on two H100 as tp2, not as pp2 with half the KV.
                 smallest = min((c.layout for c in space.candidates if (c.engine, c.precision) == key),
-                               key=lambda lay: lay.gpus)
+                               key=lambda lay: (lay.gpus, lay.pp > 1, lay.dp > 1, lay.moe_ep > 1, -lay.tp))
                 hours = smallest.gpus * HARVEST_MINUTES / 60.0
                 price = spec.hardware.price_per_gpu_hour
                 missing.append({"engine": cand.engine, "model": model.name, "gpu": gpu.name,

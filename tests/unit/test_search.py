@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from inferasim.anchors import AnchorStore
 from inferasim.catalog.gpus import get_gpu
 from inferasim.catalog.models import get_model
 from inferasim.layout import Layout
@@ -369,3 +370,12 @@ def test_a_precision_the_checkpoint_cannot_run_is_pruned_with_the_fix() -> None:
 def test_spec_names_the_field_of_an_unknown_name(over: dict, field: str) -> None:
     with pytest.raises(SpecError, match=rf"^{field}: "):
         parse_spec(small_spec(**over))
+
+
+def test_a_missing_anchor_is_harvested_at_the_plainest_smallest_layout() -> None:
+    # 70B bf16 needs two H100: tp2, not pp2 (which keeps half the KV and adds pipeline bubbles).
+    spec = parse_spec(small_spec(model="meta-llama/Meta-Llama-3.1-70B",
+                                 hardware={"gpu": "H100", "gpusPerNode": 8, "maxGPUs": 4}))
+    result = tune(spec, store=AnchorStore(), stage2_top=0)
+    (missing,) = result.missing_anchors
+    assert Layout(**missing["harvest_layout"]) == Layout(tp=2)
