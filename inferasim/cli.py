@@ -32,7 +32,6 @@ from inferasim.catalog.models import (
     context_error,
     get_model,
     known_models,
-    normalize_precision,
 )
 from inferasim.cliargs import (
     anchor_store,
@@ -195,7 +194,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     """The Deployment and Service of one hand-picked configuration (what `tune --manifest` writes
     for its recommendation), checked as tune checks its own: flags known to the engine, the
     replica on one node, a precision the engine would run with this checkpoint."""
-    from inferasim.render import ServingConfig, render_manifests, served_model_id, to_yaml
+    from inferasim.render import ServingConfig, priced_precision, render_manifests, served_model_id, to_yaml
 
     if args.out:
         _usage(check_output_file, "--out", args.out)
@@ -204,10 +203,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     gpu = get_gpu(args.gpu)
     engine = normalize_engine(args.engine)
     # Planned at the weights the named checkpoint holds (an -FP8 variant of a BF16 catalog model).
-    from inferasim.render import checkpoint_format
-
-    weights = args.precision if args.precision != "auto" else (checkpoint_format(args.model) or "auto")
-    needed = refuse_unservable(model, gpu, layout, engine, "fp4" if weights == "nvfp4" else weights,
+    needed = refuse_unservable(model, gpu, layout, engine, priced_precision(args.precision, args.model, model),
                                args.kv_cache_dtype, args.memory_fraction)
     cfg = ServingConfig(
         engine=engine, model=served_model_id(args.model, model.name), gpu=gpu.name, layout=layout,
@@ -260,7 +256,7 @@ def _refuse_beyond_context(model: ModelSpec, isl: int, osl: int) -> None:
 
 def cmd_predict(args: argparse.Namespace) -> int:
     from inferasim.predictor import fitted_from_anchor, unanchored
-    from inferasim.sim.benchmark import engine_sched, open_loop
+    from inferasim.sim.benchmark import closed_loop, engine_sched, open_loop
     from inferasim.steptime import layout_cost
 
     engine = normalize_engine(args.engine)
@@ -288,11 +284,11 @@ def cmd_predict(args: argparse.Namespace) -> int:
                 # No version asked: the anchor tune, simulate and advise use for this kernel set (any
                 # version; measured on purpose first, then the most points, then the newest), so
                 # that predict and tune give one number for one deployment.
+                from inferasim.render import priced_precision
                 from inferasim.search.tune import _anchor_for
 
-                precision = args.precision if args.precision != "auto" else model.checkpoint_format
-                best = _anchor_for(store, engine, model, gpu, normalize_precision(
-                    "fp4" if precision == "nvfp4" else precision), kv_dtype=args.kv_cache_dtype)
+                best = _anchor_for(store, engine, model, gpu, priced_precision(args.precision, args.model, model),
+                                   kv_dtype=args.kv_cache_dtype)
                 fitted = fitted_from_anchor(best if best is not None else store.find(ks, layout))
             anchored = True
         except NoCompatibleAnchor as exc:
@@ -306,24 +302,22 @@ def cmd_predict(args: argparse.Namespace) -> int:
     refuse_unservable(fitted.model, fitted.gpu, layout, fitted.engine, fitted.precision, fitted.kv_dtype)
     isl, osl = args.isl, args.osl
     replicas = args.replicas
+    import numpy as np
+
+    cost = layout_cost(fitted.model, fitted.gpu, layout, fitted.precision, fitted.kv_dtype)
+    sched = engine_sched(fitted.engine, fitted.model, fitted.gpu, layout, fitted.precision,
+                         fitted.engine_version, fitted.kv_dtype)
     if args.concurrency is not None:
         per_replica = max(args.concurrency // replicas, 1)
-        pred = fitted.predict_layout(layout, isl, osl, per_replica)
-        ttft, tpot = pred["ttft"], pred["tpot"]
-        tput = pred["throughput"] * replicas
+        # The closed loop itself (what FittedAnchor.predict_layout runs), for its running count too.
+        bench = closed_loop(fitted.params, cost, sched, np.array([float(isl)]), np.array([float(osl)]),
+                            np.array([float(per_replica)]))
+        ttft, tpot = float(bench.ttft[0]), float(bench.tpot[0])
+        tput = float(bench.throughput[0]) * replicas
         stable = True
         load = {"concurrency": args.concurrency}
         # Clients beyond what the KV pool (or max_num_seqs) runs at once queue for a slot: their
         # wait is in TTFT, and a reader should know it is a queue, not a slow prefill.
-        import numpy as np
-
-        from inferasim.sim.benchmark import closed_loop
-
-        cost = layout_cost(fitted.model, fitted.gpu, layout, fitted.precision, fitted.kv_dtype)
-        sched = engine_sched(fitted.engine, fitted.model, fitted.gpu, layout, fitted.precision,
-                             fitted.engine_version, fitted.kv_dtype)
-        bench = closed_loop(fitted.params, cost, sched, np.array([float(isl)]), np.array([float(osl)]),
-                            np.array([float(per_replica)]))
         running = int(round(float(bench.running[0])))
         if running < per_replica:
             why = "the KV pool" if bool(bench.kv_limited[0]) else "max_num_seqs"
@@ -331,11 +325,6 @@ def cmd_predict(args: argparse.Namespace) -> int:
             print(f"note: {why} holds {running} of the {per_replica} requests per replica at once; the rest queue "
                   "for a slot, and that wait is in TTFT", file=sys.stderr)
     else:
-        cost = layout_cost(fitted.model, fitted.gpu, layout, fitted.precision, fitted.kv_dtype)
-        sched = engine_sched(fitted.engine, fitted.model, fitted.gpu, layout, fitted.precision,
-                             fitted.engine_version, fitted.kv_dtype)
-        import numpy as np
-
         r = open_loop(fitted.params, cost, sched, np.array([isl]), np.array([osl]),
                       np.array([args.request_rate / replicas]))
         ttft, tpot, tput, stable = float(r.ttft[0]), float(r.tpot[0]), float(r.throughput[0]) * replicas, \
@@ -961,13 +950,13 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 def _fitted_for(args: argparse.Namespace, layout: Layout):  # noqa: ANN202
     from inferasim.predictor import benchmark_kv_dtype, fitted_from_anchor, unanchored
+    from inferasim.render import priced_precision
     from inferasim.search.tune import _anchor_for
 
     engine = normalize_engine(args.engine)
     model, gpu = get_model(args.model), get_gpu(args.gpu)
     refuse_engine_on_gpu(engine, gpu)
-    precision = args.precision if args.precision != "auto" else model.checkpoint_format
-    precision = "fp4" if precision == "nvfp4" else precision
+    precision = priced_precision(args.precision, args.model, model)
     if args.anchor:
         fitted = fitted_from_anchor(load_anchor(args.anchor))
         check_anchor_matches(args.anchor, fitted, engine, model.name, gpu.name)  # not another model's

@@ -47,7 +47,13 @@ from inferasim.catalog.engines import (
     normalize_engine,
 )
 from inferasim.catalog.gpus import GPU, get_gpu
-from inferasim.catalog.models import exact_catalog_id, get_model, sibling_checkpoints
+from inferasim.catalog.models import (
+    ModelSpec,
+    exact_catalog_id,
+    get_model,
+    normalize_precision,
+    sibling_checkpoints,
+)
 from inferasim.layout import Layout
 
 __all__ = [
@@ -66,6 +72,7 @@ __all__ = [
     "gpu_node_label",
     "fp8_kernels_note",
     "precision_error",
+    "priced_precision",
     "served_model_id",
     "render_deployment",
     "render_manifests",
@@ -540,12 +547,13 @@ def fp8_kernels_note(cfg: ServingConfig) -> str | None:
             "prediction). Point the model at the published FP8 checkpoint to run the priced kernels.")
 
 
-# Weight classes a precision asks for and a checkpoint holds (render.PRECISIONS and the catalog's
-# checkpoint formats): a 4-bit float request is met by NVFP4 and MXFP4 checkpoints alike (the
-# public data calls gpt-oss's MXFP4 "fp4").
-_WEIGHT_CLASS = {"bf16": "16-bit", "fp16": "16-bit", "fp8": "fp8", "w8a8": "fp8", "int8": "int8",
-                 "fp4": "fp4", "nvfp4": "fp4", "mxfp4": "fp4", "int4": "int4", "w4a16": "int4",
-                 "awq": "int4", "gptq": "int4"}
+def _weight_class(precision: str) -> str | None:
+    """The weights a precision asks for or a checkpoint format holds (None: auto). The catalog's
+    normalize_precision folds the aliases (nvfp4, w8a8, awq ...); on top of it the 16-bit formats
+    are one class, and a 4-bit float request is met by NVFP4 and MXFP4 checkpoints alike (the
+    public data calls gpt-oss's MXFP4 "fp4")."""
+    p = normalize_precision(precision)
+    return None if p == "auto" else {"bf16": "16-bit", "fp16": "16-bit", "mxfp4": "fp4"}.get(p, p)
 
 
 # A quantised checkpoint's format from its id where the catalog does not hold that exact id
@@ -589,6 +597,16 @@ def checkpoint_format(model: str) -> str | None:
         return None
 
 
+def priced_precision(precision: str, model_id: str, model: ModelSpec) -> str:
+    """The precision a deployment of ``model_id`` (as the user named it; ``model`` is the catalog
+    model it is priced by) runs at, normalised (nvfp4 -> fp4): ``auto`` reads the weights of the
+    named checkpoint (checkpoint_format: an -FP8 variant of a BF16 catalog model is fp8), else
+    those of the catalog model. Every command resolves ``--precision`` / ``precision`` this way."""
+    if normalize_precision(precision) == "auto":
+        precision = checkpoint_format(model_id) or model.checkpoint_format
+    return normalize_precision(precision)
+
+
 def precision_error(engine: str, model: str, precision: str) -> str | None:
     """Why ``engine`` would not serve ``model`` (the id or config path as the user wrote it) at
     ``precision`` (None: it would). The engine runs the weights of the checkpoint it loads: a
@@ -596,20 +614,20 @@ def precision_error(engine: str, model: str, precision: str) -> str | None:
     online (vLLM and SGLang --quantization fp8), at fp8. Rendering ``deepseek-ai/DeepSeek-R1``
     (FP8) for a price at fp4 would run twice the weight bytes that were priced. A checkpoint whose
     format nothing states (checkpoint_format) is not judged."""
-    want = _WEIGHT_CLASS.get(_norm(precision))
+    want = _weight_class(precision)
     if want is None:  # auto: the checkpoint's own format, which is what the price uses
         return None
     fmt = checkpoint_format(model)
     if fmt is None:
         return None
-    have = _WEIGHT_CLASS.get(fmt, fmt)
+    have = _weight_class(fmt)
     if have == want:
         return None
     online = flag_for(normalize_engine(engine), "quantization") is not None
     if want == "fp8" and have == "16-bit" and online:
         return None
     how = ("quantises online only from 16-bit weights to fp8" if online else "has no online quantization")
-    siblings = [hf for hf, f in sibling_checkpoints(model).items() if _WEIGHT_CLASS.get(f, f) == want]
+    siblings = [hf for hf, f in sibling_checkpoints(model).items() if _weight_class(f) == want]
     fix = (f"point the model at {' or '.join(siblings)}" if siblings else
            f"point the model at a {precision} checkpoint of it")
     return (f"{engine} would serve {model} at {fmt}, not {precision}: the checkpoint holds {fmt} weights and "

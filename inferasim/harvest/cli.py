@@ -93,10 +93,10 @@ def _refuse_unservable_layout(cfg: HarvestConfig) -> None:
     from inferasim.catalog.models import get_model
     from inferasim.cliargs import refuse_unservable
     from inferasim.predictor import benchmark_kv_dtype
+    from inferasim.render import priced_precision
 
     model, gpu = get_model(cfg.model), get_gpu(cfg.gpu)
-    precision = cfg.precision if cfg.precision != "auto" else model.checkpoint_format
-    precision = "fp4" if precision == "nvfp4" else precision
+    precision = priced_precision(cfg.precision, cfg.model, model)
     refuse_unservable(model, gpu, cfg.layout(), normalize_engine(cfg.engine), precision,
                       cfg.kv_dtype or benchmark_kv_dtype(precision))
 

@@ -16,7 +16,7 @@ from inferasim.anchors import SHIPPED_ANCHORS, Anchor, AnchorStore, method_rank
 from inferasim.catalog.gpus import GPU, get_gpu
 from inferasim.catalog.models import ModelSpec, context_error, get_model, normalize_precision, resolve_model_name
 from inferasim.predictor import FittedAnchor, benchmark_kv_dtype, fitted_from_anchor, unanchored
-from inferasim.render import checkpoint_format
+from inferasim.render import priced_precision
 from inferasim.search.estimate import Estimate, estimate_disagg, estimate_group, operate
 from inferasim.search.select import (
     ParetoPoint,
@@ -323,12 +323,7 @@ def tune(spec: TuningSpec, anchor_dirs: list[Path] | None = None, progress: Prog
     beyond = context_error(model, w.isl)
     if beyond:
         raise ValueError(f"workload.static: {beyond}; shorten inputTokens (or pick a longer-context model)")
-    precisions = [normalize_precision(p) for p in spec.precision]
-    # auto: the weights of the checkpoint the user named (an -FP8 variant of a BF16 catalog model
-    # is fp8), not only those of the catalog model it is priced by.
-    own = checkpoint_format(spec.model) or model.checkpoint_format
-    precisions = [own if p == "auto" else p for p in precisions]
-    precisions = ["fp4" if p == "nvfp4" else p for p in precisions]
+    precisions = [priced_precision(p, spec.model, model) for p in spec.precision]
     space = build_space(model, gpu, spec.engines, precisions, spec.hardware.max_gpus, spec.hardware.gpus_per_node,
                         spec.search, model_id=spec.model)
     timings["space"] = time.perf_counter() - t0

@@ -122,15 +122,15 @@ def resolve_fitted(args: argparse.Namespace, layout: Any) -> tuple[Any, bool, st
     from inferasim.anchors import load_anchor
     from inferasim.catalog.engines import normalize_engine
     from inferasim.catalog.gpus import get_gpu
-    from inferasim.catalog.models import get_model, normalize_precision
+    from inferasim.catalog.models import get_model
     from inferasim.predictor import benchmark_kv_dtype, fitted_from_anchor, unanchored
+    from inferasim.render import priced_precision
     from inferasim.search.tune import _anchor_for
 
     engine = normalize_engine(args.engine)
     model, gpu = get_model(args.model), get_gpu(args.gpu)
     refuse_engine_on_gpu(engine, gpu)
-    precision = args.precision if args.precision != "auto" else model.checkpoint_format
-    precision = normalize_precision("fp4" if precision == "nvfp4" else precision)
+    precision = priced_precision(args.precision, args.model, model)
     kv = args.kv_cache_dtype or benchmark_kv_dtype(precision)
     if args.anchor:
         fitted = fitted_from_anchor(load_anchor(args.anchor))
