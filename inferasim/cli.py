@@ -308,19 +308,27 @@ def cmd_predict(args: argparse.Namespace) -> int:
     sched = engine_sched(fitted.engine, fitted.model, fitted.gpu, layout, fitted.precision,
                          fitted.engine_version, fitted.kv_dtype)
     if args.concurrency is not None:
-        per_replica = max(args.concurrency // replicas, 1)
+        # The clients split as evenly as they go: `extra` replicas serve one more than the rest, and
+        # a replica without a client serves nothing.
+        base_share, extra = divmod(args.concurrency, replicas)
+        shares = np.array([float(base_share + 1), float(max(base_share, 1))])
+        counts = np.array([float(extra), float(replicas - extra if base_share else 0)])
+        per_replica = base_share + 1 if extra else base_share
         # The closed loop itself (what FittedAnchor.predict_layout runs), for its running count too.
-        bench = closed_loop(fitted.params, cost, sched, np.array([float(isl)]), np.array([float(osl)]),
-                            np.array([float(per_replica)]))
-        ttft, tpot = float(bench.ttft[0]), float(bench.tpot[0])
-        tput = float(bench.throughput[0]) * replicas
+        bench = closed_loop(fitted.params, cost, sched, np.full(2, float(isl)), np.full(2, float(osl)), shares)
+        # Means over requests: each replica weighs by the requests it completes.
+        done = counts * bench.throughput
+        ttft = float(np.sum(done * bench.ttft) / np.sum(done))
+        tpot = float(np.sum(done * bench.tpot) / np.sum(done))
+        tput = float(np.sum(done))
+        i_big = 0 if extra else 1
         stable = True
         load = {"concurrency": args.concurrency}
         # Clients beyond what the KV pool (or max_num_seqs) runs at once queue for a slot: their
         # wait is in TTFT, and a reader should know it is a queue, not a slow prefill.
-        running = int(round(float(bench.running[0])))
+        running = int(round(float(bench.running[i_big])))
         if running < per_replica:
-            why = "the KV pool" if bool(bench.kv_limited[0]) else "max_num_seqs"
+            why = "the KV pool" if bool(bench.kv_limited[i_big]) else "max_num_seqs"
             load["running_per_replica"] = running
             print(f"note: {why} holds {running} of the {per_replica} requests per replica at once; the rest queue "
                   "for a slot, and that wait is in TTFT", file=sys.stderr)
@@ -335,8 +343,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
         if not stable:
             # Beyond capacity the queue grows without bound: the output rate is what the replicas
             # serve at their running cap, not the offered load, and TTFT has no steady value.
-            capacity = float(r.running[0]) / (ttft + (osl - 1) * tpot) * replicas
-            tput = capacity * osl
+            capacity = float(r.capacity[0]) * replicas
             load["capacity_request_rate"] = round(capacity, 4)
             print(f"note: {args.request_rate:g} req/s exceeds what this deployment serves ({capacity:.3g} req/s): "
                   "the queue grows without bound; TTFT is unbounded", file=sys.stderr)

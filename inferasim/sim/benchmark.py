@@ -70,7 +70,7 @@ SGLANG_CONSECUTIVE_PREFILL_DELAY = 0.3
 # requests' decode) and steady state. See sglang_wave_share for how it grows back for shorter
 # prompts.
 SGLANG_SINGLE_PROMPT_WAVE_SHARE = 0.5
-FIXED_POINT_ITERATIONS = 24
+FIXED_POINT_ITERATIONS = 64  # bisection halvings of the steady-state rate (_steady_rate)
 MIN_KV_TOKENS = 16384  # below this a benchmark of a few requests of a few thousand tokens cannot run
 TIGHT_MEMORY_FRACTION = 0.95
 MAX_PREFILL_SHARE = 0.95
@@ -227,13 +227,73 @@ def _sglang_wave(p: StepParams, c: LayoutCost, sched: EngineSched, b: np.ndarray
     budget = np.asarray(sched.prefill_chunk, dtype=float)
     limit = np.asarray(sched.max_prefill_tokens, dtype=float)
     whole = (budget >= limit) & (new < limit)
-    per_batch = np.where(whole, np.maximum(np.ceil(limit / np.maximum(new, 1.0)) - 1.0, 1.0), 1.0)
+    per_batch = np.where(whole, prompts_per_batch(sched, new), 1.0)
     n_whole = np.ceil(b / per_batch)
     t_whole = step_time(p, c, 0.0, ctx, np.minimum(per_batch, b) * new, pos)
     total = np.where(whole, n_whole, total_batches)
     waited = np.where(whole, (n_whole + 1.0) / 2.0, batches)
-    waited = waited + SGLANG_CONSECUTIVE_PREFILL_DELAY * (1.0 - 1.0 / np.maximum(total, 1.0))
+    # Only batches that hand out first tokens delay the next one's: a lone prompt's chunks do not.
+    own = np.where(whole, 1.0, np.maximum(np.ceil(new / np.maximum(budget, 1.0)), 1.0))
+    waited = waited + SGLANG_CONSECUTIVE_PREFILL_DELAY * np.maximum(1.0 - own / np.maximum(total, 1.0), 0.0)
     return waited, np.where(whole, t_whole, t_batch), total
+
+
+def prompts_per_batch(sched: EngineSched, new: np.ndarray) -> np.ndarray:
+    """Whole prompts of `new` tokens one separate prefill batch holds. SGLang's PrefillAdder
+    (srt/managers/schedule_policy.py, add_one_req) refuses every request after a batch's first
+    whose prompt is >= the tokens left of --max-prefill-tokens: where the chunk size is that large
+    too (B200, B300, MI300-class defaults: 16384) a batch holds ceil(16384 / isl) - 1 whole prompts
+    and never splits the last. Otherwise (a smaller chunk, vLLM V0's token budget) the budget
+    binds: as many whole prompts as fit in it, at least one."""
+    new = np.maximum(np.asarray(new, dtype=float), 1.0)
+    budget = np.asarray(sched.prefill_chunk, dtype=float)
+    limit = np.asarray(sched.max_prefill_tokens, dtype=float)
+    by_budget = np.maximum(np.floor(budget / new), 1.0)
+    if sched.engine != "sglang":
+        return by_budget
+    whole = (budget >= limit) & (new < limit)
+    return np.where(whole, np.maximum(np.ceil(limit / new) - 1.0, 1.0), by_budget)
+
+
+def _steady_rate(running: np.ndarray, dp: int, osl: np.ndarray, t_dec: np.ndarray, lead: np.ndarray,
+                 p_one: np.ndarray, p_full: np.ndarray, k_max: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Steady state of a closed loop of `running` requests: (rate x, prefill share u of a rank's
+    time, duration P of the prefill batch a request rides in).
+
+    Prefill work reaches each rank in batches. Separate prefill batches (SGLang) take every prompt
+    waiting at a step boundary, so a batch holds the k prompts that arrived during the previous
+    batch and one decode step, k = lam x (P(k) + t_dec) within [1, k_max] (lam = x / dp), and lasts
+    P(k), linear between one prompt (`p_one`) and a full batch of k_max (`p_full`): the prompts
+    share a batch's fixed cost (host, weight read). Mixed engines pass k_max = 1 and a request's
+    marginal prefill time. u = lam P / k; TPOT = t_dec / (1 - u); a request waits `lead` (to the
+    next step boundary, plus the decode steps its chunks ride in; not stretched by 1 / (1 - u),
+    which made vLLM's TTFT on shared/data/aic-silicon worse, 13.2% -> 13.4%), an M/D/1 wait for
+    the prefill server (customers: batches), and its own batch. x solves x = running / (TTFT +
+    (osl - 1) TPOT): the right side falls as x grows, so the root is unique and bisection finds it
+    (a damped fixed-point iteration flipped between two states near prefill saturation)."""
+    slope = (p_full - p_one) / np.maximum(k_max - 1.0, 1e-9)  # seconds one more prompt adds
+
+    def state(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        lam = x / dp
+        grow = lam * slope
+        k = np.where(grow < 1.0, lam * (p_one - slope + t_dec) / np.maximum(1.0 - grow, 1e-12), k_max)
+        k = np.clip(k, 1.0, k_max)
+        batch = p_one + slope * (k - 1.0)
+        u = np.minimum(lam * batch / k, MAX_PREFILL_SHARE)
+        cycle = lead + batch + u * batch / (2.0 * (1.0 - u)) + (osl - 1.0) * t_dec / (1.0 - u)
+        return cycle, u, batch
+
+    lo = np.zeros(np.broadcast(running, osl, t_dec, lead, p_one, p_full, k_max).shape)
+    hi = running / state(lo)[0]  # the rate with no prefill share: an upper bound of the root
+    for _ in range(FIXED_POINT_ITERATIONS):
+        mid = 0.5 * (lo + hi)
+        above = running / state(mid)[0] < mid
+        hi = np.where(above, mid, hi)
+        lo = np.where(above, lo, mid)
+    x = 0.5 * (lo + hi)
+    _, u, batch = state(x)
+    return x, u, batch
 
 
 def closed_loop(p: StepParams, c: LayoutCost, sched: EngineSched, isl: np.ndarray, osl: np.ndarray,
@@ -260,29 +320,20 @@ def closed_loop(p: StepParams, c: LayoutCost, sched: EngineSched, isl: np.ndarra
         n_chunks = np.ceil(new / chunk)
         # Half a step to the next step boundary, then one step per chunk, each carrying its
         # chunk's marginal compute.
-        ttft_base = 0.5 * t_dec + n_chunks * t_dec + p_req
+        lead = (0.5 + n_chunks) * t_dec
+        p_full, k_max = p_req, np.ones_like(p_req)
     else:
         chunk = np.minimum(np.asarray(sched.prefill_chunk, dtype=float), new)
         full = np.floor(new / chunk)
         rest = new - full * chunk
         p_req = full * step_time(p, c, 0.0, 0.0, chunk, pos) + \
             np.where(rest > 0, step_time(p, c, 0.0, 0.0, np.maximum(rest, 1.0), pos), 0.0)
-        ttft_base = 0.5 * t_dec + p_req
-    tpot = t_dec.copy()
-    ttft = ttft_base.copy()
-    x = running / (ttft + (osl - 1.0) * tpot)
-    for _ in range(FIXED_POINT_ITERATIONS):
-        u = np.minimum(x / dp * p_req, MAX_PREFILL_SHARE)
-        tpot_new = t_dec / (1.0 - u)
-        wait_prefill = u * p_req / (2.0 * (1.0 - u))  # M/D/1 queue for the prefill server
-        service = ttft_base + wait_prefill + (osl - 1.0) * tpot_new
-        x_new = running / service
-        tpot = 0.5 * tpot + 0.5 * tpot_new
-        x = 0.5 * x + 0.5 * x_new
-        ttft = ttft_base + wait_prefill
-    # Clients beyond the running cap wait for a slot (closed-loop Little's law).
-    service = ttft + (osl - 1.0) * tpot
-    admission_wait = np.maximum(conc / x - service, 0.0)
+        lead = 0.5 * t_dec
+        k_max = np.maximum(np.minimum(prompts_per_batch(sched, new), b), 1.0)
+        p_full = np.where(k_max > 1.0, step_time(p, c, 0.0, 0.0, k_max * new, pos), p_req)
+    x, u, p_batch = _steady_rate(running, dp, osl, t_dec, lead, p_req, p_full, k_max)
+    tpot = t_dec / (1.0 - u)
+    ttft = lead + p_batch + u * p_batch / (2.0 * (1.0 - u))  # M/D/1 queue for the prefill server
     # Wave arrivals: with fixed isl/osl the clients of a closed loop start together and keep
     # finishing together, so requests reach the engine in waves of up to `b` per rank. A wave's
     # prompts go through in batches of the prefill budget S; a request's first token leaves when
@@ -294,6 +345,8 @@ def closed_loop(p: StepParams, c: LayoutCost, sched: EngineSched, isl: np.ndarra
     batches = np.maximum(a * (b + 1.0) / 2.0 + 0.5, 1.0)
     t_batch = step_time(p, c, b / 2.0 if sched.mixed else 0.0, ctx, np.minimum(budget, b * new), pos)
     total_batches = np.maximum(np.ceil(b * new / budget), 1.0)
+    # Batches one prompt needs on its own: a wave of one prompt in several chunks is no wave.
+    own_batches = np.maximum(np.ceil(new / budget), 1.0)
     if sched.engine == "sglang":
         batches, t_batch, total_batches = _sglang_wave(p, c, sched, b, new, ctx, pos, batches, t_batch,
                                                        total_batches)
@@ -307,17 +360,23 @@ def closed_loop(p: StepParams, c: LayoutCost, sched: EngineSched, isl: np.ndarra
     gamma = WAVE_GAMMA_MIXED if sched.mixed else WAVE_GAMMA_SEPARATE
     share = p.burst * np.power(1.0 + wave_excess / steady_part, -gamma)
     if sched.engine == "sglang":
-        share = share * np.where(total_batches > 1.0, sglang_wave_share(sched, new), 1.0)
-    ttft_mean = steady_part + share * wave_excess + admission_wait
+        share = share * np.where(total_batches > own_batches, sglang_wave_share(sched, new), 1.0)
+    ttft_running = steady_part + share * wave_excess
     # In a wave, a request that got its first token early decodes while the rest of its wave is
     # prefilled: whole prefill batches stall it (separate batches), or their chunks slow its
     # steps (mixed). No later arrivals interrupt it: every client of the wave is busy. The
     # steady-state stretch T_dec / (1 - u) applies to the share of requests outside waves.
     per_batch_stall = t_batch if not sched.mixed else np.maximum(t_batch - step_time(p, c, b / 2.0, ctx), 0.0)
-    stall = (total_batches - 1.0) / 2.0 * per_batch_stall
+    stall = np.maximum(total_batches - own_batches, 0.0) / 2.0 * per_batch_stall
     tpot_wave = t_dec + stall / np.maximum(osl - 1.0, 1.0)
     tpot = (1.0 - share) * tpot + share * tpot_wave
-    # Closed-loop Little's law over the clients: X = C / (wait + service).
+    # Clients beyond the running cap wait for a slot. The running set completes running / cycle
+    # requests per second, cycle = everything a request spends once admitted; closed-loop Little's
+    # law over the clients, C = X x (wait + cycle), gives the wait. Past the cap the throughput stays
+    # that of the running set however many clients queue.
+    cycle = ttft_running + (osl - 1.0) * tpot
+    admission_wait = np.maximum(conc / running - 1.0, 0.0) * cycle
+    ttft_mean = ttft_running + admission_wait
     throughput = np.maximum(conc, 1.0) / (ttft_mean + (osl - 1.0) * tpot) * osl
     return BenchResult(ttft=ttft_mean, tpot=tpot, running=running, throughput=throughput,
                        step_decode=t_dec, kv_limited=cap < conc)
@@ -378,24 +437,46 @@ class OpenLoopResult:
     tpot: np.ndarray
     running: np.ndarray
     throughput: np.ndarray
-    stable: np.ndarray  # False when the rate exceeds what the replica can serve
+    stable: np.ndarray  # False when the rate reaches what the replica can serve
+    capacity: np.ndarray  # requests/s the replica serves with every running slot busy
+
+
+OPEN_LOOP_BISECTIONS = 30
 
 
 def open_loop(p: StepParams, c: LayoutCost, sched: EngineSched, isl: np.ndarray, osl: np.ndarray,
               rate: np.ndarray) -> OpenLoopResult:
-    """Poisson arrivals at `rate` requests/s to one replica: the number running follows from
-    Little's law, R = rate x (TTFT + (osl - 1) TPOT), solved as a fixed point on the closed-loop
-    model without its wave term (Poisson arrivals do not come in waves)."""
+    """Poisson arrivals at `rate` requests/s to one replica: the number running R follows from
+    Little's law, R = rate x (TTFT + (osl - 1) TPOT), solved on the closed-loop model without its
+    wave term (Poisson arrivals do not come in waves). The replica's capacity is the rate of the
+    closed loop with every running slot busy. Below it a root lies between no request and the cap
+    (rate x cycle(R) - R changes sign there), and bisection finds it, fractional below one request.
+    At or above capacity the queue grows without bound: stable False, figures at the cap."""
     isl = np.asarray(isl, dtype=float)
     osl = np.asarray(osl, dtype=float)
     lam = np.asarray(rate, dtype=float)
-    cap = np.minimum(_capacity(sched, isl, osl, p.kv_scale), sched.max_num_seqs) * c.layout.dp
+    shape = np.broadcast(isl, osl, lam).shape
+    isl, osl, lam = (np.broadcast_to(a, shape).astype(float) for a in (isl, osl, lam))
+    cap = np.broadcast_to(np.minimum(_capacity(sched, isl, osl, p.kv_scale), sched.max_num_seqs) * c.layout.dp,
+                          shape).astype(float)
     no_wave = StepParams(**{**p.as_dict(), "burst": 0.0})
-    running = np.maximum(lam * 1.0, 1.0)
-    res = closed_loop(no_wave, c, sched, isl, osl, running)
-    for _ in range(40):
-        target = lam * (res.ttft + (osl - 1.0) * res.tpot)
-        running = np.clip(0.5 * running + 0.5 * target, 1e-3, cap)
-        res = closed_loop(no_wave, c, sched, isl, osl, np.maximum(running, 1.0))
-    stable = lam * (res.ttft + (osl - 1.0) * res.tpot) <= cap * 1.001
-    return OpenLoopResult(ttft=res.ttft, tpot=res.tpot, running=running, throughput=lam * osl, stable=stable)
+
+    def cycle(running: np.ndarray) -> tuple[np.ndarray, BenchResult]:
+        res = closed_loop(no_wave, c, sched, isl, osl, running)
+        return res.ttft + (osl - 1.0) * res.tpot, res
+
+    full_cycle, _ = cycle(cap)
+    capacity = cap / full_cycle
+    stable = lam < capacity
+    lo = np.full(shape, 1e-3)  # below one request the loop prices one (closed_loop's floor)
+    hi = cap.copy()
+    for _ in range(OPEN_LOOP_BISECTIONS):
+        mid = 0.5 * (lo + hi)
+        t, _ = cycle(mid)
+        short = lam * t > mid  # more arrive during a request's stay than are running: R is larger
+        lo = np.where(short, mid, lo)
+        hi = np.where(short, hi, mid)
+    running = np.where(stable, 0.5 * (lo + hi), cap)
+    _, res = cycle(running)
+    return OpenLoopResult(ttft=res.ttft, tpot=res.tpot, running=running,
+                          throughput=np.minimum(lam, capacity) * osl, stable=stable, capacity=capacity)

@@ -148,6 +148,19 @@ def test_predict_beyond_capacity_reports_capacity_not_the_offered_load() -> None
     assert d["throughput_tok_s"] < 3 * busy["throughput_tok_s"]
 
 
+def test_predict_splits_clients_over_replicas_as_they_go() -> None:
+    """One client keeps one replica busy, not four; three over two replicas are priced as one
+    replica of two and one of one (integer division once priced them as two of one)."""
+    def tput(conc: int, replicas: int) -> float:
+        r = run(*PREDICT, "--concurrency", str(conc), "--replicas", str(replicas), "-o", "json")
+        assert r.returncode == 0, r.stderr
+        return float(json.loads(r.stdout)["throughput_tok_s"])
+
+    one = tput(1, 1)
+    assert tput(1, 4) == pytest.approx(one, rel=1e-9)
+    assert tput(3, 2) == pytest.approx(tput(2, 1) + one, rel=1e-9)
+
+
 def test_anchor_folder_with_an_unreadable_file_is_named(tmp_path) -> None:
     (tmp_path / "broken.json").write_text("{")
     r = run(*PREDICT, "--concurrency", "8", "--anchors", str(tmp_path))
