@@ -38,9 +38,13 @@ from inferasim.cliargs import (
     check_anchor_matches,
     check_output_file,
     check_output_folder,
+    check_plot_file,
+    check_token_budget,
     draw_plot,
     fraction,
+    note_checkpoint_precision,
     precision_name,
+    refuse_early,
     refuse_engine_on_gpu,
     refuse_unservable,
 )
@@ -157,8 +161,14 @@ def cmd_memory(args: argparse.Namespace) -> int:
     model = get_model(args.model)
     gpu = get_gpu(args.gpu)
     layout = _layout(args)
+    from inferasim.predictor import benchmark_kv_dtype
+    from inferasim.render import priced_precision
+
+    # The KV dtype predict, simulate, tune and render price when none is asked for.
+    kv_dtype = args.kv_cache_dtype or benchmark_kv_dtype(priced_precision(args.precision, args.model, model))
+    note_checkpoint_precision(normalize_engine(args.engine), args.model, args.precision)
     plan = plan_memory(model, gpu, layout, engine=args.engine, precision=args.precision,
-                       kv_dtype=args.kv_cache_dtype, memory_fraction=args.memory_fraction)
+                       kv_dtype=kv_dtype, memory_fraction=args.memory_fraction)
     d = plan.as_dict()
     w = d["weights_gb_per_gpu"]
     rows = [
@@ -172,14 +182,17 @@ def cmd_memory(args: argparse.Namespace) -> int:
         ("  embeddings + head", w["embeddings_head"]),
         ("activations (GB, est.)", d["activation_gb"]), ("non-torch (GB, est.)", d["non_torch_gb"]),
         ("KV pool / GPU (GB)", d["kv_gb_per_gpu"]),
-        # The engine's default is the model's dtype; benchmarks (and predict/simulate) run fp8
-        # KV with fp8 or fp4 weights: say which this plan used.
-        ("KV dtype", args.kv_cache_dtype if args.kv_cache_dtype not in (None, "auto")
+        # The engine's default is the model's dtype; benchmarks (and predict, simulate, tune and
+        # render) run fp8 KV with fp8 or fp4 weights: say which this plan used.
+        ("KV dtype", kv_dtype if kv_dtype != "auto"
          else "auto (the model's dtype; --kv-cache-dtype fp8 halves the bytes per token)"),
         ("KV bytes / token / GPU", d["kv_bytes_per_token_per_gpu"]),
         ("KV tokens / replica", d["kv_tokens_per_replica"]),
         ("feasible", plan.feasible),
     ] + [("why not", r) for r in plan.reasons]
+    if args.context and model.max_context > 0 and args.context > model.max_context:
+        raise ValueError(f"--context {args.context} exceeds {model.name}'s context of {model.max_context} tokens "
+                         "(max_position_embeddings): no sequence that long runs")
     if plan.feasible and args.context:
         rows.append((f"sequences of {args.context} tokens", plan.max_concurrency(args.context)))
         d["max_concurrency_at_context"] = {"context": args.context,
@@ -194,6 +207,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     """The Deployment and Service of one hand-picked configuration (what `tune --manifest` writes
     for its recommendation), checked as tune checks its own: flags known to the engine, the
     replica on one node, a precision the engine would run with this checkpoint."""
+    from inferasim.predictor import benchmark_kv_dtype
     from inferasim.render import ServingConfig, priced_precision, render_manifests, served_model_id, to_yaml
 
     if args.out:
@@ -203,12 +217,19 @@ def cmd_render(args: argparse.Namespace) -> int:
     gpu = get_gpu(args.gpu)
     engine = normalize_engine(args.engine)
     # Planned at the weights the named checkpoint holds (an -FP8 variant of a BF16 catalog model).
-    needed = refuse_unservable(model, gpu, layout, engine, priced_precision(args.precision, args.model, model),
-                               args.kv_cache_dtype, args.memory_fraction)
+    if args.max_model_len is not None and model.max_context > 0 and args.max_model_len > model.max_context:
+        raise ValueError(f"--max-model-len {args.max_model_len} exceeds {model.name}'s context of "
+                         f"{model.max_context} tokens (max_position_embeddings): the engine refuses to start; give at "
+                         f"most {model.max_context}")
+    check_token_budget(engine, gpu, layout, args.max_num_batched_tokens, args.max_num_seqs)
+    priced = priced_precision(args.precision, args.model, model)
+    # The KV dtype predict and tune price (fp8 with fp8 or fp4 weights), rendered as a flag.
+    kv_dtype = args.kv_cache_dtype or benchmark_kv_dtype(priced)
+    needed = refuse_unservable(model, gpu, layout, engine, priced, kv_dtype, args.memory_fraction)
     cfg = ServingConfig(
         engine=engine, model=served_model_id(args.model, model.name), gpu=gpu.name, layout=layout,
         replicas=args.replicas,
-        precision=args.precision, kv_cache_dtype=args.kv_cache_dtype, max_num_seqs=args.max_num_seqs,
+        precision=args.precision, kv_cache_dtype=kv_dtype, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         # The raised fraction the layout needs is rendered, not only noted (None: the engine's default).
         memory_fraction=args.memory_fraction if args.memory_fraction is not None else needed,
@@ -266,13 +287,15 @@ def cmd_predict(args: argparse.Namespace) -> int:
     _refuse_beyond_context(model, args.isl, args.osl)
     if (args.concurrency is None) == (args.request_rate is None):
         raise UsageError("give exactly one of --concurrency N (closed loop) or --request-rate R (req/s)")
+    refuse_early(model, gpu, layout, engine, args.kv_cache_dtype)
+    note_checkpoint_precision(engine, args.model, args.precision)
     from inferasim.predictor import benchmark_kv_dtype
 
     kv_dtype = args.kv_cache_dtype or benchmark_kv_dtype(args.precision)
     if args.anchor:
         fitted = fitted_from_anchor(load_anchor(args.anchor))
         anchored = True
-        check_anchor_matches(args.anchor, fitted, engine, model.name, gpu.name)
+        check_anchor_matches(args.anchor, fitted, engine, model.name, gpu.name, args.precision, args.kv_cache_dtype)
     else:
         ks = KernelSet(engine=engine, engine_version=args.engine_version, model=args.model, gpu=args.gpu,
                        precision=args.precision if args.precision != "auto" else "", kv_dtype=kv_dtype)
@@ -352,15 +375,18 @@ def cmd_predict(args: argparse.Namespace) -> int:
     spread_ttft = fitted._spread(extrap, layout, isl, osl, "ttft", concurrency=per_replica)
 
     gpus = layout.gpus * replicas
+    # One output token has no inter-token interval: no TPOT to report (the throughput stands).
+    has_tpot = osl > 1
     out = {
         "model": model.name, "gpu": gpu.name, "engine": engine, "precision": fitted.precision,
         "layout": layout.as_dict(), "replicas": replicas, "gpus": gpus, "isl": isl, "osl": osl, **load,
-        "ttft_ms": ttft * 1e3 if stable else None, "tpot_ms": tpot * 1e3,
+        "ttft_ms": ttft * 1e3 if stable else None, "tpot_ms": tpot * 1e3 if has_tpot else None,
         "throughput_tok_s": tput, "throughput_per_gpu": tput / gpus,
-        "tokens_per_s_per_user": 1.0 / tpot if tpot > 0 else None,
+        "tokens_per_s_per_user": 1.0 / tpot if tpot > 0 and has_tpot else None,
         "interval": {"ttft_ms": [ttft * 1e3 * math.exp(-spread_ttft), ttft * 1e3 * math.exp(spread_ttft)]
                      if stable else None,
-                     "tpot_ms": [tpot * 1e3 * math.exp(-spread), tpot * 1e3 * math.exp(spread)]},
+                     "tpot_ms": [tpot * 1e3 * math.exp(-spread), tpot * 1e3 * math.exp(spread)] if has_tpot
+                     else None},
         "extrapolated": extrap, "stable": stable,
         "carries": fitted.carries(layout, isl, osl, per_replica),
         "anchor": fitted.anchor_id if anchored else None,
@@ -371,7 +397,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
             ("TTFT (ms)", f"{out['ttft_ms']:,.1f}  [{out['interval']['ttft_ms'][0]:,.1f}, "
                           f"{out['interval']['ttft_ms'][1]:,.1f}]" if stable else "unbounded (the queue grows)"),
             ("TPOT (ms)", f"{out['tpot_ms']:.2f}  [{out['interval']['tpot_ms'][0]:.2f}, "
-                          f"{out['interval']['tpot_ms'][1]:.2f}]"),
+                          f"{out['interval']['tpot_ms'][1]:.2f}]" if has_tpot else "- (one output token)"),
             ("output tok/s", f"{tput:,.0f}"), ("tok/s per GPU", f"{tput / gpus:,.0f}"),
             ("extrapolated", extrap), ("stable", stable),
             ("carries", "; ".join(out["carries"]) or "nothing: the anchor's own layout, lengths and sweep"),
@@ -526,9 +552,30 @@ def cmd_anchors(args: argparse.Namespace) -> int:
             if not hits:
                 raise UsageError(f"no anchor {args.name!r}; `inferasim anchors list` shows the ids")
             anchor = hits[0]
-        emit(anchor.model_dump(mode="json"), "json" if args.output == "table" else args.output)
+        emit(anchor.model_dump(mode="json"), args.output, _anchor_table(anchor))
         return 0
     raise UsageError(f"unknown anchors action {args.action!r}")
+
+
+def _anchor_table(anchor: Anchor) -> str:
+    """One anchor for a person: what it measured, where, how well the fit holds, its parameters
+    (`-o json` gives every point)."""
+    ks, lay, fit, rng = anchor.kernel_set, anchor.layout, anchor.fit, anchor.measured_range
+    rows: list[tuple[str, Any]] = [
+        ("id", anchor.id), ("kernel set", ks.describe()),
+        ("layout", f"tp{lay.tp} pp{lay.pp} dp{lay.dp} moe_tp{lay.moe_tp or '-'} moe_ep{lay.moe_ep}"),
+        ("points", f"{len(anchor.points)} benchmark, {len(anchor.steps)} step"),
+    ]
+    if rng is not None:
+        rows += [("concurrency", f"{rng.concurrency[0]}-{rng.concurrency[1]}"),
+                 ("isl", f"{rng.isl[0]}-{rng.isl[1]}"), ("osl", f"{rng.osl[0]}-{rng.osl[1]}")]
+    if fit is not None:
+        rows += [("fit rms(log)", f"{fit.rms_log_error:.3f} over {fit.n_points} points"),
+                 ("fit per metric (median APE)", ", ".join(f"{k} {v:.1%}" for k, v in fit.per_metric.items()))]
+    rows += [("provenance", f"{anchor.provenance.method}: {anchor.provenance.source}"),
+             ("measured at", anchor.provenance.measured_at or "-")]
+    rows += [(f"  {k}", f"{v:.4g}") for k, v in sorted(anchor.params.items())]
+    return table(["anchor", "value"], rows)
 
 
 def _anchors_build(args: argparse.Namespace) -> int:
@@ -900,9 +947,17 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from inferasim.spec import load_spec
 
     spec = load_spec(args.spec)
-    for flag, path in (("--plot", args.plot), ("--manifest", args.manifest)):
-        if path is not None:
-            _usage(check_output_file, flag, path)  # before the search, not after it
+    # Before the search, not after it.
+    if args.plot is not None:
+        _usage(check_plot_file, "--plot", args.plot)
+    if args.manifest is not None:
+        _usage(check_output_file, "--manifest", args.manifest)
+        from inferasim.render import check_k8s_names
+
+        try:
+            check_k8s_names(args.name, args.namespace)
+        except ValueError as exc:
+            raise UsageError(f"--name/--namespace: {exc}") from None
     if args.propose_model != "default" and not args.propose_endpoint:
         raise UsageError("--propose-model names the model at --propose-endpoint; give the endpoint too")
     store = _anchor_store(args.anchors)  # a missing folder is refused, unreadable files named
@@ -964,9 +1019,12 @@ def _fitted_for(args: argparse.Namespace, layout: Layout):  # noqa: ANN202
     model, gpu = get_model(args.model), get_gpu(args.gpu)
     refuse_engine_on_gpu(engine, gpu)
     precision = priced_precision(args.precision, args.model, model)
+    note_checkpoint_precision(engine, args.model, args.precision)
     if args.anchor:
         fitted = fitted_from_anchor(load_anchor(args.anchor))
-        check_anchor_matches(args.anchor, fitted, engine, model.name, gpu.name)  # not another model's
+        # Not another model's, nor at another precision or KV dtype than asked.
+        check_anchor_matches(args.anchor, fitted, engine, model.name, gpu.name, args.precision,
+                             getattr(args, "kv_cache_dtype", None))
         return fitted, True
     anchor = _anchor_for(_anchor_store(args.anchors), engine, model, gpu, precision)
     if anchor is not None:
@@ -1030,6 +1088,11 @@ def cmd_mix(args: argparse.Namespace) -> int:
     if plan.unserved:
         text += "\nunserved tiers (no model meets their SLO within the budget): " + ", ".join(plan.unserved)
     emit(plan.as_dict(), args.output, text)
+    if plan.unserved:
+        # As tune does when nothing meets the SLO: a pipeline must see that a tier went unplanned.
+        print("inferasim mix: unserved tiers: " + ", ".join(plan.unserved) + " (relax their SLO, raise the GPU budget "
+              "or offer more models)", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -1115,7 +1178,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu", required=True, help="GPU name, e.g. MI355X, h200_sxm, NVIDIA-H200")
     p.add_argument("--engine", default="vllm", help=f"one of {', '.join(ENGINES)}")
     p.add_argument("--precision", choices=PRECISIONS, default="auto")
-    p.add_argument("--kv-cache-dtype", default="auto", help="auto, bf16, fp8")
+    p.add_argument("--kv-cache-dtype", default=None,
+                   help="auto, bf16 or fp8 (default: fp8 for fp8/fp4 precision, as predict and tune price)")
     p.add_argument("--memory-fraction", type=fraction("memory-fraction"), default=None,
                    help="gpu_memory_utilization / mem_fraction_static (default: the engine's own)")
     p.add_argument("--context", type=_positive("context"), default=None,
@@ -1129,7 +1193,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_deployment(p)
     p.add_argument("--precision", choices=PRECISIONS, default="auto",
                    help="weights as priced; fp8 of a 16-bit checkpoint adds the engine's online quantization")
-    p.add_argument("--kv-cache-dtype", default="auto", help="auto, bf16, fp8")
+    p.add_argument("--kv-cache-dtype", default=None,
+                   help="auto, bf16 or fp8 (default: fp8 for fp8/fp4 precision, as predict and tune price)")
     p.add_argument("--replicas", type=_positive("replicas"), default=1)
     p.add_argument("--max-num-seqs", type=_positive("max-num-seqs"), default=None)
     p.add_argument("--max-num-batched-tokens", type=_positive("max-num-batched-tokens"), default=None)
@@ -1205,7 +1270,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("tune", help="search deployments for a spec (the ServingTuning spec fields)")
     p.add_argument("spec", help="SPEC.yaml: a tuning spec or a whole ServingTuning manifest")
     p.add_argument("--anchors", action="append", default=None, help="anchor folder(s) (default: anchors/)")
-    p.add_argument("--plot", default=None, help="write the Pareto plot (PNG) here")
+    p.add_argument("--plot", default=None, help="write the Pareto plot here (.png, .svg, .pdf: the extension picks)")
     p.add_argument("--manifest", default=None, help="write the recommended Deployment + Service YAML here")
     p.add_argument("--name", default="llm", help="name of the rendered Deployment")
     p.add_argument("--namespace", default="default")
@@ -1223,7 +1288,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--itl-p90-ms", type=_positive_float("itl-p90-ms"), required=True,
                    help="latency target: p90 inter-token latency")
     p.add_argument("--max-loss", type=fraction("max-loss", zero=True), default=0.05,
-                   help="throughput share one may give up (default 5%%)")
+                   help="share of the throughput one may give up, a fraction (default 0.05: 5%%)")
     p.add_argument("--anchor", default=None)
     p.add_argument("--anchors", action="append", default=None)
     _add_layout(p)

@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING
 from inferasim.anchors import SHIPPED_ANCHORS, AnchorStore
 from inferasim.catalog.engines import engine_gpu_error
 from inferasim.catalog.gpus import GPU
-from inferasim.catalog.models import ModelSpec
+from inferasim.catalog.models import ModelSpec, normalize_precision
 from inferasim.layout import Layout
+from inferasim.memory import kv_dtype_bytes
 
 if TYPE_CHECKING:
     from inferasim.predictor import FittedAnchor
@@ -95,6 +96,50 @@ def refuse_engine_on_gpu(engine: str, gpu: GPU) -> None:
         raise ValueError(f"--engine {engine} --gpu {gpu.name}: {why}")
 
 
+def refuse_early(model: ModelSpec, gpu: GPU, layout: Layout, engine: str, kv_dtype: str | None) -> None:
+    """ValueError for what no anchor changes (the engine on the GPU, a KV dtype nobody knows, a
+    layout the engine refuses whatever the memory), checked before the anchor search so that its
+    notes do not bury the error."""
+    from inferasim.memory import layout_problems
+
+    refuse_engine_on_gpu(engine, gpu)
+    if kv_dtype:
+        kv_dtype_bytes(kv_dtype)
+    problems = layout_problems(model, layout, engine)
+    if problems:
+        raise ValueError(f"{engine} cannot serve {model.name} at {layout.label()}: {'; '.join(problems)}")
+
+
+def note_checkpoint_precision(engine: str, model: str, precision: str) -> None:
+    """A note on stderr when the checkpoint the user named would not run at `precision` (a bf16
+    checkpoint priced at fp4): the figures stand for a checkpoint of that format, which `render`
+    and `tune` ask for by name before they deploy it."""
+    from inferasim.render import precision_error
+
+    why = precision_error(engine, model, precision)
+    if why:
+        print(f"note: {why}. Priced at {precision} as asked, as for a {precision} checkpoint of the same "
+              "architecture; render and tune refuse this checkpoint at it", file=sys.stderr)
+
+
+def check_token_budget(engine: str, gpu: GPU, layout: Layout, max_batched_tokens: int | None,
+                       max_num_seqs: int | None) -> None:
+    """ValueError when vLLM or ATOM would refuse the step budget at start-up: it must hold one
+    token of every running sequence (vLLM SchedulerConfig: max_num_batched_tokens >=
+    max_num_seqs). SGLang's chunk size has no such floor."""
+    from inferasim.catalog.engines import engine_defaults, normalize_engine
+
+    engine = normalize_engine(engine)
+    if max_batched_tokens is None or engine == "sglang":
+        return
+    seqs = max_num_seqs or engine_defaults(engine, gpu.hbm_bytes, tp=layout.tp, pp=layout.pp,
+                                           dp_attention=layout.dp, gpu_name=gpu.name).max_num_seqs
+    if max_batched_tokens < seqs:
+        raise ValueError(f"--max-batched-tokens {max_batched_tokens} is below max_num_seqs {seqs}: {engine} refuses "
+                         "a step budget that cannot hold one token of every running sequence; raise it to at least "
+                         f"{seqs} or lower --max-num-seqs")
+
+
 def draw_plot(draw: Callable[[], None], path: str, failures: list[str]) -> bool:
     """Run `draw` (which writes the --plot file `path`) after a command's work is done: a file it
     cannot write (a full disk, an extension matplotlib does not know) is added to `failures`, to
@@ -138,12 +183,29 @@ def refuse_unservable(model: ModelSpec, gpu: GPU, layout: Layout, engine: str, p
     return TIGHT_MEMORY_FRACTION
 
 
-def check_anchor_matches(path: str, fitted: FittedAnchor, engine: str, model: str, gpu: str) -> None:
-    """ValueError when an --anchor file was measured for another engine, model or GPU than asked."""
+def check_anchor_matches(path: str, fitted: FittedAnchor, engine: str, model: str, gpu: str,
+                         precision: str | None = None, kv_dtype: str | None = None) -> None:
+    """ValueError when an --anchor file was measured for another engine, model or GPU than asked,
+    or at another weight precision or KV-cache dtype than the flags name (an unset or `auto`
+    flag takes the anchor's: the anchor's kernels are what is priced)."""
     for what, want, got in (("engine", engine, fitted.engine), ("model", model, fitted.model.name),
                             ("gpu", gpu, fitted.gpu.name)):
         if want != got:
             raise ValueError(f"--anchor {path} is for {what} {got}, not --{what} {want}")
+    if precision and normalize_precision(precision) != "auto":
+        if _weight_class(precision) != _weight_class(fitted.precision):
+            raise ValueError(f"--anchor {path} was measured at precision {fitted.precision}, not --precision "
+                             f"{precision}: drop --precision, or give an anchor measured at {precision}")
+    if kv_dtype and kv_dtype.lower() != "auto" and kv_dtype_bytes(kv_dtype) != kv_dtype_bytes(fitted.kv_dtype):
+        raise ValueError(f"--anchor {path} was measured with KV cache {fitted.kv_dtype}, not --kv-cache-dtype "
+                         f"{kv_dtype}: drop --kv-cache-dtype, or give an anchor measured with it")
+
+
+def _weight_class(precision: str) -> str:
+    """The weight format as the kernels see it: every 4-bit float format is one class (an mxfp4
+    checkpoint is served by the fp4 kernels of its anchor)."""
+    p = normalize_precision(precision)
+    return "fp4" if p in ("fp4", "nvfp4", "mxfp4") else p
 
 
 def check_output_file(flag: str, path: str) -> None:
@@ -159,6 +221,20 @@ def check_output_file(flag: str, path: str) -> None:
         raise ValueError(f"{flag} {path}: folder {parent} does not exist")
     if not os.access(parent, os.W_OK | os.X_OK) or (p.exists() and not os.access(p, os.W_OK)):
         raise ValueError(f"{flag} {path}: not writable")
+
+
+# Formats matplotlib writes by file extension (FigureCanvasBase.get_supported_filetypes with the Agg,
+# PDF, PS, SVG and PGF backends it ships).
+PLOT_FORMATS = ("eps", "jpeg", "jpg", "pdf", "pgf", "png", "ps", "raw", "rgba", "svg", "svgz", "tif", "tiff", "webp")
+
+
+def check_plot_file(flag: str, path: str) -> None:
+    """check_output_file, and an extension matplotlib knows: refused before the work, not after."""
+    check_output_file(flag, path)
+    ext = Path(path).suffix.lower().lstrip(".")
+    if ext not in PLOT_FORMATS:
+        raise ValueError(f"{flag} {path}: the file's extension picks the image format; use one of "
+                         f"{', '.join('.' + f for f in PLOT_FORMATS)}")
 
 
 def check_output_folder(flag: str, path: str) -> None:

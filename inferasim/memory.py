@@ -151,9 +151,16 @@ def layout_problems(model: ModelSpec, layout: Layout, engine: str) -> list[str]:
     if not model.n_experts and layout.moe_ep > 1:
         reasons.append(f"moe_ep={layout.moe_ep} on a dense model: {model.name} has no experts to spread (drop --ep)")
     heads = model.attention_heads
-    if heads % layout.tp and normalize_engine(engine) != "sglang":
-        # vLLM and ATOM assert divisibility at start-up; SGLang pads heads (tp 72 on NVL72).
+    # vLLM and ATOM assert at start-up that tp divides the attention heads, and so does SGLang
+    # for GQA models (LlamaAttention, Qwen2Attention: total_num_heads % tp_size == 0); only its MLA
+    # models pad heads (DeepSeek at tp 72 on NVL72).
+    padded = normalize_engine(engine) == "sglang" and model.uses_mla
+    if heads % layout.tp and not padded:
         reasons.append(f"tp={layout.tp} does not divide the {heads} attention heads")
+    kv = model.kv_heads
+    if not model.uses_mla and kv > 1 and (layout.tp % kv if layout.tp >= kv else kv % layout.tp):
+        # QKV projections split KV heads over tp, or replicate each over tp / kv ranks.
+        reasons.append(f"tp={layout.tp} neither divides nor is a multiple of the {kv} KV heads")
     if layout.pp > model.num_layers:
         reasons.append(f"pp={layout.pp} exceeds the model's {model.num_layers} layers")
     return reasons

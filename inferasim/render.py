@@ -831,7 +831,7 @@ def gpu_node_label(gpu: GPU) -> tuple[str, str]:
     return _PRODUCT_LABEL_KEY[gpu.vendor], gpu.product_label
 
 
-def _check_name(name: str, namespace: str) -> None:
+def check_k8s_names(name: str, namespace: str) -> None:
     if not isinstance(name, str) or len(name) > 63 or not _DNS_LABEL.match(name):
         raise ValueError(
             f"name={name!r} must be a DNS-1035 label (lower-case letters, digits and '-', starting with a "
@@ -905,7 +905,7 @@ def render_deployment(
     node holds (multi-node serving needs LeaderWorkerSet / Ray and is not rendered), and when the
     engine would not run the precision asked for with this checkpoint (precision_error).
     """
-    _check_name(name, namespace)
+    check_k8s_names(name, namespace)
     why = precision_error(cfg.engine, cfg.model, cfg.precision)
     if why:
         raise ValueError(why)
@@ -1002,7 +1002,7 @@ def render_deployment(
 
 def render_service(cfg: ServingConfig, name: str, namespace: str = "default") -> dict[str, Any]:
     """ClusterIP Service on the engine's HTTP port (port name ``http``, for a ServiceMonitor on /metrics)."""
-    _check_name(name, namespace)
+    check_k8s_names(name, namespace)
     port = default_port(cfg.engine)
     return {
         "apiVersion": "v1",

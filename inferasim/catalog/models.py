@@ -768,6 +768,11 @@ def model_from_config(config: dict[str, Any] | str | Path, name: str | None = No
     else:
         heads = int(_require(text, "num_attention_heads", "n_heads", "n_head"))
         kv_heads = int(_get(text, "num_key_value_heads", "num_kv_heads", default=heads))
+        if kv_heads > heads or heads % kv_heads:
+            # Grouped-query attention shares each KV head among an equal group of query heads.
+            raise ModelConfigError(f"config field 'num_key_value_heads' ({kv_heads}) must divide "
+                                   f"'num_attention_heads' ({heads}): each KV head serves an equal group of "
+                                   "query heads")
         kv_per_layer = text.get("num_key_value_heads_per_layer")  # DeciLM: GQA width per layer
         head_dim = int(_get(text, "head_dim", default=hidden // heads))
         v_head_dim = _get(text, "v_head_dim")

@@ -142,6 +142,11 @@ def build_space(model: ModelSpec, gpu: GPU, engines: list[str], precisions: list
             for lay in good:
                 for mns in space.max_num_seqs:
                     for mbt in space.max_num_batched_tokens:
+                        if mbt < mns and engine != "sglang":
+                            # vLLM and ATOM refuse a step budget below one token per running sequence.
+                            out.pruned.append((f"{engine} {precision} {lay.label()} seqs{mns} tok{mbt}",
+                                               "max_num_batched_tokens below max_num_seqs: the engine refuses it"))
+                            continue
                         for chunked in space.chunked_prefill:
                             if not chunked and engine != "vllm":
                                 continue  # SGLang and ATOM chunk prefills by design; the switch is vLLM's

@@ -25,7 +25,10 @@ from inferasim.cliargs import (
     anchor_store,
     check_anchor_matches,
     check_output_file,
+    check_plot_file,
+    check_token_budget,
     draw_plot,
+    note_checkpoint_precision,
     precision_name,
     refuse_engine_on_gpu,
     refuse_unservable,
@@ -131,10 +134,11 @@ def resolve_fitted(args: argparse.Namespace, layout: Any) -> tuple[Any, bool, st
     model, gpu = get_model(args.model), get_gpu(args.gpu)
     refuse_engine_on_gpu(engine, gpu)
     precision = priced_precision(args.precision, args.model, model)
+    note_checkpoint_precision(engine, args.model, args.precision)
     kv = args.kv_cache_dtype or benchmark_kv_dtype(precision)
     if args.anchor:
         fitted = fitted_from_anchor(load_anchor(args.anchor))
-        check_anchor_matches(args.anchor, fitted, engine, model.name, gpu.name)
+        check_anchor_matches(args.anchor, fitted, engine, model.name, gpu.name, args.precision, args.kv_cache_dtype)
         return fitted, True, fitted.anchor_id
     anchor = _anchor_for(anchor_store(args.anchors), engine, model, gpu, precision)
     if anchor is not None:
@@ -175,7 +179,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     layout = Layout(tp=args.tp, pp=args.pp, dp=args.dp, moe_ep=args.ep)
     if args.plot:
         check_plotting()
-        check_output_file("--plot", args.plot)
+        check_plot_file("--plot", args.plot)
     if args.requests_out:
         check_output_file("--requests-out", args.requests_out)
     if args.host_kv_gb < 0 or not math.isfinite(args.host_kv_gb):
@@ -205,6 +209,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         source = f"workload {args.workload}"
     if not driver.requests and not driver.closed:
         raise ValueError(f"{source} has no requests")
+    check_token_budget(fitted.engine, fitted.gpu, layout, args.max_batched_tokens, args.max_num_seqs)
     progress = _Progress(driver.span) if sys.stderr.isatty() else None
     try:
         report = simulate_workload(

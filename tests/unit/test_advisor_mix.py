@@ -81,3 +81,14 @@ def test_cli_advise_and_mix() -> None:
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert "Mix plan" in r.stdout
+
+
+def test_cli_mix_exits_1_when_a_tier_goes_unserved(tmp_path: Path) -> None:
+    """A pipeline must see that a tier was not planned, as tune's exit 1 says nothing met the SLO."""
+    text = (REPO / "examples" / "mix-h100.yaml").read_text().replace("requestRate: 4", "requestRate: 400")
+    spec = tmp_path / "mix.yaml"
+    spec.write_text(text)
+    r = subprocess.run([sys.executable, "-m", "inferasim.cli", "mix", str(spec)], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 1 and "unserved tiers: interactive" in r.stderr
+    assert "Mix plan" in r.stdout  # the plan of the served tiers is still printed

@@ -352,3 +352,89 @@ def test_version_names_the_release_and_the_step_model() -> None:
 
     r = run("--version")
     assert r.returncode == 0 and r.stdout.startswith("inferasim ") and STEP_MODEL_REVISION in r.stdout
+
+
+def test_anchor_file_at_another_precision_or_kv_dtype_is_refused() -> None:
+    """--anchor prices its own kernels: asking for bf16 with an fp8 anchor once returned fp8 figures
+    labelled fp8 with no word; now the mismatch is named, and a matching or unset flag passes."""
+    anchor = str(REPO / "anchors" / "vllm-meta-llama--llama-3.1-70b-h100_sxm-fp8-tp2-1716c3.json")
+    base = ("predict", "--model", "meta-llama/Llama-3.1-70B", "--gpu", "h100_sxm", "--engine", "vllm", "--tp", "4",
+            "--isl", "1024", "--osl", "256", "--concurrency", "16", "--anchor", anchor)
+    r = run(*base, "--precision", "bf16")
+    assert r.returncode == 2 and "measured at precision fp8, not --precision bf16" in r.stderr
+    r = run(*base, "--kv-cache-dtype", "bf16")
+    assert r.returncode == 2 and "--kv-cache-dtype bf16" in r.stderr
+    assert run(*base, "--precision", "fp8").returncode == 0 and run(*base).returncode == 0
+
+
+def test_memory_and_render_default_to_the_kv_dtype_predictions_price(tmp_path) -> None:
+    args = ("--model", "meta-llama/Llama-3.1-70B", "--gpu", "h100_sxm", "--engine", "vllm", "--precision", "fp8",
+            "--tp", "4")
+    mem = json.loads(run("memory", *args, "-o", "json").stdout)
+    sim_kv = json.loads(run("memory", *args, "--kv-cache-dtype", "fp8", "-o", "json").stdout)
+    assert mem["kv_tokens_per_replica"] == sim_kv["kv_tokens_per_replica"]
+    bf16 = json.loads(run("memory", *args, "--kv-cache-dtype", "bf16", "-o", "json").stdout)
+    assert mem["kv_tokens_per_replica"] > 1.9 * bf16["kv_tokens_per_replica"]
+    out = run("render", *args).stdout
+    assert "--kv-cache-dtype\n        - fp8" in out
+    assert "--kv-cache-dtype" not in run("render", *args[:-4], "--precision", "bf16", "--tp", "4").stdout
+
+
+def test_sglang_refuses_a_tp_that_does_not_divide_a_gqa_models_heads() -> None:
+    """SGLang's Llama attention asserts tp divides the heads (only its MLA models pad them): a
+    tp3 manifest would crash-loop, so predict and render refuse it as they do for vLLM."""
+    for cmd in (("predict", "--isl", "1024", "--osl", "256", "--concurrency", "8"), ("render",)):
+        r = run(cmd[0], "--model", "meta-llama/Llama-3.1-70B", "--gpu", "MI355X", "--engine", "sglang", "--precision",
+                "fp8", "--tp", "3", *cmd[1:])
+        assert r.returncode == 2 and "does not divide the 64 attention heads" in r.stderr
+        assert "no anchor" not in r.stderr  # refused before the anchor search and its notes
+
+
+def test_limits_the_engine_enforces_are_refused() -> None:
+    llama = ("--model", "meta-llama/Llama-3.1-70B", "--gpu", "h100_sxm", "--engine", "vllm", "--precision", "fp8")
+    r = run("render", *llama, "--tp", "2", "--max-model-len", "1000000")
+    assert r.returncode == 2 and "context of 131072" in r.stderr
+    r = run("memory", *llama, "--tp", "4", "--context", "10000000")
+    assert r.returncode == 2 and "--context 10000000" in r.stderr
+    r = run("render", *llama, "--tp", "2", "--max-num-batched-tokens", "64", "--max-num-seqs", "256")
+    assert r.returncode == 2 and "below max_num_seqs 256" in r.stderr
+    r = run(*PREDICT, "--concurrency", "8", "--kv-cache-dtype", "fp9")
+    assert r.returncode == 2 and "unknown kv_cache_dtype 'fp9'" in r.stderr and "no anchor" not in r.stderr
+
+
+def test_predict_reports_no_tpot_for_one_output_token() -> None:
+    r = run(*PREDICT[:-2], "--osl", "1", "--concurrency", "8", "-o", "json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["tpot_ms"] is None and d["interval"]["tpot_ms"] is None and d["throughput_tok_s"] > 0
+
+
+def test_tune_refuses_bad_names_and_plot_formats_before_searching(tmp_path) -> None:
+    spec = str(REPO / "examples" / "llama70b-mi355x.yaml")
+    r = run("tune", spec, "--name", "Bad_Name", "--manifest", str(tmp_path / "m.yaml"))
+    assert r.returncode == 2 and "DNS-1035" in r.stderr and r.stdout == ""
+    r = run("tune", spec, "--plot", str(tmp_path / "p.txt"))
+    assert r.returncode == 2 and ".png" in r.stderr and r.stdout == ""
+
+
+def test_anchors_show_table_is_a_table() -> None:
+    r = run("anchors", "show", "1716c3")
+    assert r.returncode == 0 and "fit rms(log)" in r.stdout and not r.stdout.lstrip().startswith("{")
+    assert json.loads(run("anchors", "show", "1716c3", "-o", "json").stdout)["layout"]["tp"] == 2
+
+
+def test_a_checkpoint_that_cannot_run_at_the_asked_precision_is_noted() -> None:
+    r = run("predict", "--model", "meta-llama/Llama-3.1-8B", "--gpu", "h100", "--engine", "vllm", "--isl", "1000",
+            "--osl", "100", "--concurrency", "8", "--precision", "fp4")
+    assert r.returncode == 0 and "the checkpoint holds bf16 weights" in r.stderr
+
+
+def test_a_config_with_kv_heads_not_dividing_the_heads_is_refused(tmp_path) -> None:
+    cfg = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 1024,
+           "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 3, "head_dim": 128,
+           "intermediate_size": 3072, "vocab_size": 151936, "max_position_embeddings": 40960}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    r = run("predict", "--model", str(path), "--gpu", "h100", "--engine", "vllm", "--isl", "100", "--osl", "10",
+            "--concurrency", "1")
+    assert r.returncode == 2 and "'num_key_value_heads' (3) must divide" in r.stderr
