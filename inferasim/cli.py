@@ -822,6 +822,10 @@ def _stage_progress(stage: str, done: int, total: int, unit: str = "") -> None:
     sys.stderr.flush()
 
 
+def _finite_or_dash(v: float | None) -> float | str:
+    return v if v is not None and math.isfinite(v) else "-"
+
+
 def _tune_table(result: Any) -> str:
     d = result.as_dict()
     lines = [f"Tuning {d['model']} on {d['gpu']} (budget {result.spec.hardware.max_gpus} GPUs): {d['workload']}",
@@ -831,15 +835,17 @@ def _tune_table(result: Any) -> str:
     rows = []
     for i, e in enumerate(d["shortlist"], 1):
         p = e["predicted"]
+        at_slo = p["throughput_per_gpu_at_slo"]
         rows.append((i, e["engine"], e["precision"], e["shape"], e["replicas"], e["gpus"], e["max_num_seqs"],
-                     e["max_num_batched_tokens"], round(p["throughput_per_gpu_at_slo"]), p["ttft_p90_ms"],
+                     e["max_num_batched_tokens"], round(at_slo) if at_slo > 0 else "-", p["ttft_p90_ms"],
                      p["itl_p90_ms"], "yes" if e["meets_slo"] else "no",
                      e["anchor"][:24] if e["anchor"] else "unanchored"))
     headers = ["#", "engine", "prec", "layout", "repl", "GPUs", "max seqs", "max tokens", "out tok/s/GPU@SLO",
                "TTFT p90 ms", "ITL p90 ms", "SLO", "anchor"]
     if result.spec.hardware.price_per_gpu_hour is not None:
         headers.insert(9, "$/Mtok")
-        rows = [(*r[:9], d["shortlist"][i]["predicted"].get("cost_per_million_tokens"), *r[9:])
+        # No rate within the SLO has no price per token: "-", not inf.
+        rows = [(*r[:9], _finite_or_dash(d["shortlist"][i]["predicted"].get("cost_per_million_tokens")), *r[9:])
                 for i, r in enumerate(rows)]
     lines.append(table(headers, rows, title="Short list (best first)"))
     rec = d["recommendation"]
@@ -852,10 +858,16 @@ def _tune_table(result: Any) -> str:
             else "No anchored deployment meets the SLO (a measurement-free "
                  f"{meeting.candidate.engine} {meeting.candidate.layout.label()} x{meeting.replicas} is predicted to; "
                  "harvest its anchor to confirm). Closest anchored")
+        at_slo = rec["predicted"]["throughput_per_gpu_at_slo"]
+        if rec["meets_slo"] or at_slo > 0:
+            how = f"{at_slo:,.0f} tok/s/GPU at the SLO"
+        else:
+            from inferasim.search.tune import slo_miss
+
+            how = f"misses {slo_miss(result.ranked[0], result.spec.objective.slo) or 'the SLO'}"
         lines += ["", f"{head}: {rec['engine']} {rec['precision']} {rec['shape']} x{rec['replicas']} "
                       f"({rec['gpus']} GPUs), max_num_seqs {rec['max_num_seqs']}, "
-                      f"max_num_batched_tokens {rec['max_num_batched_tokens']}: "
-                      f"{rec['predicted']['throughput_per_gpu_at_slo']:,.0f} tok/s/GPU at the SLO"
+                      f"max_num_batched_tokens {rec['max_num_batched_tokens']}: {how}"
                       + ("" if rec["anchor"] else "  [unanchored: measurement-free, rank within engine]")]
         engines = sorted({e["engine"] for e in d["shortlist"] if not e["anchor"]})
         if not rec["anchor"] and len(engines) > 1:

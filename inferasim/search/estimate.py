@@ -149,7 +149,7 @@ def operate(e: Estimate, w: WorkloadShape, slo: SLO, max_gpus: int) -> Estimate:
         e.max_rate_slo = 0.0
     budget_replicas = max(max_gpus // e.candidate.gpus_per_replica, 1)
     if w.rate is not None:
-        need = int(np.ceil(w.rate / e.max_rate_slo)) if e.max_rate_slo > 0 else budget_replicas + 1
+        need = int(np.ceil(w.rate / e.max_rate_slo)) if e.max_rate_slo > 0 else budget_replicas
         e.replicas = max(1, min(need, budget_replicas))
         per_replica = w.rate / e.replicas
         top = rates.max()
@@ -163,7 +163,10 @@ def operate(e: Estimate, w: WorkloadShape, slo: SLO, max_gpus: int) -> Estimate:
             e.ttft = float(np.interp(per_replica, xp, e.curve_ttft[order]))
             e.tpot = float(np.interp(per_replica, xp, e.curve_tpot[order]))
             e.conc = float(np.interp(per_replica, xp, e.curve_conc[order]))
-        if need > budget_replicas:
+        if e.max_rate_slo <= 0:
+            # No rate meets the SLO on one replica: no replica count would (not "needs N").
+            e.notes.append("no request rate meets the SLO on one replica")
+        elif need > budget_replicas:
             e.notes.append(f"needs {need} replicas for {w.rate:.2f} req/s; the budget allows {budget_replicas}")
     else:
         conc = float(w.concurrency or 1)
@@ -173,6 +176,14 @@ def operate(e: Estimate, w: WorkloadShape, slo: SLO, max_gpus: int) -> Estimate:
         e.conc = conc
     e.ttft_p90 = e.ttft * TTFT_P90_RATIO
     e.itl_p90 = e.tpot * ITL_P90_RATIO
-    e.meets_slo = _slo_ok_point(e.ttft, e.tpot, slo) and not any(
-        "exceeds" in n or "needs" in n for n in e.notes)
+    e.meets_slo = _slo_ok_point(e.ttft, e.tpot, slo) and not blocked(e)
     return e
+
+
+# Notes that say a candidate cannot serve the workload within the budget, whatever its latency.
+BLOCKING_NOTES = ("exceeds", "needs", "no request rate")
+
+
+def blocked(e: Estimate, more: tuple[str, ...] = ()) -> bool:
+    """Whether a note of `e` says it cannot serve the workload (BLOCKING_NOTES, or `more`)."""
+    return any(word in n for n in e.notes for word in BLOCKING_NOTES + more)

@@ -17,7 +17,7 @@ from inferasim.catalog.gpus import GPU, get_gpu
 from inferasim.catalog.models import ModelSpec, context_error, get_model, normalize_precision, resolve_model_name
 from inferasim.predictor import FittedAnchor, benchmark_kv_dtype, fitted_from_anchor, unanchored
 from inferasim.render import priced_precision
-from inferasim.search.estimate import Estimate, estimate_disagg, estimate_group, operate
+from inferasim.search.estimate import Estimate, blocked, estimate_disagg, estimate_group, operate
 from inferasim.search.select import (
     ParetoPoint,
     cost_per_million_tokens,
@@ -33,6 +33,9 @@ from inferasim.spec import SLO, TuningSpec
 # layout's GPUs, engine start-up included.
 HARVEST_MINUTES = 20.0
 STAGE2_TOP = 50
+# Stage-2 misses given more replicas (see _add_replicas): candidates tried, replicas added at most.
+STAGE2_RETRY_CANDIDATES = 10
+STAGE2_RETRY_REPLICAS = 4
 CANARY_MINUTES = 30.0  # the default confirmation window of a ServingTuning
 MAX_DISAGG_PER_KERNEL = 48  # pools are priced point by point; the smallest shapes first
 
@@ -86,6 +89,12 @@ class TuneResult:
                 "ttft_ms": _ms(e.ttft), "tpot_ms": _ms(e.tpot), "ttft_p90_ms": _ms(e.ttft_p90),
                 "itl_p90_ms": _ms(e.itl_p90), "tokens_per_s_per_user": (1.0 / e.tpot) if e.tpot > 0 else None,
                 "interval_log": spread, "stage": e.stage,
+                # Two operating points: the *_at_slo figures are at the highest rate a replica serves
+                # within the SLO (tpot_at_slo_ms: the TPOT there); the latencies and tokens per user
+                # at the rate the workload gives each replica.
+                "tpot_at_slo_ms": _ms(e.slo_tpot),
+                "workload_request_rate_per_replica": (self.workload.rate / e.replicas
+                                                      if self.workload.rate is not None else None),
             },
             "meets_slo": e.meets_slo, "extrapolated": not e.anchored,
             # what the prediction carries from its anchor (what `interval_log` is wide for)
@@ -250,6 +259,74 @@ def _run_stage2(top: list[Estimate], w: WorkloadShape, workers: int, progress: P
     return refined
 
 
+def slo_excess(e: Estimate, slo: SLO) -> float:
+    """How far `e` is from its SLO: the largest ratio of a percentile to its target (below 1 when
+    every term holds; inf where the workload exceeds the capacity)."""
+    terms = [(e.ttft_p90, slo.ttft_p90_ms), (e.itl_p90, slo.itl_p90_ms)]
+    ratios = [v * 1e3 / t for v, t in terms if t is not None and math.isfinite(v)]
+    if any(t is not None and not math.isfinite(v) for v, t in terms):
+        return math.inf
+    return max(ratios, default=0.0)
+
+
+def slo_miss(e: Estimate, slo: SLO) -> str:
+    """The SLO term `e` misses the most, in words ('' when it meets every term)."""
+    worst, text = 1.0, ""
+    for name, v, t in (("TTFT p90", e.ttft_p90, slo.ttft_p90_ms), ("ITL p90", e.itl_p90, slo.itl_p90_ms)):
+        if t is None:
+            continue
+        ratio = v * 1e3 / t if math.isfinite(v) else math.inf
+        if ratio > worst:
+            worst = ratio
+            text = (f"{name} {v * 1e3:,.0f} ms against {t:g} ms" if math.isfinite(v) else
+                    f"{name} unbounded (the workload's rate exceeds what the budget serves)")
+    return text
+
+
+def _simulated_slo_ok(e: Estimate, slo: SLO) -> bool:
+    """The SLO on stage 2's simulated percentiles (and no budget, capacity or drop note)."""
+    ok = (slo.ttft_p90_ms is None or e.ttft_p90 * 1e3 <= slo.ttft_p90_ms) and \
+        (slo.itl_p90_ms is None or e.itl_p90 * 1e3 <= slo.itl_p90_ms)
+    return bool(ok) and not blocked(e, ("dropped",))
+
+
+def _add_replicas(top: list[Estimate], w: WorkloadShape, slo: SLO, max_gpus: int) -> list[Estimate]:
+    """Stage 1 sizes replicas from mean-based percentiles; where the simulation then misses the
+    SLO at a request rate (ITL spikes of chunked prefill, TTFT tails), the SLO capacity per
+    replica is below the rate each replica got: it is capped there, and the candidate is simulated
+    again with one more replica at a time while the GPU budget allows (the first
+    STAGE2_RETRY_CANDIDATES such candidates, STAGE2_RETRY_REPLICAS more at most). Without this, a
+    3-GPU budget was reported as meeting no SLO while three tp1 replicas met it."""
+    if w.rate is None:
+        return top
+    out, retried = [], 0
+    for e in top:
+        fixable = e.stage == 2 and not e.meets_slo and e.candidate.disagg is None and \
+            not blocked(e, ("dropped", "completed no"))
+        if not fixable:
+            out.append(e)
+            continue
+        e.max_rate_slo = min(e.max_rate_slo, w.rate / e.replicas)
+        budget = max(max_gpus // e.candidate.gpus_per_replica, 1)
+        if retried >= STAGE2_RETRY_CANDIDATES or e.replicas >= budget:
+            out.append(e)
+            continue
+        retried += 1
+        best = e
+        for replicas in range(e.replicas + 1, min(budget, e.replicas + STAGE2_RETRY_REPLICAS) + 1):
+            more = _copy(e)
+            more.replicas = replicas
+            more = _apply(more, _simulate_one(more, w))
+            more.meets_slo = _simulated_slo_ok(more, slo)
+            best = more
+            if more.meets_slo:
+                more.notes.append(f"{replicas} replicas: stage 1's {e.replicas} missed the SLO in simulation")
+                break
+            more.max_rate_slo = min(more.max_rate_slo, w.rate / replicas)
+        out.append(best)
+    return out
+
+
 def _copy(e: Estimate) -> Estimate:
     """Stage 2 refines a copy: the stage-1 objects stay as they were, so that the Pareto front is
     drawn from one model over the whole space, whether stage 2 ran in this process or in workers."""
@@ -389,8 +466,11 @@ def tune(spec: TuningSpec, anchor_dirs: list[Path] | None = None, progress: Prog
     price = spec.hardware.price_per_gpu_hour
 
     def score(e: Estimate) -> tuple[int, int, float]:
-        # Anchored before unanchored, SLO met before not, then the objective.
-        return (int(e.anchored), int(e.meets_slo), objective_value(e, spec.objective, w.osl, w.rate, price))
+        # Anchored before unanchored, SLO met before not, then the objective; among misses, the
+        # closest to the SLO first (their objective at the SLO is mostly nil).
+        if not e.meets_slo:
+            return (int(e.anchored), 0, -slo_excess(e, spec.objective.slo))
+        return (int(e.anchored), 1, objective_value(e, spec.objective, w.osl, w.rate, price))
 
     ranked = sorted(estimates, key=score, reverse=True)
     proposals: list[dict[str, Any]] = []
@@ -416,12 +496,11 @@ def tune(spec: TuningSpec, anchor_dirs: list[Path] | None = None, progress: Prog
         ranked = sorted(estimates, key=score, reverse=True)
     t2 = time.perf_counter()
     top = _run_stage2(ranked[:stage2_top], w, workers, progress)
+    slo = spec.objective.slo
     for e in top:
         if e.stage == 2:
-            slo = spec.objective.slo
-            ok = (slo.ttft_p90_ms is None or e.ttft_p90 * 1e3 <= slo.ttft_p90_ms) and \
-                (slo.itl_p90_ms is None or e.itl_p90 * 1e3 <= slo.itl_p90_ms)
-            e.meets_slo = bool(ok) and not any(("exceeds" in n or "needs" in n or "dropped" in n) for n in e.notes)
+            e.meets_slo = _simulated_slo_ok(e, slo)
+    top = _add_replicas(top, w, slo, spec.hardware.max_gpus)
     ranked = sorted(top, key=score, reverse=True) + ranked[stage2_top:]
     timings["stage2"] = time.perf_counter() - t2
     front = pareto_front(estimates, w.osl)

@@ -379,3 +379,43 @@ def test_a_missing_anchor_is_harvested_at_the_plainest_smallest_layout() -> None
     result = tune(spec, store=AnchorStore(), stage2_top=0)
     (missing,) = result.missing_anchors
     assert Layout(**missing["harvest_layout"]) == Layout(tp=2)
+
+
+def test_stage2_gives_a_candidate_that_misses_the_slo_in_simulation_more_replicas() -> None:
+    """Stage 1 sizes replicas on mean-based percentiles; where the simulation then finds the ITL
+    p90 over the SLO, the candidate is simulated again with more replicas within the budget
+    (a 3-GPU budget was once reported as meeting no SLO while three tp1 replicas met it), and its
+    SLO capacity is capped below the rate each replica failed at."""
+    spec = parse_spec(small_spec(
+        model="meta-llama/Llama-3.1-70B", precision=["fp8"], engines=["sglang"],
+        hardware={"gpu": "MI355X", "gpusPerNode": 8, "maxGPUs": 3},
+        objective={"maximize": "throughputPerGPU", "slo": {"ttftP90Ms": 2000, "itlP90Ms": 50}},
+        workload={"static": {"kind": "poisson", "inputTokens": 1024, "outputTokens": 256, "requestRate": 12,
+                             "numRequests": 300}},
+        search={"disaggregation": False, "pipelineParallel": False}))
+    result = tune(spec, store=AnchorStore())
+    rec = result.recommendation
+    assert rec is not None and rec.meets_slo and rec.stage == 2, [e.notes for e in result.ranked[:3]]
+    assert rec.itl_p90 * 1e3 <= 50 and rec.ttft_p90 * 1e3 <= 2000 and rec.gpus <= 3
+    for e in result.ranked[:10]:
+        if e.stage == 2 and not e.meets_slo and not e.notes:
+            assert e.max_rate_slo <= 12 / e.replicas + 1e-9
+
+
+def test_an_slo_nothing_meets_ranks_the_closest_first_and_prints_no_infinity(tmp_path: Path) -> None:
+    spec = small_spec(objective={"maximize": "throughputPerGPU", "slo": {"ttftP90Ms": 1, "itlP90Ms": 40}},
+                      hardware={"gpu": "H100", "gpusPerNode": 8, "maxGPUs": 2, "pricePerGpuHour": 2.5})
+    result = tune(parse_spec(spec), store=AnchorStore())
+    from inferasim.search.tune import slo_excess
+
+    assert not any(e.meets_slo for e in result.ranked)
+    slo = result.spec.objective.slo
+    excess = [slo_excess(e, slo) for e in result.ranked if e.anchored == result.ranked[0].anchored]
+    assert excess[0] == min(excess)
+    assert not any("needs" in n for e in result.ranked for n in e.notes)
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(spec))
+    r = subprocess.run([sys.executable, "-m", "inferasim.cli", "tune", str(path), "--anchors", str(tmp_path)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1 and "inf" not in r.stdout.split("Short list")[1].split("\n\n")[0]
+    assert "misses TTFT p90" in r.stdout
