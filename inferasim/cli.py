@@ -426,7 +426,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
     for name in ("predictions.csv", "summary.json"):
         if (Path(args.out) / name).is_dir():
             raise UsageError(f"--out {args.out}: {name} there is a folder; give another --out")
-    rows = load_rows(args.data)
+    notes: list[str] = []
+    rows = load_rows(args.data, notes)
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
     result = run_validation(rows, AnchoredPredictor(), rule=args.anchor_rule, split_by=split_by,
                             progress=_progress)
     out = Path(args.out)
@@ -589,7 +592,10 @@ def _anchors_build(args: argparse.Namespace) -> int:
         raise UsageError("give the destination once: --out FOLDER (or --dir FOLDER), not both")
     out = Path(args.out) if args.out else Path(args.dir[0]) if args.dir else ANCHOR_DIR
     _usage(check_output_folder, "--out" if args.out else "--dir", str(out))
-    every = load_rows(args.name)
+    notes: list[str] = []
+    every = load_rows(args.name, notes)
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
     rows = filter_rows(every)
     if len(rows) < len(every):  # trtllm rows, other modes: said, not dropped silently
         print(f"not used: {len(every) - len(rows)} of {len(every)} rows (engines other than vllm, sglang, atom, "
@@ -642,6 +648,7 @@ def _anchors_check(args: argparse.Namespace) -> int:
     parameters). Fits worse than the harvester's own threshold are reported, not failed. Exit 1
     when a file is invalid or unusable."""
     from inferasim.harvest.run import DEFAULT_MAX_RMS_LOG_ERROR
+    from inferasim.memory import layout_problems
     from inferasim.predictor import fitted_from_anchor, stale_params
     from inferasim.steptime import STEP_MODEL_REVISION, StepParams
     from inferasim.validate import CannotPredict
@@ -673,7 +680,11 @@ def _anchors_check(args: argparse.Namespace) -> int:
     problems = poor = 0
     for where, a in anchors:
         try:
-            fitted_from_anchor(a)
+            fitted = fitted_from_anchor(a)
+            # A layout the engine would refuse (tp not dividing the heads) was never measured.
+            why = layout_problems(fitted.model, a.layout.to_layout(), fitted.engine)
+            if why:
+                raise ValueError(f"{fitted.engine} cannot run layout {a.layout.to_layout().label()}: {'; '.join(why)}")
         except (CannotPredict, ValueError) as exc:
             problems += 1
             print(f"unusable: {where} ({a.id}): {exc}", file=sys.stderr)
@@ -695,7 +706,9 @@ def _anchors_check(args: argparse.Namespace) -> int:
             print(f"poor fit: {where} ({a.id}): rms log error {a.fit.rms_log_error:.3f} is above "
                   f"{DEFAULT_MAX_RMS_LOG_ERROR:g}, the threshold below which `harvest run` writes an anchor",
                   file=sys.stderr)
-    print(f"{len(anchors)} anchors valid, {len(bad)} invalid files, {problems} unusable, {poor} with a poor fit")
+    # Every file counts once: invalid (does not parse), unusable (parses, cannot predict) or usable.
+    print(f"{len(anchors) + len(bad)} anchor files: {len(anchors) - problems} usable, {len(bad)} invalid, "
+          f"{problems} unusable; {poor} with a poor fit")
     if not anchors and not bad:
         # A pipeline checking the wrong folder must not pass: nothing checked is not "all valid".
         print("inferasim anchors check: no anchor JSON file found", file=sys.stderr)

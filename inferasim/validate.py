@@ -325,10 +325,12 @@ def _parse_row(reader: _RowReader) -> BenchRow:
     )
 
 
-def load_rows(path: str | Path) -> list[BenchRow]:
+def load_rows(path: str | Path, notes: list[str] | None = None) -> list[BenchRow]:
     """Read a CSV of measured runs (schema of shared/data/aic-silicon/silicon_dev.csv).
 
-    Raises ValueError naming the file, the row and the column on anything it cannot read.
+    Raises ValueError naming the file, the row and the column on anything it cannot read, and
+    when no measured column is there at all; appends to `notes` a line per measured metric whose
+    column is absent (that metric is not scored).
     """
     path = Path(path)
     try:
@@ -351,6 +353,17 @@ def load_rows(path: str | Path) -> list[BenchRow]:
                     f"{path}: missing required column(s) {', '.join(repr(c) for c in missing)}; "
                     f"required columns are {', '.join(REQUIRED_COLUMNS)}"
                 )
+            absent = {metric: cols for metric, cols in MEASURED_COLUMNS.items() if not any(c in header for c in cols)}
+            if len(absent) == len(MEASURED_COLUMNS):
+                raise ValueError(
+                    f"{path}: no measured column: give at least one of "
+                    + ", ".join(" or ".join(cols) for cols in MEASURED_COLUMNS.values())
+                )
+            if notes is not None:
+                for metric, cols in absent.items():
+                    if metric in ("ttft_ms", "tpot_ms"):  # the other two are for offline rows only
+                        notes.append(f"{path}: no column {' or '.join(cols)}: {metric.removesuffix('_ms').upper()} "
+                                     "is not scored")
             for rownum, record in enumerate(reader, start=1):
                 raw = {k: ("" if v is None else v) for k, v in record.items() if isinstance(k, str)}
                 rows.append(_parse_row(_RowReader(path, rownum, reader.line_num, raw)))

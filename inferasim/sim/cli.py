@@ -192,6 +192,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         print(f"note: no anchor for {fitted.engine} / {fitted.model.name} / {fitted.gpu.name} / {fitted.precision}; "
               "simulating with measurement-free defaults (good for ranking within one engine only)",
               file=sys.stderr)
+    w = None
     if args.trace:
         from inferasim.sim.workload import Driver
 
@@ -224,6 +225,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     data = report.as_dict(series=not args.no_series)
     data["anchored"] = anchored
     data["source"] = source
+    if not args.trace and not args.disagg:
+        _note_lockstep_waves(fitted, layout, w, args, data)
     cfg = report.config
     topo = (f"prefill {cfg['disagg']['prefill']} + decode {cfg['disagg']['decode']} replicas" if cfg["disagg"]
             else f"{cfg['replicas']} replica(s), router {cfg['router']}")
@@ -315,3 +318,32 @@ def plot_report(report: Any, path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def _note_lockstep_waves(fitted: Any, layout: Any, w: Any, args: argparse.Namespace, data: dict[str, Any]) -> None:
+    """A closed loop of fixed lengths with no think time: every client starts at once, and in the
+    simulator they keep finishing together, so every request meets a whole wave of prompts. A
+    measured benchmark keeps only part of its waves (jitter spreads them), which is what `predict`
+    prices (the anchor's wave share): say so, with predict's figures, when the two differ."""
+    import numpy as np
+
+    from inferasim.sim.benchmark import closed_loop, engine_sched
+    from inferasim.steptime import layout_cost
+
+    if getattr(w, "kind", None) != "closed" or w.think_time_s > 0 or not data.get("completed"):
+        return
+    cost = layout_cost(fitted.model, fitted.gpu, layout, fitted.precision, fitted.kv_dtype)
+    sched = engine_sched(fitted.engine, fitted.model, fitted.gpu, layout, fitted.precision, fitted.engine_version,
+                         fitted.kv_dtype, max_num_seqs=args.max_num_seqs, max_batched_tokens=args.max_batched_tokens)
+    clients = max(int(w.concurrency or 1) // max(args.replicas, 1), 1)
+    r = closed_loop(fitted.params, cost, sched, np.array([float(w.input_tokens)]), np.array([float(w.output_tokens)]),
+                    np.array([float(clients)]))
+    ttft = float(r.ttft[0]) * 1e3
+    simulated = data["ttft"]["mean"]
+    data["benchmark_estimate"] = {"ttft_ms": ttft, "tpot_ms": float(r.tpot[0]) * 1e3}
+    if simulated > 1.25 * ttft or simulated < 0.8 * ttft:
+        print(f"note: this closed loop starts every client at once with fixed lengths, and the simulator keeps their "
+              f"arrival waves in lock step (mean TTFT {simulated:,.0f} ms); a measured benchmark keeps only part of "
+              f"them, which `inferasim predict` prices: TTFT {ttft:,.0f} ms, TPOT {float(r.tpot[0]) * 1e3:.2f} ms. "
+              "Give the workload a thinkTimeS to spread the clients", file=sys.stderr)
+

@@ -65,7 +65,7 @@ def test_list_shows_the_ids_that_show_takes(folder: Path) -> None:
     assert fname == make_anchor().filename()
     # By id, by id prefix, by the anchor's file name with or without .json, by path.
     for name in (anchor_id, anchor_id[:6], fname, fname.removesuffix(".json"), str(folder / GOOD)):
-        r = run("show", name, "--dir", str(folder))
+        r = run("show", name, "--dir", str(folder), "-o", "json")
         assert r.returncode == 0, (name, r.stderr)
         assert json.loads(r.stdout)["provenance"]["method"] == "synthetic"
     r = run("show", "no-such-anchor", "--dir", str(folder))
@@ -75,18 +75,18 @@ def test_list_shows_the_ids_that_show_takes(folder: Path) -> None:
 def test_check_a_folder_a_file_and_bad_paths(folder: Path, tmp_path: Path) -> None:
     r = run("check", "--dir", str(folder))
     assert r.returncode == 0, r.stderr
-    assert "1 anchors valid, 0 invalid files, 0 unusable" in r.stdout
+    assert "1 anchor files: 1 usable, 0 invalid, 0 unusable" in r.stdout
     r = run("check", str(folder / GOOD))
-    assert r.returncode == 0 and "1 anchors valid" in r.stdout, r.stderr
+    assert r.returncode == 0 and "1 usable" in r.stdout, r.stderr
     # A name inside --dir, with or without .json.
     for name in (Path(GOOD).name, Path(GOOD).stem):
         r = run("check", name, "--dir", str(folder))
-        assert r.returncode == 0 and "1 anchors valid" in r.stdout, (name, r.stderr)
+        assert r.returncode == 0 and "1 usable" in r.stdout, (name, r.stderr)
     # A named file is checked, not the default folder.
     bad = tmp_path / "bad.json"
     bad.write_text("{bad")
     r = run("check", str(bad))
-    assert r.returncode == 1 and "0 anchors valid, 1 invalid files" in r.stdout
+    assert r.returncode == 1 and "1 anchor files: 0 usable, 1 invalid" in r.stdout
     assert f"invalid: {bad}: not valid JSON" in r.stderr and "Traceback" not in r.stderr
     # Schema: the field is named.
     schema = _variant(folder / GOOD, tmp_path / "schema.json", {"layout": {"tp": "x"}})
@@ -96,6 +96,11 @@ def test_check_a_folder_a_file_and_bad_paths(folder: Path, tmp_path: Path) -> No
     unknown = _variant(folder / GOOD, tmp_path / "unknown.json", {"kernel_set": {"model": "acme/Nope-1B"}})
     r = run("check", str(unknown))
     assert r.returncode == 1 and "unusable" in r.stderr and "acme/Nope-1B" in r.stderr
+    assert "1 anchor files: 0 usable, 0 invalid, 1 unusable" in r.stdout  # one file, counted once
+    # A layout the engine refuses was never measured: unusable, by name.
+    tp3 = _variant(folder / GOOD, tmp_path / "tp3.json", {"layout": {"tp": 3}})
+    r = run("check", str(tp3))
+    assert r.returncode == 1 and "does not divide" in r.stderr
     for args in (("check", str(tmp_path / "missing.json")), ("check", "--dir", str(tmp_path / "nope")),
                  ("list", "--dir", str(tmp_path / "nope"))):
         r = run(*args)
@@ -107,7 +112,7 @@ def test_check_reports_a_poor_fit_without_failing(folder: Path) -> None:
     _variant(folder / GOOD, folder / "poor.json", {"fit": {"rms_log_error": 0.9}, "kernel_set": {"precision": "fp8"}})
     r = run("check", "--dir", str(folder))
     assert r.returncode == 0, r.stderr
-    assert "2 anchors valid, 0 invalid files, 0 unusable, 1 with a poor fit" in r.stdout
+    assert "2 anchor files: 2 usable, 0 invalid, 0 unusable; 1 with a poor fit" in r.stdout
     assert "poor fit:" in r.stderr and "0.900" in r.stderr
 
 

@@ -438,3 +438,29 @@ def test_a_config_with_kv_heads_not_dividing_the_heads_is_refused(tmp_path) -> N
     r = run("predict", "--model", str(path), "--gpu", "h100", "--engine", "vllm", "--isl", "100", "--osl", "10",
             "--concurrency", "1")
     assert r.returncode == 2 and "'num_key_value_heads' (3) must divide" in r.stderr
+
+
+def test_validate_says_which_measured_columns_are_absent(tmp_path) -> None:
+    """A file without silicon_tpot_ms is scored on TTFT alone, and says so; one without any
+    measured column is refused by name (it once ended in 'scoring needs at least two layouts')."""
+    import csv
+
+    data = REPO.parent / "shared" / "data" / "aic-silicon" / "silicon_dev.csv"
+    if not data.exists():
+        pytest.skip("shared data not present")
+    with data.open(newline="", encoding="utf-8") as fh:
+        rows = list(csv.DictReader(fh))[:200]
+
+    def write(name: str, drop: tuple[str, ...]) -> str:
+        path = tmp_path / name
+        keep = [c for c in rows[0] if c not in drop]
+        with path.open("w", newline="", encoding="utf-8") as fh:
+            w = csv.DictWriter(fh, keep, extrasaction="ignore")
+            w.writeheader()
+            w.writerows(rows)
+        return str(path)
+
+    r = run("validate", write("nottpot.csv", ("silicon_tpot_ms",)), "--out", str(tmp_path / "o1"))
+    assert "no column silicon_tpot_ms or tpot_ms: TPOT is not scored" in r.stderr
+    r = run("validate", write("none.csv", ("silicon_tpot_ms", "silicon_ttft_ms")), "--out", str(tmp_path / "o2"))
+    assert r.returncode == 2 and "no measured column" in r.stderr
