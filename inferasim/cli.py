@@ -43,6 +43,7 @@ from inferasim.cliargs import (
     draw_plot,
     fraction,
     note_checkpoint_precision,
+    note_multi_node,
     precision_name,
     refuse_early,
     refuse_engine_on_gpu,
@@ -288,6 +289,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if (args.concurrency is None) == (args.request_rate is None):
         raise UsageError("give exactly one of --concurrency N (closed loop) or --request-rate R (req/s)")
     refuse_early(model, gpu, layout, engine, args.kv_cache_dtype)
+    note_multi_node(gpu, layout)
     note_checkpoint_precision(engine, args.model, args.precision)
     from inferasim.predictor import benchmark_kv_dtype
 
@@ -1065,6 +1067,7 @@ def cmd_advise(args: argparse.Namespace) -> int:
     _refuse_beyond_context(get_model(args.model), args.isl, args.osl)
     fitted, anchored = _fitted_for(args, layout)
     refuse_unservable(fitted.model, fitted.gpu, layout, fitted.engine, fitted.precision, fitted.kv_dtype)
+    note_multi_node(fitted.gpu, layout)
     adv = advise_batch(fitted, args.isl, args.osl, args.itl_p90_ms, args.max_loss, layout=layout)
     d = adv.as_dict()
     d["anchored"] = anchored

@@ -140,6 +140,16 @@ def check_token_budget(engine: str, gpu: GPU, layout: Layout, max_batched_tokens
                          f"{seqs} or lower --max-num-seqs")
 
 
+def note_multi_node(gpu: GPU, layout: Layout) -> None:
+    """A note when one replica spans nodes: its collectives cross the NICs (priced so), and
+    `render` / `tune --manifest` do not write multi-node replicas (LeaderWorkerSet, Ray)."""
+    if layout.gpus > gpu.gpus_per_node:
+        nodes = -(-layout.gpus // gpu.gpus_per_node)
+        print(f"note: {layout.label()} needs {layout.gpus} GPUs, {nodes} nodes of {gpu.gpus_per_node} {gpu.name}: "
+              f"collectives beyond a node are priced over {gpu.scale_out.name}; render does not write multi-node "
+              "replicas", file=sys.stderr)
+
+
 def draw_plot(draw: Callable[[], None], path: str, failures: list[str]) -> bool:
     """Run `draw` (which writes the --plot file `path`) after a command's work is done: a file it
     cannot write (a full disk, an extension matplotlib does not know) is added to `failures`, to

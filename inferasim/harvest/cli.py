@@ -15,6 +15,7 @@ from inferasim.harvest.run import (
     DEFAULT_BUDGET_S,
     DEFAULT_MAX_RMS_LOG_ERROR,
     EXIT_FAILED,
+    SPEEDUP_NOTE,
     HarvestConfig,
     HarvestError,
     HarvestReport,
@@ -131,6 +132,8 @@ def cmd_harvest(args: argparse.Namespace) -> int:
     check_writable("--out", args.out)
     if args.report:
         check_writable("--report", args.report)
+    if cfg.speedup > 1:
+        print(f"note: {SPEEDUP_NOTE.format(s=cfg.speedup)} (the anchor's provenance says so)", file=sys.stderr)
 
     def progress(line: str) -> None:
         if not args.quiet:

@@ -29,6 +29,7 @@ from inferasim.cliargs import (
     check_token_budget,
     draw_plot,
     note_checkpoint_precision,
+    note_multi_node,
     precision_name,
     refuse_engine_on_gpu,
     refuse_unservable,
@@ -188,6 +189,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         raise ValueError("--disagg P:D sets the replicas of both pools; leave --replicas out")
     fitted, anchored, anchor_id = resolve_fitted(args, layout)
     refuse_unservable(fitted.model, fitted.gpu, layout, fitted.engine, fitted.precision, fitted.kv_dtype)
+    note_multi_node(fitted.gpu, layout)
     if not anchored:
         print(f"note: no anchor for {fitted.engine} / {fitted.model.name} / {fitted.gpu.name} / {fitted.precision}; "
               "simulating with measurement-free defaults (good for ranking within one engine only)",

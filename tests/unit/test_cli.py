@@ -464,3 +464,10 @@ def test_validate_says_which_measured_columns_are_absent(tmp_path) -> None:
     assert "no column silicon_tpot_ms or tpot_ms: TPOT is not scored" in r.stderr
     r = run("validate", write("none.csv", ("silicon_tpot_ms", "silicon_ttft_ms")), "--out", str(tmp_path / "o2"))
     assert r.returncode == 2 and "no measured column" in r.stderr
+
+
+def test_a_replica_beyond_one_node_is_noted() -> None:
+    r = run("predict", "--model", "meta-llama/Llama-3.1-70B", "--gpu", "h100_sxm", "--engine", "vllm", "--precision",
+            "fp8", "--tp", "16", "--isl", "1024", "--osl", "256", "--concurrency", "16")
+    assert r.returncode == 0 and "2 nodes of 8 H100" in r.stderr
+    assert "nodes of" not in run(*PREDICT, "--concurrency", "8").stderr
