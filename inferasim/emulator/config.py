@@ -132,15 +132,14 @@ def resolve(config: EmulatorConfig) -> Resolved:
 
 
 def _check_layout(model: ModelSpec, layout: Layout, engine: str) -> None:
-    """Refuse a layout the real engine refuses at start-up (`memory.layout_problems`: vLLM asserts
-    that tp divides the attention heads, SGLang pads them; no engine starts with more expert
-    shards than experts or more stages than layers)."""
+    """Refuse a layout the real engine refuses at start-up (`memory.layout_problems`: tp must
+    divide the attention heads and fit the KV heads, except for SGLang's MLA models, which pad
+    them; no engine starts with more expert shards than experts or more stages than layers)."""
     problems = layout_problems(model, layout, engine)
     if problems:
-        heads = model.attention_heads
-        hint = ""
-        if heads % layout.tp and engine != "sglang":
-            hint = f"; choose --tp among {[d for d in range(1, heads + 1) if heads % d == 0 and d <= 64]}"
+        # The widths this engine would start with, when the width is what it refused.
+        fine = [d for d in range(1, 65) if not any("tp=" in p for p in layout_problems(model, Layout(tp=d), engine))]
+        hint = f"; choose --tp among {fine}" if any("tp=" in p for p in problems) and fine else ""
         raise ValueError(f"{model.name} cannot be served at {layout.label()} by {engine}: "
                          + "; ".join(problems) + hint)
 

@@ -449,10 +449,13 @@ def test_config_errors_are_value_errors(tmp_path: object) -> None:
 
 
 def test_layouts_the_engine_refuses_are_refused() -> None:
-    # vLLM asserts that tp divides the attention heads (32 for Llama-3.1-8B); SGLang pads them.
-    with pytest.raises(ValueError, match=r"tp=3 does not divide the 32 attention heads; choose --tp among \[1, 2, 4"):
-        resolve(EmulatorConfig(model=MODEL, gpu="H100", tp=3))
-    assert resolve(EmulatorConfig(model=MODEL, gpu="H100", engine="sglang", tp=3)).layout.tp == 3
+    # vLLM and SGLang assert that tp divides a GQA model's attention heads (32 for Llama-3.1-8B)
+    # and fits its 8 KV heads; only SGLang's MLA models pad heads.
+    refused = r"tp=3 does not divide the 32 attention heads.*; choose --tp among \[1, 2, 4, 8, 16, 32\]"
+    for engine in ("vllm", "sglang"):
+        with pytest.raises(ValueError, match=refused):
+            resolve(EmulatorConfig(model=MODEL, gpu="H100", engine=engine, tp=3))
+    assert resolve(EmulatorConfig(model="deepseek-ai/DeepSeek-R1", gpu="B300", engine="sglang", tp=6)).layout.tp == 6
     with pytest.raises(ValueError, match="pp=33 exceeds the model's 32 layers"):
         resolve(EmulatorConfig(model=MODEL, gpu="H100", pp=33))
 
