@@ -102,7 +102,10 @@ class ObservedWorkload(_Wire):
     output_tokens_mean: float = Field(description="Mean output length, tokens.")
     prompt_tokens: TokenQuantiles | None = Field(None, description="Prompt length quantiles, from the histogram.")
     output_tokens: TokenQuantiles | None = Field(None, description="Output length quantiles, from the histogram.")
+    # Optional on the wire (default None): a status patch leaves a null out, and a required field
+    # would then refuse every status write of a deployment without prefix caching.
     prefix_hit_rate: float | None = Field(
+        None,
         description="Share of prompt tokens served by the prefix cache, 0..1; null when the cache was never "
                     "consulted in the window (prefix caching off).")
     running: float = Field(description="Requests running now, all replicas.")

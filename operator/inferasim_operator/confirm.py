@@ -18,8 +18,6 @@ import copy
 import math
 from typing import Any
 
-import kopf
-
 from inferasim.anchors import Anchor, AnchorStore, BenchPoint, KernelSet
 from inferasim.calibrate import (
     Calibration,
@@ -35,6 +33,7 @@ from inferasim.layout import Layout
 from inferasim.observe import ObservationError, ObservedWorkload, observe, quantile_agrees
 from inferasim.predictor import benchmark_kv_dtype
 from inferasim.spec import PrometheusWorkload, TuningSpec
+from inferasim_operator import kube as kube_mod
 from inferasim_operator import metrics
 from inferasim_operator.harvest import _dns, anchor_object
 from inferasim_operator.kube import ApiException, Kube
@@ -64,6 +63,9 @@ def canary_selector(selector: dict[str, str], target: str, canary: str) -> dict[
     return out
 
 
+LABEL_CANARY = "inferasim.io/canary"
+
+
 def canary_deployment(dep: dict[str, Any], target_labels: dict[str, str], tuning: str) -> dict[str, Any]:
     d = copy.deepcopy(dep)
     d["spec"]["replicas"] = 1
@@ -71,10 +73,13 @@ def canary_deployment(dep: dict[str, Any], target_labels: dict[str, str], tuning
     extra = {LABEL_MANAGED: MANAGER, LABEL_TUNING: tuning, LABEL_KIND: "canary"}
     d["metadata"]["labels"].update(extra)
     pod_labels = d["spec"]["template"]["metadata"]["labels"]
-    for k, v in target_labels.items():
-        pod_labels.setdefault(k, v)
+    # The target Service routes by these labels: the canary's pods carry every one of them, with
+    # the target's values (a rendered manifest's own app.kubernetes.io/name would otherwise keep
+    # the canary out of the target's traffic), and the canary selects its pods by a key of its own.
+    pod_labels.update(target_labels)
     pod_labels.update(extra)
-    pod_labels["app.kubernetes.io/name"] = name  # the canary's own selector stays unique
+    pod_labels[LABEL_CANARY] = name
+    d["spec"]["selector"] = {"matchLabels": {LABEL_CANARY: name}}
     return d
 
 
@@ -107,7 +112,7 @@ async def start_confirmation(body: dict[str, Any], spec: TuningSpec, payload: di
                   if "error" not in dep]
     for dep, entry in renderable[: spec.confirmation.candidates]:
         d = canary_deployment(dep, target_labels, book.name)
-        kopf.adopt(d, owner=body)
+        kube_mod.own(d, body)
         await asyncio.to_thread(kube.apply_deployment, d)
         p = entry.get("predicted") or {}
         containers = d["spec"]["template"]["spec"].get("containers") or [{}]
@@ -351,5 +356,5 @@ def analysis_template(body: dict[str, Any], spec: TuningSpec, payload: dict[str,
          "metadata": {"name": f"{meta['name']}-analysis", "namespace": meta["namespace"],
                       "labels": {LABEL_MANAGED: MANAGER, LABEL_TUNING: meta["name"]}},
          "spec": {"metrics": metrics_}}
-    kopf.adopt(t, owner=body)
+    kube_mod.own(t, body)
     return t

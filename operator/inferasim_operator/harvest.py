@@ -123,7 +123,7 @@ def harvest_args(target: HarvestTarget, image: str, endpoint: str, budget_s: int
 def build_job(target: HarvestTarget, policy: HarvestPolicy, limits: JobLimits, *, namespace: str, tuning: str,
               harvester_image: str, extra_harvest_args: list[str] | None = None,
               engine_images: dict[tuple[str, str], str] | None = None) -> dict[str, Any]:
-    """The Job manifest (owner references are added by the caller with kopf.adopt). The engine
+    """The Job manifest (owner references are added by the caller with kube.own). The engine
     image: the tuning's harvest.images, else the operator's per-vendor `engine_images` (chart value
     engineImages), else the catalog's image for the GPU."""
     gpu = get_gpu(target.gpu)

@@ -45,6 +45,20 @@ def merge_patch_to(old: Any, new: Any) -> Any:
     return out
 
 
+def own(obj: dict[str, Any], owner: Any) -> None:
+    """Make the tuning `owner` the owner of `obj` (garbage-collected with it) in its namespace.
+
+    Not kopf.adopt: that also copies the owner's labels onto the child, and a tuning synced by
+    Argo CD carries its tracking label (app.kubernetes.io/instance): Argo CD would then count the
+    operator's Jobs, ConfigMaps and canaries as part of the app, missing from Git, and prune them
+    (actions-runner-controller fixed the same in PR #3540). The operator sets its own labels."""
+    import kopf
+
+    kopf.append_owner_reference(obj, owner=owner)
+    kopf.harmonize_naming(obj, name=owner.get("metadata", {}).get("name"))
+    kopf.adjust_namespace(obj, namespace=owner.get("metadata", {}).get("namespace"))
+
+
 def load_config() -> None:
     """In-cluster when running in a pod, else KUBECONFIG / ~/.kube/config."""
     try:

@@ -15,6 +15,10 @@ RULES: list[dict[str, Any]] = [
     # The custom resources: watch tunings, write their status; read and write anchors.
     {"apiGroups": [GROUP], "resources": [TUNING_PLURAL], "verbs": ["get", "list", "watch", "patch"]},
     {"apiGroups": [GROUP], "resources": [f"{TUNING_PLURAL}/status"], "verbs": ["get", "patch"]},
+    # Owner references with blockOwnerDeletion (every owned Job, ConfigMap and canary): the
+    # OwnerReferencesPermissionEnforcement admission plugin (on by default on OpenShift) asks for
+    # update on the owner's finalizers subresource.
+    {"apiGroups": [GROUP], "resources": [f"{TUNING_PLURAL}/finalizers"], "verbs": ["update"]},
     {"apiGroups": [GROUP], "resources": [ANCHOR_PLURAL], "verbs": ["get", "list", "watch", "create", "patch"]},
     {"apiGroups": [GROUP], "resources": [f"{ANCHOR_PLURAL}/status"], "verbs": ["get", "patch"]},
     # kopf: discovering the CRDs and the namespaces it serves.

@@ -26,6 +26,7 @@ from inferasim.anchors import Anchor, AnchorStore
 from inferasim.live import search_view
 from inferasim.observe import ObservationError, ObservedWorkload, drift, observe
 from inferasim.spec import SpecError, TuningSpec, WorkloadSource, parse_spec
+from inferasim_operator import kube as kube_mod
 from inferasim_operator import metrics
 from inferasim_operator.harvest import (
     HarvestTarget,
@@ -537,7 +538,7 @@ async def plan_harvests(body: dict[str, Any], spec: TuningSpec, missing: list[di
             entry.reason = f"cannot harvest: {exc}"
             missing_out.append(entry)
             continue
-        kopf.adopt(job, owner=body)
+        kube_mod.own(job, body)
         created = await asyncio.to_thread(kube.create_job, job)
         if created:
             used += limits.budget_gpu_hours
@@ -621,7 +622,7 @@ def config_map_for(body: dict[str, Any], rec: Recommendation, payload: dict[str,
                                              sort_keys=False),
         },
     }
-    kopf.adopt(cm, owner=body)
+    kube_mod.own(cm, body)
     return cm
 
 

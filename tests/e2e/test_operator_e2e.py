@@ -320,7 +320,7 @@ def test_end_to_end(env: Env, prometheus: Prometheus, live: dict[str, Any], gpu_
     assert canary.metadata.owner_references[0].name == "chat"
     assert canary.spec.template.metadata.labels["app"] == "chat"  # the target's Service sends it traffic
     cpod = wait_until(lambda: [p for p in env.core.list_namespaced_pod(
-        env.ns, label_selector="app.kubernetes.io/name=chat-canary-0").items if p.spec.node_name], 60,
+        env.ns, label_selector="inferasim.io/canary=chat-canary-0").items if p.spec.node_name], 60,
         "canary pod scheduled")[0]
     kubelet_run(env.api, env.ns, cpod.metadata.name)
     from inferasim.emulator import EmulatorConfig, start_emulator

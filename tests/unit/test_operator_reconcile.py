@@ -164,7 +164,13 @@ def test_canary_and_analysis_template(payload: dict[str, Any]) -> None:
     assert dep["spec"]["replicas"] == 1
     labels = dep["spec"]["template"]["metadata"]["labels"]
     assert labels["app"] == "chat" and labels["inferasim.io/kind"] == "canary"
-    assert dep["spec"]["selector"]["matchLabels"] == {"app.kubernetes.io/name": "chat-canary-0"}
+    assert dep["spec"]["selector"]["matchLabels"] == {"inferasim.io/canary": "chat-canary-0"}
+    # A target running inferasim's own manifest routes by app.kubernetes.io/name: the canary's pods
+    # carry the target's value of it (they once carried their own name and got no traffic).
+    served = confirm.canary_deployment(payload["shortlist_deployments"][0], {"app.kubernetes.io/name": "chat"}, "chat")
+    pod = served["spec"]["template"]["metadata"]["labels"]
+    assert pod["app.kubernetes.io/name"] == "chat" and pod["inferasim.io/canary"] == "chat-canary-0"
+    assert served["spec"]["selector"]["matchLabels"].items() <= pod.items()
     assert confirm.canary_selector({"namespace": "llm", "deployment": "chat"}, "chat", "chat-canary-0") == \
         {"namespace": "llm", "deployment": "chat-canary-0"}
     assert confirm.canary_selector({"job": "x"}, "chat", "c") == {"job": "x", "deployment": "c"}
