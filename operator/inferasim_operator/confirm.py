@@ -45,6 +45,7 @@ from inferasim_operator.models import (
     Canary,
     LayoutStatus,
     dump,
+    label_value,
 )
 from inferasim_operator.times import age_s, iso, now_iso
 
@@ -70,7 +71,7 @@ def canary_deployment(dep: dict[str, Any], target_labels: dict[str, str], tuning
     d = copy.deepcopy(dep)
     d["spec"]["replicas"] = 1
     name = d["metadata"]["name"]
-    extra = {LABEL_MANAGED: MANAGER, LABEL_TUNING: tuning, LABEL_KIND: "canary"}
+    extra = {LABEL_MANAGED: MANAGER, LABEL_TUNING: label_value(tuning), LABEL_KIND: "canary"}
     d["metadata"]["labels"].update(extra)
     pod_labels = d["spec"]["template"]["metadata"]["labels"]
     # The target Service routes by these labels: the canary's pods carry every one of them, with
@@ -84,26 +85,42 @@ def canary_deployment(dep: dict[str, Any], target_labels: dict[str, str], tuning
 
 
 async def start_confirmation(body: dict[str, Any], spec: TuningSpec, payload: dict[str, Any], book: Any,
-                             kube: Kube) -> None:
+                             kube: Kube) -> set[str]:
+    """Start the confirmation of a recommendation: the AnalysisTemplate, or the canaries. Returns
+    the canary Deployments it runs (the caller removes earlier passes' others)."""
     from inferasim_operator.reconcile import post_event
 
     mode = spec.confirmation.mode
     shortlist = payload.get("shortlist", [])
     if mode == "argo-rollouts":
         template = analysis_template(body, spec, payload)
+        if not template["spec"]["metrics"]:
+            # Nothing to check (a static workload has no Prometheus; ATOM exports no latency
+            # histograms): a template without metrics would pass every Rollout.
+            book.condition("Confirmed", "False", "NoThresholds",
+                           "no latency to check: the AnalysisTemplate needs workload.prometheus and an engine that "
+                           "exports TTFT or ITL histograms; it was not created")
+            return set()
         try:
             await asyncio.to_thread(kube.apply_custom, "argoproj.io", "v1alpha1", "analysistemplates", template)
         except ApiException as exc:
             why = "Argo Rollouts is not installed" if exc.status == 404 else f"HTTP {exc.status} {exc.reason}"
             book.condition("Confirmed", "False", "AnalysisTemplateFailed", f"cannot create AnalysisTemplate: {why}")
             post_event(body, "Warning", "AnalysisTemplateFailed", why)
-            return
+            return set()
         name = template["metadata"]["name"]
         book.set(confirmation={"mode": mode, "analysisTemplate": name, "started": now_iso()})
         book.condition("Confirmed", "Unknown", "AnalysisTemplateReady",
                        f"AnalysisTemplate {name} holds the predicted thresholds; reference it from a Rollout")
         post_event(body, "Normal", "AnalysisTemplateReady", f"AnalysisTemplate {name} created")
-        return
+        return set()
+    if spec.workload.prometheus is None:
+        # A canary is judged on its own traffic, read from Prometheus: with a static workload it
+        # would hold its GPUs for the whole window and then be reported unmeasured.
+        book.condition("Confirmed", "False", "CannotMeasure",
+                       "canaries are measured through Prometheus, and this workload is static: set "
+                       "workload.prometheus, or confirmation.mode none")
+        return set()
     target = await asyncio.to_thread(kube.get_deployment, book.namespace, spec.target.name) if spec.target else None
     target_labels = ((target or {}).get("spec") or {}).get("selector", {}).get("matchLabels", {}) or {}
     canaries = []
@@ -128,11 +145,12 @@ async def start_confirmation(body: dict[str, Any], spec: TuningSpec, payload: di
                    f"Deployment {d['metadata']['name']}: {entry['engine']} {entry['layout_label']}")
     if not canaries:
         book.condition("Confirmed", "False", "NoCanary", "no short-listed candidate can be rendered as a canary")
-        return
+        return set()
     book.set(phase="Confirming", confirmation={"mode": mode, "canaries": canaries, "started": now_iso()},
              message=f"{len(canaries)} canary Deployment(s) for {spec.confirmation.window}")
     book.condition("Confirmed", "Unknown", "CanaryRunning",
                    f"{len(canaries)} canaries, window {spec.confirmation.window}")
+    return {c["name"] for c in canaries}
 
 
 async def confirm_progress(body: dict[str, Any], spec: TuningSpec, book: Any, kube: Kube, settings: Any) -> bool:
@@ -354,7 +372,7 @@ def analysis_template(body: dict[str, Any], spec: TuningSpec, payload: dict[str,
     meta = body["metadata"]
     t = {"apiVersion": "argoproj.io/v1alpha1", "kind": "AnalysisTemplate",
          "metadata": {"name": f"{meta['name']}-analysis", "namespace": meta["namespace"],
-                      "labels": {LABEL_MANAGED: MANAGER, LABEL_TUNING: meta["name"]}},
+                      "labels": {LABEL_MANAGED: MANAGER, LABEL_TUNING: label_value(meta["name"])}},
          "spec": {"metrics": metrics_}}
     kube_mod.own(t, body)
     return t

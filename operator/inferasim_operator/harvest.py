@@ -30,7 +30,7 @@ from inferasim.layout import Layout
 from inferasim.predictor import benchmark_kv_dtype
 from inferasim.render import ServingConfig, gpu_node_label, render_deployment
 from inferasim.spec import HarvestPolicy
-from inferasim_operator.models import LABEL_ANCHOR, LABEL_KIND, LABEL_MANAGED, LABEL_TUNING, MANAGER
+from inferasim_operator.models import LABEL_ANCHOR, LABEL_KIND, LABEL_MANAGED, LABEL_TUNING, MANAGER, label_value
 
 MESSAGE_PREFIX = "inferasim-anchor/v1:"
 # The kubelet keeps at most 4096 bytes of a container's termination message.
@@ -160,8 +160,8 @@ def build_job(target: HarvestTarget, policy: HarvestPolicy, limits: JobLimits, *
     node_selector = dict(policy.node_selector) or {key: value}
     tolerations = list(policy.tolerations) or [{"key": gpu.resource_name, "operator": "Exists",
                                                 "effect": "NoSchedule"}]
-    labels = {LABEL_MANAGED: MANAGER, LABEL_TUNING: tuning, LABEL_ANCHOR: target.key, LABEL_KIND: "harvest",
-              "inferasim.io/engine": target.engine}
+    labels = {LABEL_MANAGED: MANAGER, LABEL_TUNING: label_value(tuning), LABEL_ANCHOR: target.key,
+              LABEL_KIND: "harvest", "inferasim.io/engine": target.engine}
     pod_volumes = [v for v in render_deployment(cfg, "harvest", namespace)["spec"]["template"]["spec"]["volumes"]]
     return {
         "apiVersion": "batch/v1",

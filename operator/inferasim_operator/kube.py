@@ -168,6 +168,31 @@ class Kube:
                                                                               body["metadata"].get("annotations", {})},
                                                              "data": body["data"]})
 
+    def delete_config_map(self, namespace: str, name: str) -> bool:
+        """Delete a ConfigMap; False when there was none."""
+        try:
+            self.core.delete_namespaced_config_map(name, namespace)
+            return True
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            return False
+
+    def delete_deployments(self, namespace: str, label_selector: str, keep: set[str] | frozenset[str] = frozenset()
+                           ) -> list[str]:
+        """Delete the Deployments matching `label_selector` whose names are not in `keep`; their names."""
+        gone = []
+        for d in self.apps.list_namespaced_deployment(namespace, label_selector=label_selector).items:
+            if d.metadata.name in keep:
+                continue
+            try:
+                self.apps.delete_namespaced_deployment(d.metadata.name, namespace)
+                gone.append(d.metadata.name)
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+        return gone
+
     def get_config_map(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self._read(self.core.read_namespaced_config_map, name, namespace)
 

@@ -36,6 +36,27 @@ LABEL_MANAGED = "app.kubernetes.io/managed-by"
 MANAGER = "inferasim-operator"
 
 
+def label_value(name: str) -> str:
+    """`name` as a label value: object names run to 253 characters, label values to 63. A longer
+    name keeps its first 52 characters and a hash of the whole, so it stays unique and selectable."""
+    if len(name) <= 63:
+        return name
+    import hashlib
+
+    return f"{name[:52].rstrip('.-_')}-{hashlib.sha256(name.encode()).hexdigest()[:10]}"
+
+
+def child_name(base: str, suffix: str, limit: int = 63) -> str:
+    """`base` + `suffix` within `limit` characters (a DNS label): a long base is cut and given a
+    hash of itself, so that two long tunings never name their children alike."""
+    if len(base) + len(suffix) <= limit:
+        return base + suffix
+    import hashlib
+
+    keep = limit - len(suffix) - 9
+    return f"{base[:keep].rstrip('.-')}-{hashlib.sha256(base.encode()).hexdigest()[:8]}{suffix}"
+
+
 class _Wire(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
 
@@ -75,6 +96,8 @@ class MissingAnchor(_Wire):
 
 class Harvest(_Wire):
     job: str = Field(description="Name of the harvest Job (deterministic: hash of kernel set and layout).")
+    # One Job per anchor in the whole cluster: another tuning's, in its namespace, may serve this one.
+    job_namespace: str = Field("", description="Namespace of the Job; empty: the tuning's own.")
     engine: str
     precision: str
     layout: LayoutStatus

@@ -31,7 +31,8 @@ RULES: list[dict[str, Any]] = [
     {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "list", "watch", "create"]},
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
     # The recommendation's ConfigMap (GitOps); `get` also reads the GPU prices ConfigMap.
-    {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch", "create", "patch"]},
+    # Deleted when a pass ends without a recommendation (it must not keep serving the last one).
+    {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
     # The target (read) and the canary Deployments (owned, removed after measuring).
     {"apiGroups": ["apps"], "resources": ["deployments"],
      "verbs": ["get", "list", "watch", "create", "patch", "delete"]},

@@ -9,6 +9,7 @@ search runs in a child process (search.py).
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import logging
 import math
@@ -56,6 +57,7 @@ from inferasim_operator.models import (
     Predicted,
     Recommendation,
     dump,
+    label_value,
 )
 from inferasim_operator.search import SearchFailed, SearchTimeout, run_search
 from inferasim_operator.times import RFC3339, age_s, now_iso
@@ -65,6 +67,7 @@ log = logging.getLogger("inferasim_operator")
 DONE_PHASES = ("Recommended", "Harvesting", "Confirming", "Confirmed", "Invalid")
 _DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)(ms|s|m|h|d|w))+$")
+_PROMQL_DURATION = re.compile(r"^(?:\d+(?:ms|s|m|h|d|w|y))+$")
 _UNIT_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
@@ -216,12 +219,15 @@ class StatusBook:
         self.generation = meta.get("generation")
         self.status: dict[str, Any] = json.loads(json.dumps(dict(body.get("status") or {})))
         self._pending: dict[str, Any] = {}
+        self._written: dict[str, Any] = {}  # each pending key's value as the server holds it
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.status.get(key, default)
 
     def set(self, **fields: Any) -> None:
         for k, v in fields.items():
+            if k not in self._pending:
+                self._written[k] = copy.deepcopy(self.status.get(k))
             self.status[k] = v
             self._pending[k] = v
 
@@ -235,7 +241,11 @@ class StatusBook:
     async def flush(self) -> None:
         if not self._pending:
             return
-        patch, self._pending = self._pending, {}
+        # A merge patch merges nested objects: a sub-object written whole must also null what the
+        # server holds and the new value lacks (a removed price's cost, an old prediction error's
+        # figures next to a message that nothing was computed).
+        patch = {k: kube_mod.merge_patch_to(self._written.get(k), v) for k, v in self._pending.items()}
+        self._pending, self._written = {}, {}
         try:
             await asyncio.to_thread(self.kube.patch_tuning_status, self.namespace, self.name, patch)
         except ApiException as exc:
@@ -278,6 +288,10 @@ def parse_tuning_spec(spec: dict[str, Any], default_prometheus_url: str = "") ->
                         "run trace files with `inferasim simulate`")
     parse_duration(parsed.retune.every, "retune.every")
     parse_duration(parsed.confirmation.window, "confirmation.window")
+    if parsed.confirmation.mode != "none" and not _PROMQL_DURATION.match(parsed.confirmation.window.strip()):
+        # The window is also a PromQL range (the canary's and the AnalysisTemplate's queries).
+        raise SpecError(f"confirmation.window: {parsed.confirmation.window!r} must be whole numbers of units, as "
+                        "PromQL reads ranges (90m, not 1.5h)")
     return parsed
 
 
@@ -513,8 +527,8 @@ async def plan_harvests(body: dict[str, Any], spec: TuningSpec, missing: list[di
             else:
                 entry.reason = f"being harvested by Job {where}"
                 prev = known.get(job["metadata"]["name"], {})
-                harvesting.append(Harvest(job=job["metadata"]["name"], engine=target.engine,
-                                          precision=target.precision, layout=lay,
+                harvesting.append(Harvest(job=job["metadata"]["name"], job_namespace=job["metadata"]["namespace"],
+                                          engine=target.engine, precision=target.precision, layout=lay,
                                           gpu_hours=float(prev.get("gpuHours", target.gpu_hours)), state=state,
                                           started=prev.get("started") or now_iso()))
             missing_out.append(entry)
@@ -613,7 +627,8 @@ def config_map_for(body: dict[str, Any], rec: Recommendation, payload: dict[str,
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": {"name": config_map_name(meta["name"]), "namespace": meta["namespace"],
-                     "labels": {LABEL_MANAGED: MANAGER, LABEL_TUNING: meta["name"], LABEL_KIND: "recommendation"},
+                     "labels": {LABEL_MANAGED: MANAGER, LABEL_TUNING: label_value(meta["name"]),
+                                LABEL_KIND: "recommendation"},
                      "annotations": {"inferasim.io/generation": str(meta.get("generation", ""))}},
         "data": {
             "manifest.yaml": payload.get("manifest", ""),
@@ -695,7 +710,10 @@ async def reconcile(body: dict[str, Any], kube: Kube, settings: Settings, *, tri
     uid = meta.get("uid", f"{meta['namespace']}/{meta['name']}")
     async with _lock(uid):
         # A handler retried after a restart may find the work done by an earlier run.
+        # Spec, status and generation are read together, inside the lock: a timer pass that captured
+        # its body before a slow drift check must tune the spec of the generation it records.
         fresh = await asyncio.to_thread(kube.get_tuning, meta["namespace"], meta["name"])
+        body["spec"] = fresh.get("spec") or {}
         body["status"] = fresh.get("status") or {}
         body["metadata"]["generation"] = fresh["metadata"].get("generation")
         book = StatusBook(body, kube)
@@ -837,9 +855,15 @@ async def _reconcile(body: dict[str, Any], book: StatusBook, kube: Kube, setting
                        f"none of {payload['candidates']} candidates fits {spec.hardware.max_gpus} GPUs"
                        + (f"; not considered: {excluded}" if excluded else ""))
         book.set(phase="Harvesting" if harvesting else "Failed", recommendation=None, shortlist=[])
+        # The GitOps artifact must not keep serving the last recommendation of another spec.
+        if await asyncio.to_thread(kube.delete_config_map, book.namespace, cm_name):
+            post_event(body, "Normal", "RecommendationWithdrawn", f"ConfigMap {cm_name} deleted: no recommendation")
     else:
         if payload.get("render_error"):
             rec.manifest = ""
+            if await asyncio.to_thread(kube.delete_config_map, book.namespace, cm_name):
+                post_event(body, "Normal", "RecommendationWithdrawn",
+                           f"ConfigMap {cm_name} deleted: the recommendation cannot be rendered")
             book.condition("Recommended", "True", "NotRenderable", f"{rec.engine} {rec.layout_label}: "
                                                                    f"{payload['render_error']}")
         else:
@@ -862,6 +886,7 @@ async def _reconcile(body: dict[str, Any], book: StatusBook, kube: Kube, setting
                      "workload": payload["workload"]})
 
     # 7. phase (and confirmation, once the anchors are in)
+    canaries: set[str] = set()
     if harvesting:
         book.set(phase="Harvesting", message=f"waiting for {len(harvesting)} harvest Job(s)")
     elif rec is not None:
@@ -869,9 +894,24 @@ async def _reconcile(body: dict[str, Any], book: StatusBook, kube: Kube, setting
         if spec.confirmation.mode != "none" and spec.confirmation.candidates > 0 and not payload.get("render_error"):
             from inferasim_operator.confirm import start_confirmation
 
-            await start_confirmation(body, spec, payload, book, kube)
+            canaries = await start_confirmation(body, spec, payload, book, kube)
+    await _retire_canaries(body, book, kube, canaries)
     await book.flush()
     return book.get("phase") or "Recommended"
+
+
+async def _retire_canaries(body: dict[str, Any], book: StatusBook, kube: Kube, keep: set[str]) -> None:
+    """Delete the canaries of earlier passes that this pass does not run (their GPUs go back), and
+    say that their confirmation no longer stands: a new pass (a spec change, drift, a re-tune)
+    judges a new recommendation."""
+    selector = f"{LABEL_KIND}=canary,{LABEL_TUNING}={label_value(book.name)}"
+    gone = await asyncio.to_thread(kube.delete_deployments, book.namespace, selector, keep)
+    if gone:
+        post_event(body, "Normal", "CanaryRemoved", f"{', '.join(sorted(gone))}: superseded by a new pass")
+    if not keep and (book.get("confirmation") or {}).get("canaries"):
+        book.set(confirmation=None)
+        book.condition("Confirmed", "Unknown", "Superseded",
+                       "a new pass superseded the earlier confirmation; this recommendation is not confirmed")
 
 
 def _fmt(v: float | None) -> str:
@@ -889,7 +929,7 @@ async def refresh_harvests(body: dict[str, Any], book: StatusBook, kube: Kube) -
     out, imported, failed, active = [], 0, 0, 0
     owner = f"{book.namespace}/{book.name}"
     for h in anchors.get("harvesting") or []:
-        job = await asyncio.to_thread(kube.get_job, book.namespace, h["job"])
+        job = await asyncio.to_thread(kube.get_job, h.get("jobNamespace") or book.namespace, h["job"])
         if job is None:
             failed += 1
             post_event(body, "Warning", "HarvestFailed", f"Job {h['job']} disappeared")

@@ -16,6 +16,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from inferasim_operator.models import child_name
+
 __all__ = ["SearchFailed", "SearchTimeout", "run_search", "search_payload"]
 
 
@@ -91,7 +93,8 @@ def search_payload(spec: dict[str, Any], anchor_dirs: list[str], name: str, name
     for e in result.shortlist():
         try:
             cfg = config_of(result, e)
-            out["shortlist_deployments"].append(render_deployment(cfg, f"{name}-canary-{n_canaries}"[:63], namespace))
+            canary = child_name(name, f"-canary-{n_canaries}")
+            out["shortlist_deployments"].append(render_deployment(cfg, canary, namespace))
             n_canaries += 1
         except ValueError as exc:  # a disaggregated entry (two pools), or one a Deployment cannot hold
             out["shortlist_deployments"].append({"error": str(exc)})

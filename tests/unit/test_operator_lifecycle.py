@@ -1,0 +1,119 @@
+"""Operator behaviour found by review: names and labels within Kubernetes' limits, owned objects
+without the tuning's labels, status patches that replace sub-objects, canaries retired by a new
+pass, confirmation that cannot measure not started, harvest Jobs read in their own namespace."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from typing import Any
+
+import pytest
+from inferasim_operator import confirm, reconcile
+from inferasim_operator.kube import own
+from inferasim_operator.models import Harvest, TuningStatus, child_name, label_value
+
+from inferasim.observe import ObservedWorkload
+from inferasim.spec import SpecError
+
+SPEC: dict[str, Any] = {
+    "target": {"name": "chat"}, "model": "meta-llama/Meta-Llama-3-8B", "precision": ["bf16"],
+    "hardware": {"gpu": "AMD_Instinct_MI300X", "gpusPerNode": 8, "maxGPUs": 8}, "engines": ["vllm"],
+    "workload": {"static": {"kind": "poisson", "requestRate": 5, "inputTokens": 512, "outputTokens": 128}},
+    "confirmation": {"mode": "canary", "candidates": 2, "window": "30m"},
+}
+BODY: dict[str, Any] = {"apiVersion": "inferasim.io/v1alpha1", "kind": "ServingTuning",
+                        "metadata": {"name": "chat", "namespace": "llm", "uid": "u-1", "generation": 3,
+                                     "labels": {"app.kubernetes.io/instance": "llm-apps"}}, "spec": SPEC}
+
+
+def test_long_names_stay_within_label_and_dns_limits() -> None:
+    long = "a" * 60 + "-tuning-" + "b" * 60
+    v = label_value(long)
+    assert len(v) <= 63 and v != label_value(long + "x") and label_value("chat") == "chat"
+    names = {child_name(long + str(i), "-canary-0") for i in range(3)}
+    assert len(names) == 3 and all(len(n) <= 63 for n in names)
+    assert child_name("chat", "-canary-1") == "chat-canary-1"
+
+
+def test_owned_objects_do_not_inherit_the_tunings_labels() -> None:
+    """kopf.adopt copied Argo CD's tracking label onto Jobs, ConfigMaps and canaries (Argo CD then
+    prunes them as stray parts of the app)."""
+    cm: dict[str, Any] = {"metadata": {"name": "chat-recommendation", "labels": {"inferasim.io/kind": "x"}}}
+    own(cm, BODY)
+    assert cm["metadata"]["ownerReferences"][0]["uid"] == "u-1" and cm["metadata"]["namespace"] == "llm"
+    assert "app.kubernetes.io/instance" not in cm["metadata"]["labels"]
+
+
+def test_a_null_prefix_hit_rate_is_a_valid_status() -> None:
+    """Prefix caching off: the hit rate is null, left out of the patch; the CRD once required it."""
+    o = {"engine": "vllm", "window": "5m", "observedAt": 1.0, "requestRate": 2.0, "promptTokensMean": 100.0,
+         "outputTokensMean": 50.0, "running": 1.0, "waiting": 0.0}
+    assert ObservedWorkload.model_validate(o).prefix_hit_rate is None
+    TuningStatus.model_validate({"observedWorkload": o})
+
+
+class _Kube:
+    """What the StatusBook and the canary retirement call, in memory."""
+
+    def __init__(self, status: dict[str, Any], deployments: list[str]) -> None:
+        self.status = copy.deepcopy(status)
+        self.patches: list[dict[str, Any]] = []
+        self.deployments = list(deployments)
+
+    def patch_tuning_status(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        self.patches.append(patch)
+        return {}
+
+    def delete_deployments(self, namespace: str, selector: str, keep: set[str]) -> list[str]:
+        assert "inferasim.io/kind=canary" in selector and "inferasim.io/tuning=chat" in selector
+        gone = [d for d in self.deployments if d not in keep]
+        self.deployments = [d for d in self.deployments if d in keep]
+        return gone
+
+
+def test_a_status_sub_object_is_replaced_not_merged() -> None:
+    """A merge patch merges nested objects: a recommendation without a price must null the old cost."""
+    old = {"recommendation": {"engine": "vllm", "predicted": {"throughputPerGpu": 10.0, "costPerMillionTokens": 0.1}}}
+    kube = _Kube(old, [])
+    book = reconcile.StatusBook({**BODY, "status": old}, kube)  # type: ignore[arg-type]
+    book.set(recommendation={"engine": "sglang", "predicted": {"throughputPerGpu": 12.0}})
+    asyncio.run(book.flush())
+    sent = kube.patches[0]["recommendation"]
+    assert sent["engine"] == "sglang" and sent["predicted"]["costPerMillionTokens"] is None
+
+
+def test_a_new_pass_retires_the_canaries_it_does_not_run() -> None:
+    status = {"confirmation": {"mode": "canary", "canaries": [{"name": "chat-canary-0"}, {"name": "chat-canary-1"}]}}
+    kube = _Kube(status, ["chat-canary-0", "chat-canary-1"])
+    book = reconcile.StatusBook({**BODY, "status": status}, kube)  # type: ignore[arg-type]
+    asyncio.run(reconcile._retire_canaries(BODY, book, kube, set()))  # type: ignore[arg-type]
+    assert kube.deployments == [] and book.get("confirmation") is None
+    assert book.cond("Confirmed")["reason"] == "Superseded"
+    kube = _Kube(status, ["chat-canary-0", "chat-canary-1"])
+    book = reconcile.StatusBook({**BODY, "status": status}, kube)  # type: ignore[arg-type]
+    asyncio.run(reconcile._retire_canaries(BODY, book, kube, {"chat-canary-0"}))  # type: ignore[arg-type]
+    assert kube.deployments == ["chat-canary-0"]
+
+
+def test_confirmation_that_cannot_measure_starts_nothing() -> None:
+    spec = reconcile.parse_tuning_spec(SPEC)  # a static workload: no Prometheus to read canaries from
+    kube = _Kube({}, [])
+    book = reconcile.StatusBook(copy.deepcopy(BODY), kube)  # type: ignore[arg-type]
+    started = asyncio.run(confirm.start_confirmation(BODY, spec, {"shortlist": []}, book, kube))  # type: ignore[arg-type]
+    assert started == set() and book.cond("Confirmed")["reason"] == "CannotMeasure"
+    argo = reconcile.parse_tuning_spec({**SPEC, "confirmation": {"mode": "argo-rollouts"}})
+    started = asyncio.run(confirm.start_confirmation(BODY, argo, {"shortlist": []}, book, kube))  # type: ignore[arg-type]
+    assert started == set() and book.cond("Confirmed")["reason"] == "NoThresholds"
+
+
+def test_a_window_promql_cannot_read_is_refused() -> None:
+    with pytest.raises(SpecError, match="confirmation.window.*90m"):
+        reconcile.parse_tuning_spec({**SPEC, "confirmation": {"mode": "canary", "window": "1.5h"}})
+    reconcile.parse_tuning_spec({**SPEC, "confirmation": {"mode": "none", "window": "1.5h"}})
+
+
+def test_a_harvest_job_records_its_namespace() -> None:
+    h = Harvest(job="harvest-x", job_namespace="team-a", engine="vllm", precision="bf16",
+                layout={"tp": 1}, gpu_hours=0.3)
+    assert h.model_dump(by_alias=True)["jobNamespace"] == "team-a"
