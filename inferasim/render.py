@@ -70,6 +70,7 @@ __all__ = [
     "engine_args",
     "engine_env",
     "gpu_node_label",
+    "gpu_node_placement",
     "fp8_kernels_note",
     "precision_error",
     "priced_precision",
@@ -831,6 +832,28 @@ def gpu_node_label(gpu: GPU) -> tuple[str, str]:
     return _PRODUCT_LABEL_KEY[gpu.vendor], gpu.product_label
 
 
+# amd.com/gpu.device-id values of the ROCm node labeller per catalog GPU (notes section 6, K, and
+# the device names of vLLM's rocm.py: 0x74a1/0x74b5 MI300X, 0x74a5/0x74b9 MI325X, 0x75a3 MI355X).
+AMD_DEVICE_IDS: dict[str, tuple[str, ...]] = {"MI300X": ("74a1", "74b5"), "MI325X": ("74a5", "74b9"),
+                                              "MI355X": ("75a3",)}
+
+
+def gpu_node_placement(gpu: GPU) -> dict[str, Any]:
+    """The pod-spec fields that put a pod on nodes with ``gpu``. NVIDIA: a nodeSelector on GPU
+    feature discovery's product label. AMD: a required node affinity matching the product name OR
+    the device id: the ROCm device plugin's labeller emits amd.com/gpu.product-name only when
+    started with -product-name, which its own DaemonSet and Helm chart do not pass, while
+    -device-id is on by default (notes section 6)."""
+    key, value = gpu_node_label(gpu)
+    ids = AMD_DEVICE_IDS.get(gpu.name) if gpu.vendor == "amd" else None
+    if not ids:
+        return {"nodeSelector": {key: value}}
+    terms = [{"matchExpressions": [{"key": key, "operator": "In", "values": [value]}]},
+             {"matchExpressions": [{"key": "amd.com/gpu.device-id", "operator": "In", "values": list(ids)}]}]
+    return {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": terms}}}}
+
+
 def check_k8s_names(name: str, namespace: str) -> None:
     if not isinstance(name, str) or len(name) > 63 or not _DNS_LABEL.match(name):
         raise ValueError(
@@ -954,7 +977,6 @@ def render_deployment(
         "readinessProbe": _probe(port, period=10, failures=3, timeout=5),
         "livenessProbe": _probe(port, period=30, failures=5, timeout=10),
     }
-    label_key, label_value = gpu_node_label(gpu)
     annotations = {
         "inferasim.io/model": cfg.model,
         "inferasim.io/precision": cfg.precision,
@@ -991,7 +1013,7 @@ def render_deployment(
                         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{shm_gib}Gi"}},
                         {"name": "hf-cache", "emptyDir": {}},
                     ],
-                    "nodeSelector": {label_key: label_value},
+                    **gpu_node_placement(gpu),
                     "tolerations": [{"key": gpu.resource_name, "operator": "Exists", "effect": "NoSchedule"}],
                     "terminationGracePeriodSeconds": 60,
                 },

@@ -28,7 +28,7 @@ from inferasim.catalog.engines import default_image, default_port
 from inferasim.catalog.gpus import get_gpu
 from inferasim.layout import Layout
 from inferasim.predictor import benchmark_kv_dtype
-from inferasim.render import ServingConfig, gpu_node_label, render_deployment
+from inferasim.render import ServingConfig, gpu_node_placement, render_deployment
 from inferasim.spec import HarvestPolicy
 from inferasim_operator.models import LABEL_ANCHOR, LABEL_KIND, LABEL_MANAGED, LABEL_TUNING, MANAGER, label_value
 
@@ -156,8 +156,8 @@ def build_job(target: HarvestTarget, policy: HarvestPolicy, limits: JobLimits, *
         "volumeMounts": [{"name": "harvest", "mountPath": "/harvest"}],
         "terminationMessagePolicy": "File",
     }
-    key, value = gpu_node_label(gpu)
-    node_selector = dict(policy.node_selector) or {key: value}
+    # The spec's nodeSelector when it gives one, else the GPU's own placement (gpu_node_placement).
+    placement = {"nodeSelector": dict(policy.node_selector)} if policy.node_selector else gpu_node_placement(gpu)
     tolerations = list(policy.tolerations) or [{"key": gpu.resource_name, "operator": "Exists",
                                                 "effect": "NoSchedule"}]
     labels = {LABEL_MANAGED: MANAGER, LABEL_TUNING: label_value(tuning), LABEL_ANCHOR: target.key,
@@ -184,7 +184,7 @@ def build_job(target: HarvestTarget, policy: HarvestPolicy, limits: JobLimits, *
                     "automountServiceAccountToken": False,
                     "containers": [engine, harvester],
                     "volumes": [*pod_volumes, {"name": "harvest", "emptyDir": {}}],
-                    "nodeSelector": node_selector,
+                    **placement,
                     "tolerations": tolerations,
                     "terminationGracePeriodSeconds": 30,
                 },

@@ -265,7 +265,10 @@ def test_end_to_end(env: Env, prometheus: Prometheus, live: dict[str, Any], gpu_
     job = jobs[0]
     assert job.metadata.owner_references[0].kind == "ServingTuning"
     assert job.metadata.owner_references[0].name == "chat"
-    assert job.spec.template.spec.node_selector == {"amd.com/gpu.product-name": "AMD_Instinct_MI300X_OAM"}
+    terms = job.spec.template.spec.affinity.node_affinity.required_during_scheduling_ignored_during_execution \
+        .node_selector_terms
+    assert terms[0].match_expressions[0].values == ["AMD_Instinct_MI300X_OAM"]
+    assert terms[1].match_expressions[0].key == "amd.com/gpu.device-id"
     assert job.spec.backoff_limit >= 0 and job.spec.active_deadline_seconds <= 30 * 60
     assert [h["job"] for h in st["anchors"]["harvesting"]] == [job.metadata.name]
 

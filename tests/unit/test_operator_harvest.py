@@ -78,7 +78,8 @@ def test_job_manifest() -> None:
     assert spec["activeDeadlineSeconds"] == lim.active_deadline_s and spec["backoffLimit"] == lim.backoff_limit
     pod = spec["template"]["spec"]
     assert pod["restartPolicy"] == "Never" and pod["automountServiceAccountToken"] is False
-    assert pod["nodeSelector"] == {"amd.com/gpu.product-name": "AMD_Instinct_MI300X_OAM"}
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert [t["matchExpressions"][0]["values"] for t in terms] == [["AMD_Instinct_MI300X_OAM"], ["74a1", "74b5"]]
     assert pod["tolerations"] == [{"key": "amd.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
     engine, harvester = pod["containers"]
     assert engine["resources"]["limits"] == {"amd.com/gpu": "1"}

@@ -19,6 +19,7 @@ from inferasim.catalog.engines import (
     launch_command,
 )
 from inferasim.catalog.gpus import get_gpu
+from inferasim.deployment import read_deployment
 from inferasim.layout import Layout
 from inferasim.render import (
     ANNOTATION_FP8_KERNELS,
@@ -447,8 +448,15 @@ def test_deployment_resources_scheduling_probes(engine, gpu, layout):
 
     # node selection from the catalogue
     pod = dep["spec"]["template"]["spec"]
-    key = "amd.com/gpu.product-name" if g.vendor == "amd" else "nvidia.com/gpu.product"
-    assert pod["nodeSelector"] == {key: g.product_label}
+    if g.vendor == "nvidia":
+        assert pod["nodeSelector"] == {"nvidia.com/gpu.product": g.product_label}
+    else:
+        # The product name or the device id: the ROCm labeller's default flags emit only the second.
+        terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        exprs = [t["matchExpressions"][0] for t in terms]
+        assert {"key": "amd.com/gpu.product-name", "operator": "In", "values": [g.product_label]} in exprs
+        assert any(e["key"] == "amd.com/gpu.device-id" and e["values"] for e in exprs) and "nodeSelector" not in pod
+        assert read_deployment(dep).config.gpu == g.name  # the reader finds the GPU in the affinity
     assert {"key": g.resource_name, "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
 
     # argv split into command + args
