@@ -104,6 +104,7 @@ class Harvest(_Wire):
     gpu_hours: float = Field(ge=0, description="Budgeted GPU-hours.")
     state: Literal["Pending", "Running", "Succeeded", "Failed"] = "Pending"
     started: str = ""
+    reason: str = Field("", description="Why its pod is not running yet: the scheduler's message.")
 
 
 class AnchorsStatus(_Wire):

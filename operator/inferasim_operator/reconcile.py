@@ -442,6 +442,24 @@ def job_state(job: dict[str, Any]) -> str:
     return "Pending"
 
 
+def _unscheduled_reason(kube: Kube, job: dict[str, Any]) -> str:
+    """Why no pod of an active Job is on a node ('' when one is): the scheduler's message (no
+    node with the GPU's labels, not enough GPUs ...), which otherwise shows only at the deadline."""
+    meta = job["metadata"]
+    try:
+        pods = kube.list_pods(meta["namespace"], f"job-name={meta['name']}")
+    except ApiException:
+        return ""
+    waiting = []
+    for pod in pods:
+        if (pod.get("spec") or {}).get("nodeName"):
+            return ""
+        for c in (pod.get("status") or {}).get("conditions") or []:
+            if c.get("type") == "PodScheduled" and c.get("status") == "False":
+                waiting.append(f"{c.get('reason') or 'Unschedulable'}: {c.get('message') or ''}".strip(": "))
+    return "; ".join(waiting)[:400]
+
+
 def _job_failure(job: dict[str, Any]) -> str:
     for c in (job.get("status") or {}).get("conditions") or []:
         if c.get("type") == "Failed" and c.get("status") == "True":
@@ -951,10 +969,16 @@ async def refresh_harvests(body: dict[str, Any], book: StatusBook, kube: Kube) -
             post_event(body, "Warning", "HarvestFailed", f"Job {h['job']}: {_job_failure(job)}")
             continue
         active += 1
-        if h.get("state") != state:
-            post_event(body, "Normal", "HarvestRunning" if state == "Running" else "HarvestPending",
-                       f"Job {h['job']} is {state.lower()}")
-        out.append({**h, "state": state})
+        why = ""
+        if state == "Running":
+            # A pod the scheduler cannot place counts as active: say Pending, and why.
+            why = await asyncio.to_thread(_unscheduled_reason, kube, job)
+            state = "Pending" if why else state
+        if h.get("state") != state or (h.get("reason") or "") != why:
+            post_event(body, "Normal" if not why else "Warning",
+                       "HarvestRunning" if state == "Running" else "HarvestPending",
+                       f"Job {h['job']} is {state.lower()}" + (f": {why}" if why else ""))
+        out.append({**h, "state": state, "reason": why})
     if out != anchors.get("harvesting"):
         anchors["harvesting"] = out
         book.set(anchors=anchors)

@@ -117,3 +117,24 @@ def test_a_harvest_job_records_its_namespace() -> None:
     h = Harvest(job="harvest-x", job_namespace="team-a", engine="vllm", precision="bf16",
                 layout={"tp": 1}, gpu_hours=0.3)
     assert h.model_dump(by_alias=True)["jobNamespace"] == "team-a"
+
+
+def test_an_unschedulable_harvest_pod_is_pending_with_the_schedulers_reason() -> None:
+    """A pod no node can take counts as active: the Job read 'Running' until its deadline."""
+    job = {"metadata": {"name": "harvest-x", "namespace": "llm"}, "status": {"active": 1}}
+    unplaced = {"spec": {}, "status": {"conditions": [{"type": "PodScheduled", "status": "False",
+                                                       "reason": "Unschedulable",
+                                                       "message": "0/3 nodes are available: 3 node(s) didn't "
+                                                                  "match Pod's node affinity/selector."}]}}
+
+    class Pods:
+        def __init__(self, pods: list[dict[str, Any]]) -> None:
+            self.pods = pods
+
+        def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+            assert (namespace, selector) == ("llm", "job-name=harvest-x")
+            return self.pods
+
+    why = reconcile._unscheduled_reason(Pods([unplaced]), job)  # type: ignore[arg-type]
+    assert why.startswith("Unschedulable: 0/3 nodes") and "node affinity" in why
+    assert reconcile._unscheduled_reason(Pods([{"spec": {"nodeName": "gpu-1"}}]), job) == ""  # type: ignore[arg-type]
