@@ -793,6 +793,12 @@ async def _reconcile(body: dict[str, Any], book: StatusBook, kube: Kube, setting
                                         "hardware": hardware})
     spec_dict = tune_spec.model_dump(by_alias=True, mode="json", exclude_none=True)
     name = render_name(spec, book.name)
+    if spec.target is not None and name != spec.target.name:
+        # A Service name must be a DNS-1035 label; the target's name is not one, so the manifest
+        # cannot replace the target in place: say so rather than deploy a second one silently.
+        post_event(body, "Warning", "TargetNotReplaced",
+                   f"target {spec.target.name!r} is not a DNS-1035 label (a Service name must be): the recommended "
+                   f"manifest names its Deployment and Service {name!r}, next to the target, not in its place")
     selector = None
     if spec.target is not None and spec.target.kind == "Deployment" and name == spec.target.name:
         target = await asyncio.to_thread(kube.get_deployment, book.namespace, name)
