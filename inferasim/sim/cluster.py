@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections import deque
 from collections.abc import Callable
 
 from inferasim.sim.engines import SimRequest
@@ -85,6 +86,8 @@ class Cluster:
         self._heap: list[tuple[float, int, int, SimRequest]] = []
         self._seq = 0
         self.driver: Driver | None = None
+        self._direct_queue: deque[tuple[SimRequest, float]] = deque()
+        self._direct_busy = False
 
     @property
     def replicas(self) -> list[Replica]:
@@ -156,10 +159,21 @@ class Cluster:
     # Bound methods rather than closures: a closure that passes itself on would be a reference
     # cycle holding the whole simulation until the cyclic collector runs.
     def _submit_direct(self, req: SimRequest, t: float) -> None:
-        rep = self.router.pick(req, self.pool)
-        if not rep.submit(req, t):
-            assert self.driver is not None
-            self.driver.on_finish(req, self._submit_direct)
+        # A refused request finishes at once, and a closed loop answers with its next request: a
+        # loop, not a recursion (thousands of refusals in a row once overflowed the stack).
+        self._direct_queue.append((req, t))
+        if self._direct_busy:
+            return
+        self._direct_busy = True
+        try:
+            while self._direct_queue:
+                nxt, at = self._direct_queue.popleft()
+                rep = self.router.pick(nxt, self.pool)
+                if not rep.submit(nxt, at):
+                    assert self.driver is not None
+                    self.driver.on_finish(nxt, self._submit_direct)
+        finally:
+            self._direct_busy = False
 
     def _finish_direct(self, req: SimRequest) -> None:
         assert self.driver is not None

@@ -179,6 +179,17 @@ class KVPool:
             # Trim the node's tail by `want` blocks.
             unit = node.unit
             cov = node.cov - (want * b if b > 1 else want)
+            if self.host_cap and cov % unit:
+                # The host tier indexes whole units and a lookup continues into it only where the
+                # GPU chain ends on a unit boundary: the split unit goes to the host whole (less
+                # than one unit more evicted), or its tail, and all after it, could never be found.
+                cov = cov // unit * unit
+                if cov <= 0:
+                    del nodes[key]
+                    freed += node.blocks
+                    self._to_host(node.keys, node.start, node.cov, node.unit)
+                    continue
+                want = node.blocks - self._blocks(cov)
             keep = -(-cov // unit)
             if self.host_cap and keep < len(node.keys):
                 # Whole units evicted go to the host; the unit that was split loses its tail.
@@ -296,6 +307,8 @@ class KVPool:
             if node.ref == 0:
                 del lru[node.key]
                 self.evictable -= node.blocks
+                # A cached match counts the blocks it would revive (unreferenced nodes): it is stale.
+                self.epoch += 1
             node.ref += 1
 
     def drop(self, nodes: list[Node]) -> None:
@@ -306,6 +319,7 @@ class KVPool:
             if node.ref == 0:
                 lru[node.key] = node
                 self.evictable += node.blocks
+                self.epoch += 1  # as in take: a cached match's revived blocks changed
 
     def promote(self, segs: list[tuple[tuple[int, ...], int, int]], unit: int) -> list[Node]:
         """Bring host-tier segments back into GPU blocks (allocated here), referenced once."""

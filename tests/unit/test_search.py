@@ -419,3 +419,15 @@ def test_an_slo_nothing_meets_ranks_the_closest_first_and_prints_no_infinity(tmp
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 1 and "inf" not in r.stdout.split("Short list")[1].split("\n\n")[0]
     assert "misses TTFT p90" in r.stdout
+
+
+def test_an_anchor_recorded_without_a_precision_is_the_checkpoints_own() -> None:
+    """A data row that names no precision is the checkpoint's own (Qwen3-32B: bf16), and bf16 and
+    fp16 run the same 16-bit GEMMs: such anchors serve a bf16 request instead of the defaults."""
+    from inferasim.search.tune import _anchor_for, _weights
+
+    assert _weights("", "Qwen/Qwen3-32B") == _weights("bf16") == _weights("fp16") == "16-bit"
+    assert _weights("fp8") == "fp8" and _weights("mxfp4") == _weights("nvfp4") == "fp4"
+    store = AnchorStore(REPO / "anchors")
+    a = _anchor_for(store, "vllm", get_model("Qwen/Qwen3-32B"), get_gpu("H100"), "bf16")
+    assert a is not None and a.kernel_set.precision in ("", "bf16", "fp16")

@@ -212,3 +212,11 @@ def test_a_lockstep_closed_loop_is_compared_with_the_benchmark_estimate(tmp_path
                              "thinkTimeS: 0.5\n")
     code, out, err = _run(["simulate", *MODEL, "--workload", spread, "--output", "json", "--no-series"], capsys)
     assert code == 0 and "benchmark_estimate" not in json.loads(out) and "lock step" not in err
+
+
+def test_a_closed_loop_whose_every_request_is_refused_ends_cleanly(tmp_path, capsys) -> None:  # noqa: ANN001
+    """One replica, one client, 3000 prompts longer than the model's context: each refusal issues
+    the next request at once; that once recursed until the stack overflowed (a traceback)."""
+    w = _yaml(tmp_path, "kind: closed\nconcurrency: 1\nnumRequests: 3000\ninputTokens: 200000\noutputTokens: 10\n")
+    code, out, err = _run(["simulate", *MODEL, "--workload", w, "--output", "json", "--no-series"], capsys)
+    assert code == 1 and "no request completed (3000 dropped: 3000 x context length)" in err

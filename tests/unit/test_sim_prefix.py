@@ -153,3 +153,24 @@ def test_host_tier_has_its_own_capacity_and_reloads_over_the_host_link(tmp_path,
     reloaded = [r for r in slow.requests if r.host_hit > 0]
     assert reloaded and all(r.ttft >= 3.0 for r in reloaded)
     assert len(slow.completed) == len(recs)
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_a_prefix_evicted_to_the_host_is_found_whole(engine: str) -> None:
+    """An eviction that splits a 512-token unit once lost the rest of the prefix for good: the host
+    tier indexes whole units and a lookup enters it only at a unit boundary. A 20,480-token prefix
+    pushed out of a 40k-token pool by fillers is found again whole (but its last token)."""
+    prefix = chain_keys(range(1000, 1040))  # 40 units = 20,480 tokens
+    reqs = [SimRequest(0, 0.0, 20480, 1, prefix, 512, 20480)]
+    for i in range(4):  # fillers of their own, 12,300 tokens each: the pool must drop the prefix
+        ids = chain_keys(range(10000 * (i + 1), 10000 * (i + 1) + 25))
+        reqs.append(SimRequest(len(reqs), 10.0 * (i + 1), 12300, 1, ids, 512, 12300))
+    reqs.append(SimRequest(len(reqs), 100.0, 20480, 1, prefix, 512, 20480))
+    f = _tight(fitted(engine), engine, 40000)
+    off = simulate_workload(f, Layout(tp=1), reqs)
+    assert off.requests[-1].prefix_hit < 20480 // 2  # without a host tier most of it is gone
+    reqs = [SimRequest(r.rid, r.arrival, r.prompt, r.output, r.ids, r.unit, r.id_tokens) for r in reqs]
+    on = simulate_workload(f, Layout(tp=1), reqs, host_kv_bytes=1e12)
+    last = on.requests[-1]
+    block = 16 if engine == "vllm" else 1
+    assert last.prefix_hit == (20480 - 1) // block * block and last.host_hit > 0
