@@ -81,7 +81,8 @@ def add_cli(subparsers: Any) -> None:
     p.add_argument("--format", choices=("auto", "mooncake", "azure"), default="auto", help="trace format")
     p.add_argument("--time-scale", type=_positive_float("time-scale"), default=1.0,
                    help="multiply the trace's arrival times (0.5 = twice the rate)")
-    p.add_argument("--sample", type=_positive("sample"), default=None, help="only the first N requests of the trace")
+    p.add_argument("--sample", type=_positive("sample"), default=None,
+                   help="only the first N records of the trace file (file order; then sorted by time)")
     p.add_argument("--slo-ttft-ms", type=_positive_float("slo-ttft-ms"), default=None, help="goodput: TTFT limit")
     p.add_argument("--slo-itl-ms", type=_positive_float("slo-itl-ms"), default=None,
                    help="goodput: limit on a request's mean inter-token latency")
