@@ -12,16 +12,11 @@ import pytest
 from inferasim_operator import confirm, reconcile
 from inferasim_operator.kube import own
 from inferasim_operator.models import Harvest, TuningStatus, child_name, label_value
+from test_operator_reconcile import SPEC
 
 from inferasim.observe import ObservedWorkload
 from inferasim.spec import SpecError
 
-SPEC: dict[str, Any] = {
-    "target": {"name": "chat"}, "model": "meta-llama/Meta-Llama-3-8B", "precision": ["bf16"],
-    "hardware": {"gpu": "AMD_Instinct_MI300X", "gpusPerNode": 8, "maxGPUs": 8}, "engines": ["vllm"],
-    "workload": {"static": {"kind": "poisson", "requestRate": 5, "inputTokens": 512, "outputTokens": 128}},
-    "confirmation": {"mode": "canary", "candidates": 2, "window": "30m"},
-}
 BODY: dict[str, Any] = {"apiVersion": "inferasim.io/v1alpha1", "kind": "ServingTuning",
                         "metadata": {"name": "chat", "namespace": "llm", "uid": "u-1", "generation": 3,
                                      "labels": {"app.kubernetes.io/instance": "llm-apps"}}, "spec": SPEC}
