@@ -56,6 +56,12 @@ TOLERANCE = 0.25
 MAX_CANARY_POINTS = 8
 
 
+def _has_latency_histograms(engine: str) -> bool:
+    from inferasim.observe import queries_for
+
+    return any(q.name.startswith(("ttft_", "itl_")) for q in queries_for(engine, {}, "5m"))
+
+
 def canary_selector(selector: dict[str, str], target: str, canary: str) -> dict[str, str]:
     """The spec's selector, pointed at the canary: label values naming the target name the canary."""
     out = {k: (canary if v == target else v) for k, v in selector.items()}
@@ -127,6 +133,15 @@ async def start_confirmation(body: dict[str, Any], spec: TuningSpec, payload: di
     # The first `candidates` entries that render as one Deployment (a disaggregated one does not).
     renderable = [(dep, entry) for dep, entry in zip(payload.get("shortlist_deployments", []), shortlist, strict=False)
                   if "error" not in dep]
+    # A canary is judged on its latency histograms; an engine that exports none (ATOM) would hold
+    # its GPUs for the whole window and end unmeasured.
+    measurable = [(dep, entry) for dep, entry in renderable if _has_latency_histograms(entry["engine"])]
+    if renderable and not measurable:
+        book.condition("Confirmed", "False", "CannotMeasure",
+                       f"{', '.join(sorted({e['engine'] for _, e in renderable}))} export no latency histograms: "
+                       "no canary of the short list could be measured, none was started")
+        return set()
+    renderable = measurable
     for dep, entry in renderable[: spec.confirmation.candidates]:
         d = canary_deployment(dep, target_labels, book.name)
         kube_mod.own(d, body)

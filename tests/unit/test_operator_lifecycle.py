@@ -60,6 +60,9 @@ class _Kube:
         self.patches.append(patch)
         return {}
 
+    def get_deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return None  # no live target: the canaries keep their own labels
+
     def delete_deployments(self, namespace: str, selector: str, keep: set[str]) -> list[str]:
         assert "inferasim.io/kind=canary" in selector and "inferasim.io/tuning=chat" in selector
         gone = [d for d in self.deployments if d not in keep]
@@ -133,3 +136,16 @@ def test_an_unschedulable_harvest_pod_is_pending_with_the_schedulers_reason() ->
     why = reconcile._unscheduled_reason(Pods([unplaced]), job)  # type: ignore[arg-type]
     assert why.startswith("Unschedulable: 0/3 nodes") and "node affinity" in why
     assert reconcile._unscheduled_reason(Pods([{"spec": {"nodeName": "gpu-1"}}]), job) == ""  # type: ignore[arg-type]
+
+
+def test_no_canary_is_started_for_an_engine_without_latency_histograms() -> None:
+    """ATOM exports no TTFT/ITL histograms: its canary would hold GPUs for the window, unmeasured."""
+    spec = reconcile.parse_tuning_spec({**SPEC, "workload": {"prometheus": {
+        "url": "http://prom:9090", "selector": {"namespace": "llm"}, "window": "5m"}}})
+    kube = _Kube({}, [])
+    book = reconcile.StatusBook(copy.deepcopy(BODY), kube)  # type: ignore[arg-type]
+    payload = {"shortlist": [{"engine": "atom", "layout_label": "tp8"}],
+               "shortlist_deployments": [{"metadata": {"name": "chat-canary-0"}}]}
+    started = asyncio.run(confirm.start_confirmation(BODY, spec, payload, book, kube))  # type: ignore[arg-type]
+    assert started == set() and book.cond("Confirmed")["reason"] == "CannotMeasure" and "atom" in \
+        book.cond("Confirmed")["message"]
