@@ -701,6 +701,15 @@ async def _observe(spec: TuningSpec, book: StatusBook, body: dict[str, Any], set
     try:
         observed = await asyncio.to_thread(observe, prom, "auto", timeout=settings.observe_timeout_s)
     except ObservationError as exc:
+        if exc.reason == "BadSelector":
+            # A label name, range or URL no Prometheus accepts: no retry fixes it, an edit of the spec
+            # does (and starts a new pass).
+            metrics.OBSERVE_FAILURES.labels(reason=exc.reason).inc()
+            book.condition("WorkloadObserved", "False", exc.reason, f"{exc}; fix the spec")
+            book.set(phase="Invalid", observedGeneration=book.generation, message=f"workload not observable: {exc}")
+            await book.flush()
+            post_event(body, "Warning", "WorkloadNotObservable", str(exc))
+            raise Invalid(f"workload not observable: {exc}") from None
         retries = int(book.get("retries") or 0) + 1
         delay = backoff(settings, retries)
         metrics.OBSERVE_FAILURES.labels(reason=exc.reason).inc()

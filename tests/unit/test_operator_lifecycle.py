@@ -149,3 +149,21 @@ def test_no_canary_is_started_for_an_engine_without_latency_histograms() -> None
     started = asyncio.run(confirm.start_confirmation(BODY, spec, payload, book, kube))  # type: ignore[arg-type]
     assert started == set() and book.cond("Confirmed")["reason"] == "CannotMeasure" and "atom" in \
         book.cond("Confirmed")["message"]
+
+
+def test_a_selector_prometheus_refuses_is_invalid_not_retried(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A label name or range no Prometheus accepts cannot succeed on a retry: the tuning is Invalid
+    with the reason (it was retried forever, up to every 600 s)."""
+    from inferasim.observe import ObservationError
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise ObservationError("workload.prometheus.selector: label name '1bad' is not valid", reason="BadSelector")
+
+    monkeypatch.setattr(reconcile, "observe", refuse)
+    spec = reconcile.parse_tuning_spec({**SPEC, "workload": {"prometheus": {
+        "url": "http://prom:9090", "selector": {"namespace": "llm"}, "window": "5m"}}})
+    kube = _Kube({}, [])
+    book = reconcile.StatusBook(copy.deepcopy(BODY), kube)  # type: ignore[arg-type]
+    with pytest.raises(reconcile.Invalid, match="1bad"):
+        asyncio.run(reconcile._observe(spec, book, BODY, reconcile.Settings(), False))
+    assert book.get("phase") == "Invalid" and book.cond("WorkloadObserved")["reason"] == "BadSelector"
