@@ -47,6 +47,7 @@ from inferasim.render import (
     _KV_DTYPES,
     _PRODUCT_LABEL_KEY,
     _SPEC_SPELLING,
+    AMD_DEVICE_IDS,
     LABEL_GPU,
     LABEL_ROLE,
     PRECISIONS,
@@ -63,10 +64,8 @@ _ANN_MODEL = "inferasim.io/model"
 _ANN_PRECISION = "inferasim.io/precision"
 _ANN_VERSION = "inferasim.io/engine-version"
 
-# amd.com/gpu.device-id values of the ROCm node labeller (notes section 6, K).
-# 0x74b5 / 0x74b9 are the MI300X / MI325X ids vLLM's rocm.py also names.
-_AMD_DEVICE_IDS: dict[str, str] = {"74a1": "MI300X", "74b5": "MI300X", "74a5": "MI325X", "74b9": "MI325X",
-                                   "75a0": "MI350X", "75a3": "MI355X"}
+# GPU of each amd.com/gpu.device-id value (the table render selects nodes by).
+_AMD_DEVICE_IDS: dict[str, str] = {i: name for name, ids in AMD_DEVICE_IDS.items() for i in ids}
 
 # Engine launch modules and executables (notes 5.1-5.3); older vLLM images start the API server module.
 _LAUNCH_MODULES: dict[str, str] = {
