@@ -74,6 +74,7 @@ __all__ = [
     "fp8_kernels_note",
     "precision_error",
     "priced_precision",
+    "weight_class",
     "served_model_id",
     "render_deployment",
     "render_manifests",
@@ -548,7 +549,7 @@ def fp8_kernels_note(cfg: ServingConfig) -> str | None:
             "prediction). Point the model at the published FP8 checkpoint to run the priced kernels.")
 
 
-def _weight_class(precision: str) -> str | None:
+def weight_class(precision: str) -> str | None:
     """The weights a precision asks for or a checkpoint format holds (None: auto). The catalog's
     normalize_precision folds the aliases (nvfp4, w8a8, awq ...); on top of it the 16-bit formats
     are one class, and a 4-bit float request is met by NVFP4 and MXFP4 checkpoints alike (the
@@ -615,20 +616,20 @@ def precision_error(engine: str, model: str, precision: str) -> str | None:
     online (vLLM and SGLang --quantization fp8), at fp8. Rendering ``deepseek-ai/DeepSeek-R1``
     (FP8) for a price at fp4 would run twice the weight bytes that were priced. A checkpoint whose
     format nothing states (checkpoint_format) is not judged."""
-    want = _weight_class(precision)
+    want = weight_class(precision)
     if want is None:  # auto: the checkpoint's own format, which is what the price uses
         return None
     fmt = checkpoint_format(model)
     if fmt is None:
         return None
-    have = _weight_class(fmt)
+    have = weight_class(fmt)
     if have == want:
         return None
     online = flag_for(normalize_engine(engine), "quantization") is not None
     if want == "fp8" and have == "16-bit" and online:
         return None
     how = ("quantises online only from 16-bit weights to fp8" if online else "has no online quantization")
-    siblings = [hf for hf, f in sibling_checkpoints(model).items() if _weight_class(f) == want]
+    siblings = [hf for hf, f in sibling_checkpoints(model).items() if weight_class(f) == want]
     fix = (f"point the model at {' or '.join(siblings)}" if siblings else
            f"point the model at a {precision} checkpoint of it")
     return (f"{engine} would serve {model} at {fmt}, not {precision}: the checkpoint holds {fmt} weights and "

@@ -14,16 +14,9 @@ from typing import Any
 
 from inferasim.anchors import SHIPPED_ANCHORS, Anchor, AnchorStore, method_rank
 from inferasim.catalog.gpus import GPU, get_gpu
-from inferasim.catalog.models import (
-    PRECISION_ALIASES,
-    ModelSpec,
-    context_error,
-    get_model,
-    normalize_precision,
-    resolve_model_name,
-)
+from inferasim.catalog.models import ModelSpec, context_error, get_model, resolve_model_name
 from inferasim.predictor import FittedAnchor, benchmark_kv_dtype, fitted_from_anchor, unanchored
-from inferasim.render import checkpoint_format, priced_precision
+from inferasim.render import priced_precision, weight_class
 from inferasim.search.estimate import Estimate, blocked, estimate_disagg, estimate_group, operate
 from inferasim.search.select import (
     ParetoPoint,
@@ -139,18 +132,12 @@ def _ms(v: float) -> float | None:
     return None if not math.isfinite(v) else v * 1e3
 
 
-def _weights(precision: str, model_id: str = "") -> str:
-    """The weight class the kernels run: NVFP4 and MXFP4 checkpoints both run 4-bit float kernels
-    (the public data calls gpt-oss's MXFP4 "fp4"); BF16 and FP16 run the same 16-bit GEMMs at the
-    same rate. An empty or `auto` precision (a data row that names none) is the checkpoint's own:
-    a Qwen3-32B anchor recorded as "" is a bf16 one, and was passed over for a bf16 request."""
-    p = normalize_precision(precision or "auto")
-    if p == "auto" and model_id:
-        fmt = checkpoint_format(model_id)
-        p = normalize_precision(fmt) if fmt and fmt in PRECISION_ALIASES else "bf16"
-    if p in ("fp4", "mxfp4", "nvfp4"):
-        return "fp4"
-    return "16-bit" if p in ("bf16", "fp16") else p
+def _weights(precision: str, model_id: str, model: ModelSpec) -> str | None:
+    """The weight class (render.weight_class: the 16-bit formats one class, NVFP4 and MXFP4
+    another) a precision of ``model_id`` runs at; an empty or `auto` precision (a data row that
+    names none) is the checkpoint's own (render.priced_precision): a Qwen3-32B anchor recorded as
+    "" is a bf16 one, and was passed over for a bf16 request."""
+    return weight_class(priced_precision(precision or "auto", model_id, model))
 
 
 def _anchor_for(store: AnchorStore, engine: str, model: ModelSpec, gpu: GPU, precision: str,
@@ -172,7 +159,8 @@ def _anchor_for(store: AnchorStore, engine: str, model: ModelSpec, gpu: GPU, pre
             continue
         if kv_dtype not in (None, "", "auto") and (ks.kv_dtype or "auto") != kv_dtype:
             continue
-        if same_model and same_gpu and _weights(ks.precision, ks.model) == _weights(precision, model.name):
+        if same_model and same_gpu and _weights(ks.precision, ks.model, model) == _weights(precision, model.name,
+                                                                                            model):
             hits.append(a)
     if not hits:
         return None

@@ -426,8 +426,9 @@ def test_an_anchor_recorded_without_a_precision_is_the_checkpoints_own() -> None
     fp16 run the same 16-bit GEMMs: such anchors serve a bf16 request instead of the defaults."""
     from inferasim.search.tune import _anchor_for, _weights
 
-    assert _weights("", "Qwen/Qwen3-32B") == _weights("bf16") == _weights("fp16") == "16-bit"
-    assert _weights("fp8") == "fp8" and _weights("mxfp4") == _weights("nvfp4") == "fp4"
+    qwen = ("Qwen/Qwen3-32B", get_model("Qwen/Qwen3-32B"))
+    assert _weights("", *qwen) == _weights("bf16", *qwen) == _weights("fp16", *qwen) == "16-bit"
+    assert _weights("fp8", *qwen) == "fp8" and _weights("mxfp4", *qwen) == _weights("nvfp4", *qwen) == "fp4"
     store = AnchorStore(REPO / "anchors")
     a = _anchor_for(store, "vllm", get_model("Qwen/Qwen3-32B"), get_gpu("H100"), "bf16")
     assert a is not None and a.kernel_set.precision in ("", "bf16", "fp16")
