@@ -261,28 +261,28 @@ def _run_stage2(top: list[Estimate], w: WorkloadShape, workers: int, progress: P
     return refined
 
 
+def _slo_ratios(e: Estimate, slo: SLO) -> list[tuple[str, float, float, float]]:
+    """(term, value in s, target in ms, value / target) of each p90 term the SLO sets; the ratio
+    is inf where the value is not finite (the workload exceeds the capacity)."""
+    return [(name, v, t, v * 1e3 / t if math.isfinite(v) else math.inf)
+            for name, v, t in (("TTFT p90", e.ttft_p90, slo.ttft_p90_ms), ("ITL p90", e.itl_p90, slo.itl_p90_ms))
+            if t is not None]
+
+
 def slo_excess(e: Estimate, slo: SLO) -> float:
     """How far `e` is from its SLO: the largest ratio of a percentile to its target (below 1 when
     every term holds; inf where the workload exceeds the capacity)."""
-    terms = [(e.ttft_p90, slo.ttft_p90_ms), (e.itl_p90, slo.itl_p90_ms)]
-    ratios = [v * 1e3 / t for v, t in terms if t is not None and math.isfinite(v)]
-    if any(t is not None and not math.isfinite(v) for v, t in terms):
-        return math.inf
-    return max(ratios, default=0.0)
+    return max((ratio for *_, ratio in _slo_ratios(e, slo)), default=0.0)
 
 
 def slo_miss(e: Estimate, slo: SLO) -> str:
     """The SLO term `e` misses the most, in words ('' when it meets every term)."""
-    worst, text = 1.0, ""
-    for name, v, t in (("TTFT p90", e.ttft_p90, slo.ttft_p90_ms), ("ITL p90", e.itl_p90, slo.itl_p90_ms)):
-        if t is None:
-            continue
-        ratio = v * 1e3 / t if math.isfinite(v) else math.inf
-        if ratio > worst:
-            worst = ratio
-            text = (f"{name} {v * 1e3:,.0f} ms against {t:g} ms" if math.isfinite(v) else
-                    f"{name} unbounded (the workload's rate exceeds what the budget serves)")
-    return text
+    missed = [r for r in _slo_ratios(e, slo) if r[3] > 1.0]
+    if not missed:
+        return ""
+    name, v, t, _ = max(missed, key=lambda r: r[3])
+    return (f"{name} {v * 1e3:,.0f} ms against {t:g} ms" if math.isfinite(v) else
+            f"{name} unbounded (the workload's rate exceeds what the budget serves)")
 
 
 def _simulated_slo_ok(e: Estimate, slo: SLO) -> bool:
