@@ -888,15 +888,11 @@ async def _reconcile(body: dict[str, Any], book: StatusBook, kube: Kube, setting
                        f"none of {payload['candidates']} candidates fits {spec.hardware.max_gpus} GPUs"
                        + (f"; not considered: {excluded}" if excluded else ""))
         book.set(phase="Harvesting" if harvesting else "Failed", recommendation=None, shortlist=[])
-        # The GitOps artifact must not keep serving the last recommendation of another spec.
-        if await asyncio.to_thread(kube.delete_config_map, book.namespace, cm_name):
-            post_event(body, "Normal", "RecommendationWithdrawn", f"ConfigMap {cm_name} deleted: no recommendation")
+        await _withdraw_config_map(body, book, kube, cm_name, "no recommendation")
     else:
         if payload.get("render_error"):
             rec.manifest = ""
-            if await asyncio.to_thread(kube.delete_config_map, book.namespace, cm_name):
-                post_event(body, "Normal", "RecommendationWithdrawn",
-                           f"ConfigMap {cm_name} deleted: the recommendation cannot be rendered")
+            await _withdraw_config_map(body, book, kube, cm_name, "the recommendation cannot be rendered")
             book.condition("Recommended", "True", "NotRenderable", f"{rec.engine} {rec.layout_label}: "
                                                                    f"{payload['render_error']}")
         else:
@@ -931,6 +927,13 @@ async def _reconcile(body: dict[str, Any], book: StatusBook, kube: Kube, setting
     await _retire_canaries(body, book, kube, canaries)
     await book.flush()
     return book.get("phase") or "Recommended"
+
+
+async def _withdraw_config_map(body: dict[str, Any], book: StatusBook, kube: Kube, cm_name: str, why: str) -> None:
+    """Delete the recommendation's ConfigMap: the GitOps artifact must not keep serving the last
+    recommendation (of another spec) when this pass has none to publish."""
+    if await asyncio.to_thread(kube.delete_config_map, book.namespace, cm_name):
+        post_event(body, "Normal", "RecommendationWithdrawn", f"ConfigMap {cm_name} deleted: {why}")
 
 
 async def _retire_canaries(body: dict[str, Any], book: StatusBook, kube: Kube, keep: set[str]) -> None:
