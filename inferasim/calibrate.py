@@ -305,6 +305,12 @@ _SERIES: dict[str, dict[str, tuple[str, ...]]] = {
 }
 
 
+def measurable(engine: str) -> bool:
+    """Whether a canary of `engine` can be measured from Prometheus (it exports latency
+    histograms; ATOM does not)."""
+    return engine in _SERIES
+
+
 def measure_window(observed: Any, url: str, *, timeout: float = 10.0, transport: Any = None) -> CanaryWindow:
     """The means of one canary's window, evaluated at the same instant as ``observed`` (an
     :class:`inferasim.observe.ObservedWorkload` of the canary's series): mean ITL and TTFT from the

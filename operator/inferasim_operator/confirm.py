@@ -24,6 +24,7 @@ from inferasim.calibrate import (
     CalibrationError,
     CanaryWindow,
     calibrate,
+    measurable,
     measure_window,
     window_point,
 )
@@ -54,12 +55,6 @@ TOLERANCE = 0.25
 # Canary points a canary anchor keeps (the newest): earlier canaries of the same kernel set and
 # layout at other operating points, which share its one calibrated scale.
 MAX_CANARY_POINTS = 8
-
-
-def _has_latency_histograms(engine: str) -> bool:
-    from inferasim.observe import queries_for
-
-    return any(q.name.startswith(("ttft_", "itl_")) for q in queries_for(engine, {}, "5m"))
 
 
 def canary_selector(selector: dict[str, str], target: str, canary: str) -> dict[str, str]:
@@ -135,13 +130,13 @@ async def start_confirmation(body: dict[str, Any], spec: TuningSpec, payload: di
                   if "error" not in dep]
     # A canary is judged on its latency histograms; an engine that exports none (ATOM) would hold
     # its GPUs for the whole window and end unmeasured.
-    measurable = [(dep, entry) for dep, entry in renderable if _has_latency_histograms(entry["engine"])]
-    if renderable and not measurable:
+    judged = [(dep, entry) for dep, entry in renderable if measurable(entry["engine"])]
+    if renderable and not judged:
         book.condition("Confirmed", "False", "CannotMeasure",
                        f"{', '.join(sorted({e['engine'] for _, e in renderable}))} export no latency histograms: "
                        "no canary of the short list could be measured, none was started")
         return set()
-    renderable = measurable
+    renderable = judged
     for dep, entry in renderable[: spec.confirmation.candidates]:
         d = canary_deployment(dep, target_labels, book.name)
         kube_mod.own(d, body)
