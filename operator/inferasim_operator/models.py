@@ -37,13 +37,9 @@ MANAGER = "inferasim-operator"
 
 
 def label_value(name: str) -> str:
-    """`name` as a label value: object names run to 253 characters, label values to 63. A longer
-    name keeps its first 52 characters and a hash of the whole, so it stays unique and selectable."""
-    if len(name) <= 63:
-        return name
-    import hashlib
-
-    return f"{name[:52].rstrip('.-_')}-{hashlib.sha256(name.encode()).hexdigest()[:10]}"
+    """`name` as a label value: object names run to 253 characters, label values to 63 (a longer
+    one is cut and given a hash of the whole, as child_name does)."""
+    return child_name(name, "")
 
 
 def child_name(base: str, suffix: str, limit: int = 63) -> str:
