@@ -56,7 +56,7 @@ from inferasim.memory import plan_memory
 from inferasim.output import OUTPUT_FORMATS, emit, table
 from inferasim.spec import SpecError, plain_validation_error
 from inferasim.userfile import read_user_text
-from inferasim.validate import CannotPredict
+from inferasim.validate import CannotPredict, load_rows
 
 EXIT_USAGE = 2
 
@@ -191,9 +191,7 @@ def cmd_memory(args: argparse.Namespace) -> int:
         ("KV tokens / replica", d["kv_tokens_per_replica"]),
         ("feasible", plan.feasible),
     ] + [("why not", r) for r in plan.reasons]
-    if args.context and model.max_context > 0 and args.context > model.max_context:
-        raise ValueError(f"--context {args.context} exceeds {model.name}'s context of {model.max_context} tokens "
-                         "(max_position_embeddings): no sequence that long runs")
+    _refuse_over_context(model, "--context", args.context, "no sequence that long runs")
     if plan.feasible and args.context:
         rows.append((f"sequences of {args.context} tokens", plan.max_concurrency(args.context)))
         d["max_concurrency_at_context"] = {"context": args.context,
@@ -218,10 +216,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     gpu = get_gpu(args.gpu)
     engine = normalize_engine(args.engine)
     # Planned at the weights the named checkpoint holds (an -FP8 variant of a BF16 catalog model).
-    if args.max_model_len is not None and model.max_context > 0 and args.max_model_len > model.max_context:
-        raise ValueError(f"--max-model-len {args.max_model_len} exceeds {model.name}'s context of "
-                         f"{model.max_context} tokens (max_position_embeddings): the engine refuses to start; give at "
-                         f"most {model.max_context}")
+    _refuse_over_context(model, "--max-model-len", args.max_model_len, "the engine refuses to start")
     check_token_budget(engine, gpu, layout, args.max_num_batched_tokens, args.max_num_seqs)
     priced = priced_precision(args.precision, args.model, model)
     # The KV dtype predict and tune price (fp8 with fp8 or fp4 weights), rendered as a flag.
@@ -264,6 +259,22 @@ def _usage(check: Any, flag: str, path: str) -> None:
         check(flag, path)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+
+
+def _refuse_over_context(model: ModelSpec, flag: str, tokens: int | None, consequence: str) -> None:
+    """ValueError when `flag` asks for more tokens than the model's context holds."""
+    if tokens is not None and model.max_context > 0 and tokens > model.max_context:
+        raise ValueError(f"{flag} {tokens} exceeds {model.name}'s context of {model.max_context} tokens "
+                         f"(max_position_embeddings): {consequence}; give at most {model.max_context}")
+
+
+def _load_rows_noted(path: str) -> list[Any]:
+    """validate.load_rows, its notes (a measured column absent) on stderr."""
+    notes: list[str] = []
+    rows = load_rows(path, notes)
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
+    return rows
 
 
 def _refuse_beyond_context(model: ModelSpec, isl: int, osl: int) -> None:
@@ -416,7 +427,7 @@ def _progress(done: int, total: int) -> None:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     from inferasim.predictor import AnchoredPredictor
-    from inferasim.validate import load_rows, run_validation, write_outputs
+    from inferasim.validate import run_validation, write_outputs
 
     # Repeated flags add up (--split-by engine --split-by gpu), as do comma lists; a key twice counts once.
     split_by = tuple(dict.fromkeys(s.strip() for flag in (args.split_by or []) for s in flag.split(",") if s.strip()))
@@ -428,10 +439,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     for name in ("predictions.csv", "summary.json"):
         if (Path(args.out) / name).is_dir():
             raise UsageError(f"--out {args.out}: {name} there is a folder; give another --out")
-    notes: list[str] = []
-    rows = load_rows(args.data, notes)
-    for note in notes:
-        print(f"note: {note}", file=sys.stderr)
+    rows = _load_rows_noted(args.data)
     result = run_validation(rows, AnchoredPredictor(), rule=args.anchor_rule, split_by=split_by,
                             progress=_progress)
     out = Path(args.out)
@@ -586,7 +594,7 @@ def _anchor_table(anchor: Anchor) -> str:
 def _anchors_build(args: argparse.Namespace) -> int:
     """`anchors build CSV [--out FOLDER]`: the min-gpus anchor of each kernel set in the CSV."""
     from inferasim.predictor import anchor_from_rows
-    from inferasim.validate import CannotPredict, filter_rows, load_rows, select_anchors
+    from inferasim.validate import CannotPredict, filter_rows, select_anchors
 
     if not args.name:
         raise UsageError("anchors build needs a CSV of measured runs (the validate schema)")
@@ -594,10 +602,7 @@ def _anchors_build(args: argparse.Namespace) -> int:
         raise UsageError("give the destination once: --out FOLDER (or --dir FOLDER), not both")
     out = Path(args.out) if args.out else Path(args.dir[0]) if args.dir else ANCHOR_DIR
     _usage(check_output_folder, "--out" if args.out else "--dir", str(out))
-    notes: list[str] = []
-    every = load_rows(args.name, notes)
-    for note in notes:
-        print(f"note: {note}", file=sys.stderr)
+    every = _load_rows_noted(args.name)
     rows = filter_rows(every)
     if len(rows) < len(every):  # trtllm rows, other modes: said, not dropped silently
         print(f"not used: {len(every) - len(rows)} of {len(every)} rows (engines other than vllm, sglang, atom, "
