@@ -37,8 +37,6 @@ def positive_int(name: str) -> Callable[[str], int]:
 def precision_name(text: str) -> str:
     """--precision: any spelling the catalog knows (nvfp4, w8a8, awq ...), kept as written;
     refused by argparse, before any note or work, when unknown."""
-    from inferasim.catalog.models import normalize_precision
-
     try:
         normalize_precision(text)
     except ValueError as exc:

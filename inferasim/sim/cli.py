@@ -349,4 +349,3 @@ def _note_lockstep_waves(fitted: Any, layout: Any, w: Any, args: argparse.Namesp
               f"arrival waves in lock step (mean TTFT {simulated:,.0f} ms); a measured benchmark keeps only part of "
               f"them, which `inferasim predict` prices: TTFT {ttft:,.0f} ms, TPOT {float(r.tpot[0]) * 1e3:.2f} ms. "
               "Give the workload a thinkTimeS to spread the clients", file=sys.stderr)
-
