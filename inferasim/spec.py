@@ -155,7 +155,12 @@ class HarvestPolicy(_Model):
 
 class Confirmation(_Model):
     mode: Literal["none", "canary", "argo-rollouts"] = "none"
-    window: str = "30m"
+    window: str = Field("30m", description="How long each canary serves before it is measured, counted from when it "
+                                           "becomes available (its pods Ready), not from its creation.")
+    # Pulling an engine image and loading the weights of a large model take minutes to tens of
+    # minutes; a canary not available by then holds GPUs it will never be measured on.
+    startup_timeout: str = Field("1h", description="How long a canary may take to become available before it is "
+                                                   "given up (Failed) and its GPUs released.")
     candidates: int = Field(2, ge=0, le=5)
 
 

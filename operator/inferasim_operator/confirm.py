@@ -3,9 +3,11 @@
 mode `canary`: one single-replica Deployment per short-listed candidate (owned by the tuning).
 Its pods carry the target Deployment's selector labels, so the Services in front of the target
 send them a share of the live traffic (the classic canary; the operator never changes the target).
-After `confirmation.window` the canary's own series (the spec's Prometheus selector with the
-target's name replaced by the canary's) are observed, and measured ITL/TTFT p90 are compared with
-the prediction. The canaries are then removed.
+Once a canary has served for `confirmation.window` (counted from when it became available, so that
+the image pull and weight loading are not part of it), its own series (the spec's Prometheus
+selector with the target's name replaced by the canary's) are observed, its measured ITL/TTFT p90
+compared with the prediction, and it is removed. A canary not available within
+`confirmation.startupTimeout` is given up and removed.
 
 mode `argo-rollouts`: an `AnalysisTemplate` (argoproj.io/v1alpha1) whose Prometheus metrics carry
 the predicted thresholds; Argo Rollouts runs it during the user's own rollout.
@@ -16,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import math
+import time
 from typing import Any
 
 from inferasim.anchors import Anchor, AnchorStore, BenchPoint, KernelSet
@@ -48,7 +51,7 @@ from inferasim_operator.models import (
     dump,
     label_value,
 )
-from inferasim_operator.times import age_s, iso, now_iso
+from inferasim_operator.times import age_s, epoch, iso, now_iso
 
 # A canary confirms the prediction when its measured ITL p90 is within this fraction of it.
 TOLERANCE = 0.25
@@ -164,62 +167,104 @@ async def start_confirmation(body: dict[str, Any], spec: TuningSpec, payload: di
 
 
 async def confirm_progress(body: dict[str, Any], spec: TuningSpec, book: Any, kube: Kube, settings: Any) -> bool:
-    """Canary states; after the window, measure and decide. True when confirmation is over."""
-    from inferasim_operator.reconcile import parse_duration, post_event
+    """Canary states; each canary is measured once it has served for the window, counted from when
+    it became available (pulling the image and loading the weights are not its traffic), and its
+    GPUs go back then. One that is not available within `confirmation.startupTimeout` is given up.
+    When every canary is measured or failed, decide. True when confirmation is over."""
+    from inferasim_operator.reconcile import parse_duration
 
     conf = dict(book.get("confirmation") or {})
     canaries = [dict(c) for c in conf.get("canaries") or []]
     window = parse_duration(spec.confirmation.window, "confirmation.window") or 0.0
+    startup = parse_duration(spec.confirmation.startup_timeout, "confirmation.startupTimeout") or 0.0
     age = age_s(conf.get("started")) or 0.0
     for c in canaries:
+        if c.get("state") in ("Measured", "Failed"):
+            continue
         dep = await asyncio.to_thread(kube.get_deployment, book.namespace, c["name"])
         if dep is None:
             c["state"], c["message"] = "Failed", "the canary Deployment is gone"
-        elif ((dep.get("status") or {}).get("availableReplicas") or 0) > 0 and c.get("state") == "Pending":
-            c["state"] = "Running"
-    if age < window:
-        book.set(confirmation={**conf, "canaries": canaries})
-        book.condition("Confirmed", "Unknown", "CanaryRunning",
-                       f"{len(canaries)} canaries, {age / 60:.1f} of {window / 60:.1f} minutes")
-        return False
-    prom = spec.workload.prometheus
-    errors = []
-    for c in canaries:
-        if c["state"] == "Failed":
             continue
-        if prom is None:
-            c["state"], c["message"] = "Failed", "static workload: no Prometheus to measure the canary with"
-            continue
-        sel = canary_selector(prom.selector, spec.target.name if spec.target else "", c["name"])
-        src = PrometheusWorkload(url=prom.url, selector=sel, window=spec.confirmation.window)
-        try:
-            m = await asyncio.to_thread(observe, src, "auto", timeout=settings.observe_timeout_s)
-        except ObservationError as exc:
-            c["state"], c["message"] = "Failed", str(exc)[:500]
-            continue
-        c["measuredTtftP90Ms"] = m.ttft.p90_ms if m.ttft else None
-        c["measuredItlP90Ms"] = m.itl.p90_ms if m.itl else None
-        c["measuredRequestRate"] = m.request_rate
-        pred = c.get("predictedItlP90Ms")
-        if pred and c["measuredItlP90Ms"]:
-            err = c["measuredItlP90Ms"] / pred - 1.0
-            c["predictionError"] = round(err, 4)
-            # The p90 read back from the engine's histogram is interpolated inside a bucket (vLLM's ITL
-            # buckets are 10, 25, 50 ms ...): judge it at that resolution, not by the raw ratio.
-            c["agrees"] = quantile_agrees(c["engine"], "itl", c["measuredItlP90Ms"] / 1e3, pred / 1e3, TOLERANCE)
-            errors.append(err)
-            metrics.CANARY_ERROR.observe(err)
-        c["state"] = "Measured"
-        await store_canary_anchor(body, spec, book, kube, settings, c, m, prom.url, conf.get("started") or "")
+        if c.get("state") == "Pending" and ((dep.get("status") or {}).get("availableReplicas") or 0) > 0:
+            c["state"], c["runningSince"] = "Running", available_since(dep)
+        if c.get("state") == "Pending" and age >= startup:
+            c["state"] = "Failed"
+            c["message"] = (f"not available {spec.confirmation.startup_timeout} after it was created "
+                            "(confirmation.startupTimeout); given up, its GPUs released")
+            await _release_canary(book, kube, c)
+        elif c.get("state") == "Running" and (age_s(c.get("runningSince")) or 0.0) >= window:
+            await _measure_canary(body, spec, book, kube, settings, c, conf.get("started") or "")
+            await _release_canary(book, kube, c)
     canaries = [{k: v for k, v in c.items() if v is not None} for c in canaries]
+    waiting = [c for c in canaries if c.get("state") in ("Pending", "Running")]
     book.set(confirmation={**conf, "canaries": canaries})
-    for c in canaries:  # the GPUs go back once measured
-        try:
-            await asyncio.to_thread(kube.apps.delete_namespaced_deployment, c["name"], book.namespace)
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-    if not errors:
+    if waiting:
+        book.condition("Confirmed", "Unknown", "CanaryRunning", "; ".join(_progress(c, window) for c in waiting))
+        return False
+    return _decide(body, book, canaries)
+
+
+def available_since(dep: dict[str, Any]) -> str:
+    """When a Deployment became available: its Available condition's last transition (written by
+    the deployment controller, so a timer that looks later does not shorten the window), else now."""
+    for cond in (dep.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "Available" and cond.get("status") == "True":
+            when = epoch(cond.get("lastTransitionTime"))
+            if when is not None and when <= time.time():
+                return iso(when)
+    return now_iso()
+
+
+def _progress(c: dict[str, Any], window: float) -> str:
+    if c.get("state") == "Pending":
+        return f"{c['name']} starting (not available yet)"
+    served = age_s(c.get("runningSince")) or 0.0
+    return f"{c['name']} serving, {served / 60:.1f} of {window / 60:.1f} minutes"
+
+
+async def _measure_canary(body: dict[str, Any], spec: TuningSpec, book: Any, kube: Kube, settings: Any,
+                          c: dict[str, Any], started: str) -> None:
+    """Observe a canary's own series over the window; compare its ITL p90 with the prediction."""
+    prom = spec.workload.prometheus
+    if prom is None:
+        c["state"], c["message"] = "Failed", "static workload: no Prometheus to measure the canary with"
+        return
+    sel = canary_selector(prom.selector, spec.target.name if spec.target else "", c["name"])
+    src = PrometheusWorkload(url=prom.url, selector=sel, window=spec.confirmation.window)
+    try:
+        m = await asyncio.to_thread(observe, src, "auto", timeout=settings.observe_timeout_s)
+    except ObservationError as exc:
+        c["state"], c["message"] = "Failed", str(exc)[:500]
+        return
+    c["measuredTtftP90Ms"] = m.ttft.p90_ms if m.ttft else None
+    c["measuredItlP90Ms"] = m.itl.p90_ms if m.itl else None
+    c["measuredRequestRate"] = m.request_rate
+    pred = c.get("predictedItlP90Ms")
+    if pred and c["measuredItlP90Ms"]:
+        err = c["measuredItlP90Ms"] / pred - 1.0
+        c["predictionError"] = round(err, 4)
+        # The p90 read back from the engine's histogram is interpolated inside a bucket (vLLM's ITL
+        # buckets are 10, 25, 50 ms ...): judge it at that resolution, not by the raw ratio.
+        c["agrees"] = quantile_agrees(c["engine"], "itl", c["measuredItlP90Ms"] / 1e3, pred / 1e3, TOLERANCE)
+        metrics.CANARY_ERROR.observe(err)
+    c["state"] = "Measured"
+    await store_canary_anchor(body, spec, book, kube, settings, c, m, prom.url, started)
+
+
+async def _release_canary(book: Any, kube: Kube, c: dict[str, Any]) -> None:
+    """The canary's GPUs go back as soon as it is measured or given up."""
+    try:
+        await asyncio.to_thread(kube.apps.delete_namespaced_deployment, c["name"], book.namespace)
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+
+
+def _decide(body: dict[str, Any], book: Any, canaries: list[dict[str, Any]]) -> bool:
+    """Every canary measured or failed: the Confirmed condition from their prediction errors."""
+    from inferasim_operator.reconcile import post_event
+
+    if not any("predictionError" in c for c in canaries):
         reasons = "; ".join(f"{c['name']}: {c.get('message', 'not measured')}" for c in canaries)
         book.condition("Confirmed", "False", "CanaryNotMeasured", reasons)
         book.set(phase="Recommended", message="canaries could not be measured")

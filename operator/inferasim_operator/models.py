@@ -189,6 +189,7 @@ class Canary(_Wire):
     calibration_scale: float | None = Field(
         None, description="Step-time scale of the parent anchor that reproduces the measured ITL (1 = exact).")
     state: Literal["Pending", "Running", "Measured", "Failed"] = "Pending"
+    running_since: str = Field("", description="When the canary was first seen available: its window starts then.")
     message: str = ""
 
 

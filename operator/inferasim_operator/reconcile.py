@@ -288,6 +288,7 @@ def parse_tuning_spec(spec: dict[str, Any], default_prometheus_url: str = "") ->
                         "run trace files with `inferasim simulate`")
     parse_duration(parsed.retune.every, "retune.every")
     parse_duration(parsed.confirmation.window, "confirmation.window")
+    parse_duration(parsed.confirmation.startup_timeout, "confirmation.startupTimeout")
     if parsed.confirmation.mode != "none" and not _PROMQL_DURATION.match(parsed.confirmation.window.strip()):
         # The window is also a PromQL range (the canary's and the AnalysisTemplate's queries).
         raise SpecError(f"confirmation.window: {parsed.confirmation.window!r} must be whole numbers of units, as "

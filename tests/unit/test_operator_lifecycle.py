@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import time
 from typing import Any
 
 import pytest
@@ -167,3 +168,78 @@ def test_a_selector_prometheus_refuses_is_invalid_not_retried(monkeypatch: pytes
     with pytest.raises(reconcile.Invalid, match="1bad"):
         asyncio.run(reconcile._observe(spec, book, BODY, reconcile.Settings(), False))
     assert book.get("phase") == "Invalid" and book.cond("WorkloadObserved")["reason"] == "BadSelector"
+
+
+class _CanaryKube:
+    """Deployments by name, with the status a deployment controller would write; deletions recorded."""
+
+    def __init__(self, deployments: dict[str, dict[str, Any]]) -> None:
+        self.deployments = deployments
+        self.deleted: list[str] = []
+        self.apps = self
+
+    def patch_tuning_status(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        return {}
+
+    def get_deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.deployments.get(name)
+
+    def delete_namespaced_deployment(self, name: str, namespace: str) -> None:
+        self.deleted.append(name)
+        self.deployments.pop(name, None)
+
+
+def _available(minutes_ago: float) -> dict[str, Any]:
+    from inferasim_operator.times import iso
+    return {"status": {"availableReplicas": 1, "conditions": [
+        {"type": "Available", "status": "True", "lastTransitionTime": iso(time.time() - 60 * minutes_ago)}]}}
+
+
+def _confirming(started_minutes_ago: float, canaries: list[dict[str, Any]]) -> dict[str, Any]:
+    from inferasim_operator.times import iso
+    return {"phase": "Confirming", "confirmation": {"mode": "canary", "canaries": canaries,
+                                                    "started": iso(time.time() - 60 * started_minutes_ago)}}
+
+
+def _progress(status: dict[str, Any], kube: _CanaryKube, **confirmation: str) -> tuple[bool, Any]:
+    spec = reconcile.parse_tuning_spec({**SPEC, "confirmation": {"mode": "canary", **confirmation}})
+    book = reconcile.StatusBook({**BODY, "status": status}, kube)  # type: ignore[arg-type]
+    settings = type("Settings", (), {"observe_timeout_s": 1.0})()
+    done = asyncio.run(confirm.confirm_progress(BODY, spec, book, kube, settings))  # type: ignore[arg-type]
+    return done, book
+
+
+def test_a_canary_window_counts_from_when_it_became_available() -> None:
+    """Loading the weights is not serving: 40 minutes after creation, a canary available for 10 of
+    them has served 10 of its 30 minutes, and is not measured yet."""
+    pending = {"name": "chat-canary-0", "engine": "vllm", "layoutLabel": "tp1", "state": "Pending"}
+    kube = _CanaryKube({"chat-canary-0": {"status": {}}})
+    done, book = _progress(_confirming(40, [pending]), kube, window="30m")
+    assert not done and book.get("confirmation")["canaries"][0]["state"] == "Pending"
+    assert "starting" in book.cond("Confirmed")["message"]
+    kube.deployments["chat-canary-0"] = _available(10)
+    done, book = _progress(_confirming(40, [pending]), kube, window="30m")
+    c = book.get("confirmation")["canaries"][0]
+    assert not done and c["state"] == "Running" and kube.deleted == []
+    from inferasim_operator.times import age_s
+    assert 9.9 * 60 < (age_s(c["runningSince"]) or 0) < 10.2 * 60  # the controller's time, not the timer's
+    assert "10.0 of 30.0 minutes" in book.cond("Confirmed")["message"]
+    # its window over (the static workload has no Prometheus to read it from): measured as failed, released
+    c["runningSince"] = _available(31)["status"]["conditions"][0]["lastTransitionTime"]
+    kube = _CanaryKube({"chat-canary-0": _available(31)})
+    done, book = _progress(_confirming(80, [c]), kube, window="30m")
+    assert done and book.get("confirmation")["canaries"][0]["state"] == "Failed"
+    assert book.cond("Confirmed")["reason"] == "CanaryNotMeasured" and kube.deleted == ["chat-canary-0"]
+
+
+def test_a_canary_that_never_becomes_available_is_given_up() -> None:
+    pending = {"name": "chat-canary-0", "engine": "vllm", "layoutLabel": "tp1", "state": "Pending"}
+    serving = {"name": "chat-canary-1", "engine": "vllm", "layoutLabel": "tp2", "state": "Running",
+               "runningSince": _available(5)["status"]["conditions"][0]["lastTransitionTime"]}
+    kube = _CanaryKube({"chat-canary-0": {"status": {}}, "chat-canary-1": _available(5)})
+    done, book = _progress(_confirming(61, [pending, serving]), kube, window="30m", startupTimeout="1h")
+    c0, c1 = book.get("confirmation")["canaries"]
+    assert c0["state"] == "Failed" and "startupTimeout" in c0["message"] and kube.deleted == ["chat-canary-0"]
+    assert c1["state"] == "Running" and not done  # the other one keeps serving its window
+    with pytest.raises(SpecError, match="confirmation.startupTimeout"):
+        reconcile.parse_tuning_spec({**SPEC, "confirmation": {"mode": "canary", "startupTimeout": "soon"}})
