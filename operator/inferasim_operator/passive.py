@@ -248,6 +248,7 @@ async def check_prediction(body: dict[str, Any], uid: str, spec: TuningSpec, kub
         book = StatusBook(body, kube)
         if live is None:
             book.set(predictionError={"message": why[:1024], "checkedAt": iso(time.time())})
+            metrics.set_prediction_error(uid, ns, name, {})  # the last figures are no measurement of now
             await book.flush()
             return result + "no target"
         end = time.time()
@@ -266,6 +267,7 @@ async def check_prediction(body: dict[str, Any], uid: str, spec: TuningSpec, kub
             err = prediction_error(live, windows[-1], fitted_from_anchor(anchor), speedup=settings.engine_speedup)
         except (ObservationError, ValueError) as exc:
             book.set(predictionError={"message": str(exc)[:1024], "threshold": threshold, "checkedAt": iso(end)})
+            metrics.set_prediction_error(uid, ns, name, {})
             await book.flush()
             return result + "not computed"
         status = prediction_status(err, threshold, anchor.provenance.method, windows[-1])

@@ -177,3 +177,31 @@ def test_settings_from_env() -> None:
     assert (d.passive_window_s, d.passive_step_s, d.prediction_window_s, d.engine_speedup) == (3600, 60, 300, 1)
     with pytest.raises(ValueError, match="INFERASIM_PASSIVE_WINDOW_S"):
         Settings.from_env({"INFERASIM_PASSIVE_WINDOW_S": "60", "INFERASIM_PASSIVE_STEP_S": "60"})
+
+
+def test_a_check_that_cannot_compute_the_error_clears_the_gauge() -> None:
+    """Once the target is gone, the last published error is no measurement of the running configuration."""
+    import asyncio
+
+    from inferasim_operator.passive import check_prediction
+    from inferasim_operator.reconcile import parse_tuning_spec
+    from test_operator_reconcile import BODY, SPEC
+
+    class Kube:  # the target Deployment deleted; the tuning itself still there
+        def get_deployment(self, namespace: str, name: str) -> None:
+            return None
+
+        def get_tuning(self, namespace: str, name: str) -> dict[str, object]:
+            return {"status": {}}
+
+        def patch_tuning_status(self, namespace: str, name: str, patch: dict[str, object]) -> dict[str, object]:
+            self.patch = patch
+            return {}
+
+    spec = parse_tuning_spec({**SPEC, "workload": {"prometheus": {"url": "http://127.0.0.1:1",
+                                                                  "selector": {"deployment": "chat"}}}})
+    metrics.set_prediction_error("u-1", "llm", "chat", {"ttft": 0.1, "itl": 0.6})
+    kube = Kube()
+    done = asyncio.run(check_prediction(BODY, "u-1", spec, kube, Settings.from_env({})))  # type: ignore[arg-type]
+    assert done == "prediction: no target" and "not found" in kube.patch["predictionError"]["message"]
+    assert not [s for s in metrics.PREDICTION_ERROR.collect()[0].samples if s.labels["tuning"] == "chat"]
