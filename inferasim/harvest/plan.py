@@ -12,6 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from inferasim.catalog.models import ModelSpec
+from inferasim.layout import Layout
+from inferasim.memory import weight_bytes_per_gpu
+
 # Requests per point: at least MIN_REQUESTS, and REQUESTS_PER_CLIENT per client so that each
 # client runs a few requests back to back (the start-up wave is then a third of the sample).
 MIN_REQUESTS = 12
@@ -63,3 +67,28 @@ def parse_plan(text: str, min_requests: int = MIN_REQUESTS, per_client: int = RE
 
 def default_plan() -> list[PlanPoint]:
     return parse_plan(DEFAULT_PLAN_TEXT)
+
+
+# Time an engine takes before it serves: process start, distributed init, weight loading, and the
+# warm-up that vLLM and SGLang do before they report healthy (torch.compile, CUDA/HIP graph capture
+# for each batch size; a few minutes on current releases). Weight loading is the part that grows
+# with the model: each node reads its GPUs' shards, here at WEIGHT_LOAD_BYTES_PER_S from the
+# model cache (a PVC or local NVMe holding the checkpoint; a first download from the Hub is
+# slower and is not what a harvest should be sized for).
+ENGINE_INIT_S = 300.0
+WEIGHT_LOAD_BYTES_PER_S = 1e9
+# What the default plan's measurement takes after start-up (inferasim harvest run --budget-s default).
+MEASURE_S = 900.0
+
+
+def engine_startup_s(model: ModelSpec, layout: Layout, precision: str, gpus_per_node: int) -> float:
+    """Seconds from an engine's start to its first healthy answer, for sizing a harvest's time:
+    ENGINE_INIT_S plus the weights of the busiest node at WEIGHT_LOAD_BYTES_PER_S."""
+    per_gpu = weight_bytes_per_gpu(model, layout, precision)["total"]
+    node = per_gpu * max(min(layout.gpus, max(gpus_per_node, 1)), 1)
+    return ENGINE_INIT_S + node / WEIGHT_LOAD_BYTES_PER_S
+
+
+def harvest_gpu_hours(model: ModelSpec, layout: Layout, precision: str, gpus_per_node: int) -> float:
+    """GPU-hours one harvest of `layout` takes: start-up plus the measurement, on every GPU."""
+    return layout.gpus * (engine_startup_s(model, layout, precision, gpus_per_node) + MEASURE_S) / 3600.0

@@ -15,6 +15,7 @@ from typing import Any
 from inferasim.anchors import SHIPPED_ANCHORS, Anchor, AnchorStore, method_rank
 from inferasim.catalog.gpus import GPU, get_gpu
 from inferasim.catalog.models import ModelSpec, context_error, get_model, resolve_model_name
+from inferasim.harvest.plan import engine_startup_s, harvest_gpu_hours
 from inferasim.predictor import FittedAnchor, benchmark_kv_dtype, fitted_from_anchor, unanchored
 from inferasim.render import priced_precision, weight_class
 from inferasim.search.estimate import Estimate, blocked, estimate_disagg, estimate_group, operate
@@ -29,9 +30,6 @@ from inferasim.search.space import Candidate, Space, build_space
 from inferasim.search.workload import WorkloadShape, shape_of
 from inferasim.spec import SLO, TuningSpec
 
-# A harvest measures a handful of concurrencies at two lengths: about 20 minutes of the anchor
-# layout's GPUs, engine start-up included.
-HARVEST_MINUTES = 20.0
 STAGE2_TOP = 50
 # Stage-2 misses given more replicas (see _add_replicas): candidates tried, replicas added at most.
 STAGE2_RETRY_CANDIDATES = 10
@@ -428,11 +426,14 @@ def tune(spec: TuningSpec, anchor_dirs: list[Path] | None = None, progress: Prog
                 # 70B bf16 on two H100 as tp2, not as pp2 with half the KV.
                 smallest = min((c.layout for c in space.candidates if (c.engine, c.precision) == key),
                                key=lambda lay: (lay.gpus, lay.pp > 1, lay.dp > 1, lay.moe_ep > 1, -lay.tp))
-                hours = smallest.gpus * HARVEST_MINUTES / 60.0
+                # The engine's start-up (weights loading, warm-up) on top of the measurement.
+                per_node = spec.hardware.gpus_per_node
+                hours = harvest_gpu_hours(model, smallest, cand.precision, per_node)
                 price = spec.hardware.price_per_gpu_hour
                 missing.append({"engine": cand.engine, "model": model.name, "gpu": gpu.name,
                                 "precision": cand.precision, "harvest_layout": smallest.as_dict(),
                                 "harvest_gpu_hours": hours,
+                                "harvest_startup_s": round(engine_startup_s(model, smallest, cand.precision, per_node)),
                                 "harvest_cost": None if price is None else hours * price})
         if cand.disagg is not None:
             disagg.append(cand)

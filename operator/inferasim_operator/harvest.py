@@ -38,9 +38,9 @@ MESSAGE_LIMIT = 4096
 DONE_FILE = "/harvest/done"
 ANCHOR_FILE = "/harvest/anchor.json"
 HARVEST_CONTAINER = "harvester"
-# A harvest measures a few concurrencies at two lengths; the engine's start-up (weights download
-# and load) comes on top of the measurement itself.
-ENGINE_STARTUP_S = 600
+# The engine's start-up when `tune` did not estimate it (inferasim.harvest.plan.engine_startup_s
+# does, from the weights each node loads).
+ENGINE_STARTUP_S = 600.0
 
 
 class MessageError(ValueError):
@@ -57,13 +57,15 @@ class HarvestTarget:
     precision: str
     layout: Layout
     gpu_hours: float
+    startup_s: float = ENGINE_STARTUP_S  # engine start to healthy: weights loading and warm-up
 
     @classmethod
     def from_missing(cls, m: dict[str, Any]) -> HarvestTarget:
         lay = m["harvest_layout"]
         layout = Layout(tp=lay.get("tp", 1), pp=lay.get("pp", 1), dp=lay.get("dp", 1), moe_tp=lay.get("moe_tp", 0),
                         moe_ep=lay.get("moe_ep", 1))
-        return cls(m["engine"], m["model"], m["gpu"], m["precision"], layout, float(m["harvest_gpu_hours"]))
+        return cls(m["engine"], m["model"], m["gpu"], m["precision"], layout, float(m["harvest_gpu_hours"]),
+                   float(m.get("harvest_startup_s") or ENGINE_STARTUP_S))
 
     @property
     def kernel_set(self) -> KernelSet:
@@ -91,6 +93,7 @@ class JobLimits:
     backoff_limit: int
     budget_gpu_hours: float
     harvest_budget_s: int
+    ready_timeout_s: int  # how long the harvester waits for the engine: what each try leaves after measuring
 
 
 def job_limits(target: HarvestTarget, policy: HarvestPolicy, remaining_gpu_hours: float) -> JobLimits | None:
@@ -104,11 +107,12 @@ def job_limits(target: HarvestTarget, policy: HarvestPolicy, remaining_gpu_hours
     by_budget = allowed * 3600.0 / gpus
     deadline = int(min(policy.deadline_minutes * 60.0, by_budget))
     hours = deadline * gpus / 3600.0
-    # The harvester's own wall-clock budget: what remains of one try after the engine starts.
+    # The harvester's own wall-clock budget: what remains of one try after the engine starts; the
+    # engine may take all the rest to start (a large model's weights load for many minutes).
     per_try = deadline / tries
-    harvest_s = int(max(60.0, min(per_try - ENGINE_STARTUP_S, per_try * 0.8)))
+    harvest_s = int(max(60.0, min(per_try - target.startup_s, per_try * 0.8)))
     return JobLimits(active_deadline_s=max(deadline, 60), backoff_limit=tries - 1, budget_gpu_hours=hours,
-                     harvest_budget_s=harvest_s)
+                     harvest_budget_s=harvest_s, ready_timeout_s=int(max(per_try - harvest_s, 60.0)))
 
 
 def harvest_args(target: HarvestTarget, image: str, endpoint: str, budget_s: int, extra: list[str]) -> list[str]:
@@ -150,7 +154,7 @@ def build_job(target: HarvestTarget, policy: HarvestPolicy, limits: JobLimits, *
         "imagePullPolicy": "IfNotPresent",
         "command": ["python", "-m", "inferasim_operator.harvest_pod"],
         "args": ["--endpoint", endpoint, "--done-file", DONE_FILE, "--anchor-file", ANCHOR_FILE,
-                 "--ready-timeout-s", str(ENGINE_STARTUP_S), "--",
+                 "--ready-timeout-s", str(limits.ready_timeout_s), "--",
                  *harvest_args(target, image, endpoint, limits.harvest_budget_s, extra_harvest_args or [])],
         "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "2Gi"}},
         "volumeMounts": [{"name": "harvest", "mountPath": "/harvest"}],

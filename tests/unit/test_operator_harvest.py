@@ -65,6 +65,36 @@ def test_no_job_when_the_budget_does_not_buy_one_try() -> None:
     assert lim is not None and lim.active_deadline_s == 1800 and lim.backoff_limit == 0  # 4 GPU-h / 8 GPUs
 
 
+def test_the_engine_gets_the_start_up_tune_estimated() -> None:
+    """A large model loads its weights for many minutes: the harvester waits for the engine that long
+    and measures in what the try leaves; a small one keeps most of the try for measuring."""
+    policy = HarvestPolicy(allowed=True, max_gpu_hours=8.0, deadline_minutes=60)
+    big = target(harvest_layout={"tp": 8}, harvest_gpu_hours=8.0, harvest_startup_s=1500)
+    lim = job_limits(big, policy, 8.0)
+    assert lim is not None and lim.backoff_limit == 0
+    assert lim.ready_timeout_s == 1500 and lim.harvest_budget_s == 3600 - 1500
+    small = job_limits(target(harvest_gpu_hours=1 / 3, harvest_startup_s=320), policy, 8.0)
+    assert small is not None and small.harvest_budget_s == 1200 - 320 and small.ready_timeout_s == 320  # 3 tries
+    job = build_job(big, policy, lim, namespace="llm", tuning="chat", harvester_image="op:1")
+    args = job["spec"]["template"]["spec"]["containers"][1]["args"]
+    assert args[args.index("--ready-timeout-s") + 1] == "1500"
+    assert target().startup_s == 600  # a report from before tune estimated it
+
+
+def test_harvest_time_grows_with_the_weights_each_node_loads() -> None:
+    from inferasim.catalog.models import get_model
+    from inferasim.harvest.plan import ENGINE_INIT_S, MEASURE_S, engine_startup_s, harvest_gpu_hours
+
+    small, big = get_model("meta-llama/Meta-Llama-3-8B"), get_model("meta-llama/Llama-3.1-70B")
+    s8 = engine_startup_s(small, Layout(tp=1), "bf16", 8)
+    s70 = engine_startup_s(big, Layout(tp=4), "bf16", 8)
+    assert ENGINE_INIT_S < s8 < s70  # 16 GB against 140 GB read by the node
+    assert engine_startup_s(big, Layout(tp=4), "fp8", 8) < s70  # half the bytes
+    # two nodes read half the weights each, in parallel
+    assert engine_startup_s(big, Layout(tp=16), "bf16", 8) < engine_startup_s(big, Layout(tp=8), "bf16", 8)
+    assert harvest_gpu_hours(big, Layout(tp=4), "bf16", 8) == pytest.approx(4 * (s70 + MEASURE_S) / 3600)
+
+
 def test_job_manifest() -> None:
     policy = HarvestPolicy(allowed=True, max_gpu_hours=2)
     t = target()
