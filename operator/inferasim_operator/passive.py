@@ -233,7 +233,7 @@ def _anchor_for(store: AnchorStore, live: LiveDeployment, used: list[dict[str, A
 
 async def check_prediction(body: dict[str, Any], uid: str, spec: TuningSpec, kube: Kube, settings: Any) -> str:
     """One prediction-error check of the running configuration. Returns what it did."""
-    from inferasim_operator.reconcile import StatusBook, _lock, anchor_dirs, post_event, reconcile, sync_anchors
+    from inferasim_operator.reconcile import _lock, anchor_dirs, fresh_book, post_event, reconcile, sync_anchors
 
     assert spec.workload.prometheus is not None
     prom = spec.workload.prometheus
@@ -243,9 +243,7 @@ async def check_prediction(body: dict[str, Any], uid: str, spec: TuningSpec, kub
     result = "prediction: "
     refit = False
     async with _lock(uid):
-        fresh = await asyncio.to_thread(kube.get_tuning, ns, name)
-        body = {**body, "status": fresh.get("status") or {}}
-        book = StatusBook(body, kube)
+        body, book = await fresh_book(body, kube)
         if live is None:
             book.set(predictionError={"message": why[:1024], "checkedAt": iso(time.time())})
             metrics.set_prediction_error(uid, ns, name, {})  # the last figures are no measurement of now

@@ -1026,10 +1026,23 @@ async def tick(body: dict[str, Any], kube: Kube, settings: Settings) -> str:
         return "invalid"
 
 
+async def fresh_book(body: dict[str, Any], kube: Kube) -> tuple[dict[str, Any], StatusBook]:
+    """Inside the tuning's lock: the tuning as the API server has it now, and a StatusBook on it. A
+    timer's body is captured before the lock; a reconcile that ran meanwhile may have moved the phase
+    or the conditions, and a book on the old status would write them back (conditions are a list,
+    replaced whole by the merge patch)."""
+    meta = body["metadata"]
+    fresh = await asyncio.to_thread(kube.get_tuning, meta["namespace"], meta["name"])
+    body = {**body, "spec": fresh.get("spec") or body.get("spec") or {}, "status": fresh.get("status") or {}}
+    return body, StatusBook(body, kube)
+
+
 async def _tick(body: dict[str, Any], uid: str, phase: str, kube: Kube, settings: Settings) -> str:
     if phase == "Harvesting":
         async with _lock(uid):
-            book = StatusBook(body, kube)
+            body, book = await fresh_book(body, kube)
+            if book.get("phase") != "Harvesting":
+                return "superseded"  # a reconcile moved on while this pass waited for the lock
             active, imported, failed = await refresh_harvests(body, book, kube)
             await book.flush()
         if active:
@@ -1045,7 +1058,13 @@ async def _tick(body: dict[str, Any], uid: str, phase: str, kube: Kube, settings
         from inferasim_operator.confirm import confirm_progress
 
         async with _lock(uid):
-            book = StatusBook(body, kube)
+            body, book = await fresh_book(body, kube)
+            if book.get("phase") != "Confirming":
+                return "superseded"
+            try:
+                spec = parse_tuning_spec(body.get("spec") or {}, settings.prometheus_url)
+            except SpecError:
+                return "idle"
             done = await confirm_progress(body, spec, book, kube, settings)
             await book.flush()
         if not done:
@@ -1096,7 +1115,7 @@ async def _check_drift(body: dict[str, Any], uid: str, spec: TuningSpec, kube: K
         now = await asyncio.to_thread(observe, spec.workload.prometheus, "auto", timeout=settings.observe_timeout_s)
     except ObservationError as exc:
         async with _lock(uid):
-            book = StatusBook(body, kube)
+            body, book = await fresh_book(body, kube)
             metrics.OBSERVE_FAILURES.labels(reason=exc.reason).inc()
             book.condition("WorkloadObserved", "False", exc.reason, str(exc))
             await book.flush()
@@ -1114,7 +1133,7 @@ async def _check_drift(body: dict[str, Any], uid: str, spec: TuningSpec, kube: K
                 None)
     if cond and cond.get("status") != "True":
         async with _lock(uid):
-            book = StatusBook(body, kube)
+            body, book = await fresh_book(body, kube)
             book.condition("WorkloadObserved", "True", "MetricsAvailable", now.describe())
             await book.flush()
     # The workload is steady: is the running configuration still what its anchors predict?

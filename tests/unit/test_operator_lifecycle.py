@@ -243,3 +243,23 @@ def test_a_canary_that_never_becomes_available_is_given_up() -> None:
     assert c1["state"] == "Running" and not done  # the other one keeps serving its window
     with pytest.raises(SpecError, match="confirmation.startupTimeout"):
         reconcile.parse_tuning_spec({**SPEC, "confirmation": {"mode": "canary", "startupTimeout": "soon"}})
+
+
+def test_a_timer_pass_reads_the_status_inside_the_lock() -> None:
+    """The timer's body was captured while Confirming; a reconcile then retired the canaries and
+    recommended anew. The pass must not measure or write back the canaries of the old status."""
+    stale = {**BODY, "spec": {**SPEC, "confirmation": {"mode": "canary", "window": "1m"}},
+             "status": _confirming(90, [{"name": "chat-canary-0", "engine": "vllm", "layoutLabel": "tp1",
+                                          "state": "Running", "runningSince": "2026-01-01T00:00:00Z"}])}
+
+    class Kube(_CanaryKube):
+        def get_tuning(self, namespace: str, name: str) -> dict[str, Any]:
+            return {"spec": stale["spec"], "status": {"phase": "Recommended", "confirmation": None}}
+
+        def patch_tuning_status(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+            raise AssertionError(f"a superseded pass wrote {patch}")
+
+    kube = Kube({"chat-canary-0": _available(90)})
+    settings = reconcile.Settings.from_env({})
+    assert asyncio.run(reconcile._tick(stale, "u-1", "Confirming", kube, settings)) == "superseded"  # type: ignore[arg-type]
+    assert kube.deleted == []
