@@ -364,7 +364,8 @@ class MultiTurn(Driver):
     """Sessions arriving as a Poisson process of `rate` per s, each of `turns` turns: the first
     prompt has `isl` tokens, turn k + 1's prompt is turn k's prompt + its answer + `user` new
     tokens, sent an exponential think time (mean `think_time`) after turn k's answer is
-    delivered. At most `n` requests in all (the last session may be cut short)."""
+    delivered. At most `n` requests in all (the last session may be cut short); a session whose
+    turn is refused ends there."""
 
     closed = True
 
@@ -410,7 +411,9 @@ class MultiTurn(Driver):
 
     def on_finish(self, req: SimRequest, submit: Submit) -> None:
         turn = self.turn_of[req.rid]
-        if turn + 1 >= self.turns or self.budget <= 0:
+        # A refused turn (the conversation outgrew the model's context or the KV pool) ends its
+        # session, as a chat client that gets an error does: the next turn would only be longer.
+        if turn + 1 >= self.turns or self.budget <= 0 or req.dropped:
             return
         self.budget -= 1
         pause = float(self.rng.exponential(self.think)) if self.think > 0 else 0.0

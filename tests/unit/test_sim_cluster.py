@@ -85,3 +85,24 @@ def test_disaggregated_pools_under_a_burst_make_progress(shared_data) -> None:  
     path = str(shared_data / "traces" / "conversation_trace.jsonl")
     rep = simulate_workload(fitted("vllm"), Layout(tp=1), TraceWorkload(path=path, sample=150), disagg=(1, 1))
     assert len(rep.completed) + len(rep.dropped) == 150 and len(rep.completed) > 100
+
+
+def test_a_session_that_outgrows_the_context_ends_at_its_refused_turn() -> None:
+    """Llama-3-8B holds 8192 tokens: the sixth turn (8000-token prompt + 200) is refused, and the
+    client does not send the even longer seventh and eighth."""
+    from inferasim.catalog.gpus import get_gpu
+    from inferasim.catalog.models import get_model
+    from inferasim.predictor import unanchored
+
+    f = unanchored("vllm", get_model("meta-llama/Meta-Llama-3-8B"), get_gpu("H100"), "bf16", Layout(tp=1))
+    w = StaticWorkload(kind="multi-turn", sessionsPerSecond=0.5, turns=8, inputTokens=2000, outputTokens=200,
+                       userTokensPerTurn=1000, numRequests=80)
+    rep = simulate_workload(f, Layout(tp=1), w)
+    by_session: dict[int, list] = {}
+    for r in rep.requests:
+        by_session.setdefault(r.session, []).append(r)
+    assert len(by_session) == 10
+    for turns in by_session.values():
+        assert [r.prompt for r in turns] == [2000, 3200, 4400, 5600, 6800, 8000]
+        assert [bool(r.dropped) for r in turns] == [False] * 5 + [True]
+        assert "context length" in (turns[-1].dropped or "")
