@@ -143,9 +143,12 @@ def note_multi_node(gpu: GPU, layout: Layout) -> None:
     `render` / `tune --manifest` do not write multi-node replicas (LeaderWorkerSet, Ray)."""
     if layout.gpus > gpu.gpus_per_node:
         nodes = -(-layout.gpus // gpu.gpus_per_node)
+        # A rack-scale NVLink domain (GB200/GB300 NVL72) spans nodes: collectives inside it stay on NVLink.
+        domain = gpu.scale_up.domain
+        where = (f"collectives stay on {gpu.scale_up.name}, one {domain}-GPU domain" if layout.gpus <= domain else
+                 f"collectives beyond {domain} GPUs are priced over {gpu.scale_out.name}")
         print(f"note: {layout.label()} needs {layout.gpus} GPUs, {nodes} nodes of {gpu.gpus_per_node} {gpu.name}: "
-              f"collectives beyond a node are priced over {gpu.scale_out.name}; render does not write multi-node "
-              "replicas", file=sys.stderr)
+              f"{where}; render does not write multi-node replicas", file=sys.stderr)
 
 
 def draw_plot(draw: Callable[[], None], path: str, failures: list[str]) -> bool:

@@ -151,12 +151,14 @@ def layout_problems(model: ModelSpec, layout: Layout, engine: str) -> list[str]:
     if not model.n_experts and layout.moe_ep > 1:
         reasons.append(f"moe_ep={layout.moe_ep} on a dense model: {model.name} has no experts to spread (drop --ep)")
     heads = model.attention_heads
-    # vLLM and ATOM assert at start-up that tp divides the attention heads, and so does SGLang
-    # for GQA models (LlamaAttention, Qwen2Attention: total_num_heads % tp_size == 0); only its MLA
-    # models pad heads (DeepSeek at tp 72 on NVL72).
-    padded = normalize_engine(engine) == "sglang" and model.uses_mla
-    if heads % layout.tp and not padded:
-        reasons.append(f"tp={layout.tp} does not divide the {heads} attention heads")
+    # vLLM and ATOM assert at start-up that tp divides the attention heads, and so does SGLang, per
+    # attention-tp group (LlamaAttention, Qwen2Attention: total_num_heads % tp_size == 0; MLA's
+    # DeepseekV2AttentionMLA: num_heads % attn_tp_size == 0, attn_tp = tp / dp under DP attention).
+    # SGLang pads heads only on CPU (sgl-project/sglang PR #6771). Our tp is the attention tp.
+    if heads % layout.tp:
+        hint = " (SGLang runs such widths with DP attention: --enable-dp-attention, our dp)" \
+            if normalize_engine(engine) == "sglang" and model.uses_mla else ""
+        reasons.append(f"tp={layout.tp} does not divide the {heads} attention heads{hint}")
     kv = model.kv_heads
     if not model.uses_mla and kv > 1 and (layout.tp % kv if layout.tp >= kv else kv % layout.tp):
         # QKV projections split KV heads over tp, or replicate each over tp / kv ranks.
@@ -178,6 +180,14 @@ def plan_memory(model: ModelSpec, gpu: GPU, layout: Layout, engine: str = "vllm"
     defaults = engine_defaults(engine, gpu.hbm_bytes, tp=engine_tp, pp=layout.pp,
                                dp_attention=layout.dp, gpu_name=gpu.name)
     frac = defaults.memory_fraction if memory_fraction is None else memory_fraction
+    if not 0.0 < frac <= 1.0 and memory_fraction is None:
+        # SGLang's reserve for CUDA graphs grows with cuda_graph_max_bs x DP-attention ranks: at
+        # wide DP attention its own formula leaves nothing, and the server needs the flags by hand.
+        raise ValueError(
+            f"{engine}'s default memory fraction comes out at {frac} for {layout.label()} on {gpu.name} "
+            f"(its CUDA-graph reserve grows with the {layout.dp} attention-dp ranks): the engine would not start "
+            "this way; give the memory fraction (--memory-fraction; SGLang --mem-fraction-static, with a smaller "
+            "--cuda-graph-max-bs) or fewer attention-dp ranks")
     if not 0.0 < frac <= 1.0:
         raise ValueError(f"memory fraction {frac} must be in (0, 1]")
     mbt = max_num_batched_tokens or defaults.max_num_batched_tokens

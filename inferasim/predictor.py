@@ -19,6 +19,7 @@ from inferasim.catalog.gpus import GPU, UnknownGPUError, get_gpu
 from inferasim.catalog.models import ModelConfigError, ModelSpec, UnknownModelError, get_model
 from inferasim.fit import FitPoint, FitResult, fit_params, predict_points
 from inferasim.layout import Layout, LayoutError
+from inferasim.memory import layout_problems
 from inferasim.sim.benchmark import engine_sched
 from inferasim.steptime import STEP_MODEL_REVISION, StepParams, default_params, layout_cost, step_time
 from inferasim.transfer import disagg_point
@@ -320,9 +321,15 @@ def kernel_set_of(row: BenchRow) -> KernelSet:
 
 
 def anchor_from_rows(rows: list[BenchRow], source: str, notes: str = "") -> Anchor:
-    """Fit a kernel set's anchor rows and package the result as an Anchor (public data)."""
+    """Fit a kernel set's anchor rows and package the result as an Anchor (public data). Rows whose
+    layout columns name a layout the engine refuses at start-up (SGLang DeepSeek at tp 72 without DP
+    attention) did not run as written: no anchor is stored for a layout nobody can deploy."""
     fitted = fit_anchor_rows(rows)
     first = rows[0]
+    problems = layout_problems(fitted.model, fitted.layout, fitted.engine)
+    if problems:
+        raise CannotPredict(f"{fitted.engine} cannot run {fitted.layout.label()} as the rows write it "
+                            f"({'; '.join(problems)}): no anchor for a layout nobody can deploy")
     points = [BenchPoint(isl=r.isl, osl=r.osl, concurrency=clients(r),
                          scenario="offline" if r.scenario == "offline" else "closed",
                          ttft_ms=r.ttft_ms, tpot_ms=r.tpot_ms, batch_latency_s=r.batch_latency_s,

@@ -133,8 +133,8 @@ def resolve(config: EmulatorConfig) -> Resolved:
 
 def _check_layout(model: ModelSpec, layout: Layout, engine: str) -> None:
     """Refuse a layout the real engine refuses at start-up (`memory.layout_problems`: tp must
-    divide the attention heads and fit the KV heads, except for SGLang's MLA models, which pad
-    them; no engine starts with more expert shards than experts or more stages than layers)."""
+    divide the attention heads and fit the KV heads; no engine starts with more expert shards than
+    experts or more stages than layers)."""
     problems = layout_problems(model, layout, engine)
     if problems:
         # The widths this engine would start with, when the width is what it refused.

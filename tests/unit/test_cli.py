@@ -469,5 +469,9 @@ def test_validate_says_which_measured_columns_are_absent(tmp_path) -> None:
 def test_a_replica_beyond_one_node_is_noted() -> None:
     r = run("predict", "--model", "meta-llama/Llama-3.1-70B", "--gpu", "h100_sxm", "--engine", "vllm", "--precision",
             "fp8", "--tp", "16", "--isl", "1024", "--osl", "256", "--concurrency", "16")
-    assert r.returncode == 0 and "2 nodes of 8 H100" in r.stderr
+    assert r.returncode == 0 and "2 nodes of 8 H100" in r.stderr and "beyond 8 GPUs are priced over" in r.stderr
     assert "nodes of" not in run(*PREDICT, "--concurrency", "8").stderr
+    # GB200 NVL72: four GPUs a node, one NVLink domain across the rack
+    r = run("predict", "--model", "deepseek-ai/DeepSeek-R1", "--gpu", "GB200", "--engine", "sglang", "--precision",
+            "fp8", "--tp", "8", "--dp", "2", "--isl", "1024", "--osl", "256", "--concurrency", "16")
+    assert "4 nodes of 4 GB200" in r.stderr and "stay on NVLink 5 (NVL72), one 72-GPU domain" in r.stderr

@@ -450,12 +450,15 @@ def test_config_errors_are_value_errors(tmp_path: object) -> None:
 
 def test_layouts_the_engine_refuses_are_refused() -> None:
     # vLLM and SGLang assert that tp divides a GQA model's attention heads (32 for Llama-3.1-8B)
-    # and fits its 8 KV heads; only SGLang's MLA models pad heads.
+    # and fits its 8 KV heads; SGLang's MLA attention too (per attention-tp group: DP attention
+    # is how it runs DeepSeek's 128 heads over 6 or 72 GPUs).
     refused = r"tp=3 does not divide the 32 attention heads.*; choose --tp among \[1, 2, 4, 8, 16, 32\]"
     for engine in ("vllm", "sglang"):
         with pytest.raises(ValueError, match=refused):
             resolve(EmulatorConfig(model=MODEL, gpu="H100", engine=engine, tp=3))
-    assert resolve(EmulatorConfig(model="deepseek-ai/DeepSeek-R1", gpu="B300", engine="sglang", tp=6)).layout.tp == 6
+    with pytest.raises(ValueError, match=r"tp=6 does not divide the 128 attention heads \(SGLang runs such widths "
+                                         r"with DP attention.*choose --tp among \[1, 2, 4, 8, 16, 32, 64\]"):
+        resolve(EmulatorConfig(model="deepseek-ai/DeepSeek-R1", gpu="B300", engine="sglang", tp=6))
     with pytest.raises(ValueError, match="pp=33 exceeds the model's 32 layers"):
         resolve(EmulatorConfig(model=MODEL, gpu="H100", pp=33))
 

@@ -71,3 +71,24 @@ def test_bad_layout_names_the_field() -> None:
         Layout(tp=0)
     with pytest.raises(LayoutError, match="moe_ep"):
         Layout(tp=4, moe_ep=3)
+
+
+def test_wide_dp_attention_that_sglangs_default_fraction_cannot_hold_says_what_to_set() -> None:
+    """SGLang reserves cuda_graph_max_bs x dp x 4.5 MiB for graphs under DP attention: at dp 72 its
+    default --mem-fraction-static is negative, and the server would not start without the flag."""
+    ds, gb200 = get_model("deepseek-ai/DeepSeek-R1"), get_gpu("GB200")
+    with pytest.raises(ValueError, match=r"default memory fraction comes out at -0\.\d+ .*--mem-fraction-static"):
+        plan_memory(ds, gb200, Layout(tp=1, dp=72, moe_tp=72), engine="sglang", precision="fp8")
+    plan = plan_memory(ds, gb200, Layout(tp=1, dp=72, moe_tp=72), engine="sglang", precision="fp8",
+                       memory_fraction=0.8)
+    assert plan.feasible and plan.kv_tokens > 0
+
+
+def test_sglang_refuses_mla_heads_its_attention_tp_does_not_divide() -> None:
+    """DeepseekV2AttentionMLA asserts num_heads % attn_tp_size == 0 (SGLang pads heads on CPU only)."""
+    from inferasim.memory import layout_problems
+
+    ds = get_model("deepseek-ai/DeepSeek-R1")
+    assert any("does not divide the 128 attention heads" in p for p in layout_problems(ds, Layout(tp=72), "sglang"))
+    assert layout_problems(ds, Layout(tp=1, dp=72, moe_tp=72), "sglang") == []
+    assert layout_problems(ds, Layout(tp=8, dp=9, moe_tp=72), "sglang") == []
