@@ -23,7 +23,7 @@ from inferasim.anchors import (
     load_anchor,
 )
 from inferasim.catalog.engines import ENGINES, UnknownEngineError, normalize_engine
-from inferasim.catalog.gpus import UnknownGPUError, get_gpu, list_gpus
+from inferasim.catalog.gpus import GPU, UnknownGPUError, get_gpu, list_gpus
 from inferasim.catalog.models import (
     PRECISIONS,
     ModelConfigError,
@@ -222,14 +222,16 @@ def cmd_render(args: argparse.Namespace) -> int:
     # The KV dtype predict and tune price (fp8 with fp8 or fp4 weights), rendered as a flag.
     kv_dtype = args.kv_cache_dtype or benchmark_kv_dtype(priced)
     needed = refuse_unservable(model, gpu, layout, engine, priced, kv_dtype, args.memory_fraction)
+    fraction = args.memory_fraction if args.memory_fraction is not None else needed
+    max_model_len = _max_model_len_that_starts(model, gpu, layout, engine, priced, kv_dtype, fraction, args)
     cfg = ServingConfig(
         engine=engine, model=served_model_id(args.model, model.name), gpu=gpu.name, layout=layout,
         replicas=args.replicas,
         precision=args.precision, kv_cache_dtype=kv_dtype, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         # The raised fraction the layout needs is rendered, not only noted (None: the engine's default).
-        memory_fraction=args.memory_fraction if args.memory_fraction is not None else needed,
-        max_model_len=args.max_model_len, image=args.image, engine_version=args.engine_version,
+        memory_fraction=fraction,
+        max_model_len=max_model_len, image=args.image, engine_version=args.engine_version,
         disagg_role=args.disagg_role)
     text = to_yaml(render_manifests(cfg, args.name, args.namespace))
     if args.out:
@@ -239,6 +241,32 @@ def cmd_render(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(text)
     return 0
+
+
+def _max_model_len_that_starts(model: ModelSpec, gpu: GPU, layout: Layout, engine: str, precision: str,
+                               kv_dtype: str, fraction: float | None, args: argparse.Namespace) -> int | None:
+    """The --max-model-len to render: the user's, refused when vLLM would not start with it; else
+    the longest the KV pool holds, where it cannot hold the model's whole context (a note says so)."""
+    from inferasim.memory import plan_memory
+
+    plan = plan_memory(model, gpu, layout, engine=engine, precision=precision, kv_dtype=kv_dtype,
+                       memory_fraction=fraction, max_num_batched_tokens=args.max_num_batched_tokens,
+                       max_num_seqs=args.max_num_seqs)
+    if args.max_model_len is not None:
+        most = plan.start_max_model_len(args.max_model_len)  # the pool in whole blocks, where it is shorter
+        if most is not None:
+            raise UsageError(f"--max-model-len {args.max_model_len}: vLLM refuses to start when one sequence that "
+                             f"long does not fit its KV cache, which holds {plan.kv_tokens:,} tokens at "
+                             f"{layout.label()} on {gpu.name}; give at most {most}, a larger "
+                             "--memory-fraction or more GPUs")
+        return int(args.max_model_len)
+    limit = plan.start_max_model_len(model.max_context)
+    if limit is not None:
+        print(f"note: the KV pool holds {plan.kv_tokens:,} tokens at {layout.label()} on {gpu.name}, less than "
+              f"{model.name}'s context of {model.max_context:,}: vLLM would refuse to start, so --max-model-len "
+              f"{limit} is rendered (longer requests are refused; more GPUs or --memory-fraction lift it)",
+              file=sys.stderr)
+    return limit
 
 
 # ---- predict -----------------------------------------------------------------------------------
@@ -343,6 +371,13 @@ def cmd_predict(args: argparse.Namespace) -> int:
     cost = layout_cost(fitted.model, fitted.gpu, layout, fitted.precision, fitted.kv_dtype)
     sched = engine_sched(fitted.engine, fitted.model, fitted.gpu, layout, fitted.precision,
                          fitted.engine_version, fitted.kv_dtype)
+    if isl + osl > sched.kv_tokens:
+        # Not one request fits the KV pool of an engine core: vLLM would not start with such a
+        # --max-model-len, SGLang refuses the request; there is no performance to price.
+        raise UsageError(f"--isl {isl} --osl {osl}: one request needs {isl + osl:,} tokens of KV cache, and the pool "
+                         f"holds {sched.kv_tokens:,} per engine core at {layout.label()} on {fitted.gpu.name}: no "
+                         "engine runs it; use more GPUs (tp), an fp8 KV cache, or shorter requests "
+                         "(`inferasim memory` shows the pool)")
     if args.concurrency is not None:
         # The clients split as evenly as they go: `extra` replicas serve one more than the rest, and
         # a replica without a client serves nothing.

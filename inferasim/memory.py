@@ -76,6 +76,9 @@ def kv_bytes_per_token_per_gpu(model: ModelSpec, layout: Layout, kv_dtype: str =
     return total * dtype / layout.pp
 
 
+# vLLM's KV block on CUDA and ROCm (notes 5.1: --block-size None -> 16).
+VLLM_BLOCK_TOKENS = 16
+
 @dataclass
 class MemoryPlan:
     model: str
@@ -98,6 +101,16 @@ class MemoryPlan:
     @property
     def kv_tokens_per_replica(self) -> int:
         return self.kv_tokens * self.layout.dp
+
+    def start_max_model_len(self, model_context: int) -> int | None:
+        """The --max-model-len vLLM needs to start, where its KV pool cannot hold one sequence of
+        the model's whole context: vLLM V1 refuses a max_model_len longer than its KV cache stores
+        (v1/core/kv_cache_utils.py check_enough_kv_cache_memory), so it is given, in whole
+        16-token blocks. None where the context fits, or for SGLang and ATOM (SGLang caps a
+        request's input at its pool itself)."""
+        if self.engine != "vllm" or model_context <= 0 or self.kv_tokens >= model_context:
+            return None
+        return max(self.kv_tokens // VLLM_BLOCK_TOKENS * VLLM_BLOCK_TOKENS, 0)
 
     def max_concurrency(self, context: int) -> int:
         """Sequences of `context` tokens that fit at once in one replica."""
@@ -228,3 +241,14 @@ def plan_memory(model: ModelSpec, gpu: GPU, layout: Layout, engine: str = "vllm"
         kv_bytes=max(kv_bytes, 0.0), kv_bytes_per_token=per_token, kv_tokens=tokens,
         state_bytes_per_seq=state, feasible=not reasons, reasons=reasons,
     )
+
+
+def start_max_model_len(model: ModelSpec, gpu: GPU, layout: Layout, engine: str, precision: str = "auto",
+                        kv_dtype: str = "auto", memory_fraction: float | None = None,
+                        max_num_batched_tokens: int | None = None, max_num_seqs: int | None = None) -> int | None:
+    """The --max-model-len a rendered deployment must carry for the engine to start (None: the
+    model's context fits its KV pool; see MemoryPlan.start_max_model_len)."""
+    plan = plan_memory(model, gpu, layout, engine=engine, precision=precision, kv_dtype=kv_dtype,
+                       memory_fraction=memory_fraction, max_num_batched_tokens=max_num_batched_tokens,
+                       max_num_seqs=max_num_seqs)
+    return plan.start_max_model_len(model.max_context)

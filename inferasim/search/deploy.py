@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
+from inferasim.layout import Layout
+from inferasim.memory import start_max_model_len
 from inferasim.render import ServingConfig, render_manifests, served_model_id, to_yaml
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -23,14 +25,19 @@ def pool_configs(result: TuneResult, e: Estimate) -> list[tuple[str, ServingConf
         kv_cache_dtype=e.fitted.kv_dtype, max_num_seqs=c.max_num_seqs,
         max_num_batched_tokens=c.max_batched_tokens, chunked_prefill=c.chunked_prefill,
     )
+    def starts(layout: Layout) -> int | None:
+        # A KV pool shorter than the model's context: vLLM starts only with --max-model-len within it.
+        return start_max_model_len(result.model, result.gpu, layout, c.engine, c.precision, e.fitted.kv_dtype,
+                                   max_num_batched_tokens=c.max_batched_tokens, max_num_seqs=c.max_num_seqs)
+
     d = c.disagg
     if d is None:
-        return [("", ServingConfig(layout=c.layout, replicas=e.replicas, **common))]
+        return [("", ServingConfig(layout=c.layout, replicas=e.replicas, max_model_len=starts(c.layout), **common))]
     return [
         ("-prefill", ServingConfig(layout=d.prefill, replicas=d.prefill_workers * e.replicas,
-                                   disagg_role="prefill", **common)),
+                                   disagg_role="prefill", max_model_len=starts(d.prefill), **common)),
         ("-decode", ServingConfig(layout=d.decode, replicas=d.decode_workers * e.replicas,
-                                  disagg_role="decode", **common)),
+                                  disagg_role="decode", max_model_len=starts(d.decode), **common)),
     ]
 
 

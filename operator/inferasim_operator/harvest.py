@@ -26,7 +26,9 @@ from typing import Any
 from inferasim.anchors import Anchor, KernelSet
 from inferasim.catalog.engines import default_image, default_port
 from inferasim.catalog.gpus import get_gpu
+from inferasim.catalog.models import get_model
 from inferasim.layout import Layout
+from inferasim.memory import start_max_model_len
 from inferasim.predictor import benchmark_kv_dtype
 from inferasim.render import ServingConfig, gpu_node_placement, render_deployment
 from inferasim.spec import HarvestPolicy
@@ -133,8 +135,12 @@ def build_job(target: HarvestTarget, policy: HarvestPolicy, limits: JobLimits, *
     gpu = get_gpu(target.gpu)
     image = (policy.images.get(target.engine) or (engine_images or {}).get((gpu.vendor, target.engine))
              or default_image(target.engine, gpu.vendor, gpu.name))
+    kv_dtype = benchmark_kv_dtype(target.precision)
+    # A KV pool shorter than the model's context: vLLM starts only with --max-model-len within it.
+    max_len = start_max_model_len(get_model(target.model), gpu, target.layout, target.engine, target.precision,
+                                  kv_dtype)
     cfg = ServingConfig(engine=target.engine, model=target.model, gpu=gpu.name, layout=target.layout,
-                        precision=target.precision, kv_cache_dtype=benchmark_kv_dtype(target.precision), image=image)
+                        precision=target.precision, kv_cache_dtype=kv_dtype, image=image, max_model_len=max_len)
     # The engine container exactly as a recommended Deployment would run it (flags, env, GPUs).
     engine = render_deployment(cfg, "harvest", namespace)["spec"]["template"]["spec"]["containers"][0]
     argv = [*engine.pop("command"), *engine.pop("args")]

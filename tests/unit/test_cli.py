@@ -475,3 +475,27 @@ def test_a_replica_beyond_one_node_is_noted() -> None:
     r = run("predict", "--model", "deepseek-ai/DeepSeek-R1", "--gpu", "GB200", "--engine", "sglang", "--precision",
             "fp8", "--tp", "8", "--dp", "2", "--isl", "1024", "--osl", "256", "--concurrency", "16")
     assert "4 nodes of 4 GB200" in r.stderr and "stay on NVLink 5 (NVL72), one 72-GPU domain" in r.stderr
+
+
+def test_render_gives_vllm_a_max_model_len_its_kv_pool_holds() -> None:
+    """70B bf16 on two H100 keeps ~15k tokens of KV: vLLM refuses to start at the 131k context, so
+    the manifest carries a --max-model-len within the pool; a longer one asked for is refused."""
+    base = ("render", "--model", "meta-llama/Llama-3.1-70B", "--gpu", "h100", "--tp", "2", "--precision", "bf16")
+    r = run(*base, "--engine", "vllm")
+    assert r.returncode == 0 and "vLLM would refuse to start, so --max-model-len" in r.stderr
+    import yaml
+
+    args = next(yaml.safe_load_all(r.stdout))["spec"]["template"]["spec"]["containers"][0]["args"]
+    limit = int(args[args.index("--max-model-len") + 1])
+    assert 8192 < limit < 131072 and limit % 16 == 0
+    r = run(*base, "--engine", "vllm", "--max-model-len", "100000")
+    assert r.returncode == 2 and "vLLM refuses to start" in r.stderr and f"give at most {limit}" in r.stderr
+    roomy = run("render", "--model", "meta-llama/Llama-3.1-70B", "--gpu", "h100", "--tp", "8", "--precision", "bf16",
+                "--engine", "vllm")
+    assert roomy.returncode == 0 and "--max-model-len" not in roomy.stdout
+
+
+def test_a_request_longer_than_the_kv_pool_is_not_priced() -> None:
+    r = run("predict", "--model", "meta-llama/Llama-3.1-70B", "--gpu", "h100", "--tp", "2", "--precision", "bf16",
+            "--engine", "vllm", "--isl", "100000", "--osl", "100", "--concurrency", "4")
+    assert r.returncode == 2 and "one request needs 100,100 tokens of KV cache" in r.stderr
