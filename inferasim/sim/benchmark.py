@@ -370,7 +370,9 @@ def closed_loop(p: StepParams, c: LayoutCost, sched: EngineSched, isl: np.ndarra
     # queues behind others at the front end's arrival rate x (M/D/1, utilisation capped).
     front_steady, front_wave = front_end_wait(p.front_time(isl), x, running)
     steady_part = ttft + front_steady + p.t_ttft
-    wave_excess = np.maximum(ttft_wave + front_wave - ttft - front_steady, 0.0)
+    # A lone client has no wave-mates: its excess fades in from one request per rank to two.
+    alone = np.clip(b - 1.0, 0.0, 1.0)
+    wave_excess = alone * np.maximum(ttft_wave + front_wave - ttft - front_steady, 0.0)
     gamma = WAVE_GAMMA_MIXED if sched.mixed else WAVE_GAMMA_SEPARATE
     share = p.burst * np.power(1.0 + wave_excess / steady_part, -gamma)
     if sched.engine == "sglang":
@@ -384,6 +386,23 @@ def closed_loop(p: StepParams, c: LayoutCost, sched: EngineSched, isl: np.ndarra
     stall = np.maximum(total_batches - own_batches, 0.0) / 2.0 * per_batch_stall
     tpot_wave = t_dec + stall / np.maximum(osl - 1.0, 1.0)
     tpot = (1.0 - share) * tpot + share * tpot_wave
+    if sched.mixed:
+        # Prefill-bound: a step holds at most the token budget, so prompts are admitted no faster
+        # than (budget - decodes) / isl per step. In that regime most running requests wait for
+        # their prefill, and only n = budget (osl - 1) / (isl + osl - 1) decode in each step (the
+        # decoders a step's prompt share keeps busy for osl - 1 steps). The loop then cycles at the
+        # budget's prompt rate, every step is one full mixed step, TPOT that step, and the rest of
+        # the cycle waits for prefill, in TTFT. The stretch T_dec / (1 - u) above counts every
+        # running request as decoding and would put that queue in TPOT instead.
+        full = np.maximum(np.asarray(sched.max_batched_tokens, dtype=float), 64.0)
+        n_sat = np.minimum(full * (osl - 1.0) / (new + osl - 1.0), b)
+        t_sat = step_time(p, c, n_sat, ctx, full - n_sat, pos)
+        cycle_sat = running / (dp * (full - n_sat) / (new * t_sat))
+        # The longer cycle is the one that binds; TPOT never exceeds the full step (either bound
+        # turning on moves time between TPOT and TTFT without a jump).
+        cycle = np.maximum(cycle_sat, ttft_running + (osl - 1.0) * tpot)
+        tpot = np.minimum(tpot, t_sat)
+        ttft_running = cycle - (osl - 1.0) * tpot
     # Clients beyond the running cap wait for a slot. The running set completes running / cycle
     # requests per second, cycle = everything a request spends once admitted; closed-loop Little's
     # law over the clients, C = X x (wait + cycle), gives the wait. Past the cap the throughput stays
