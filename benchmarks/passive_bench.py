@@ -10,7 +10,8 @@ tunings of its kernel set). With them, the live kernel sets are fitted from thei
 (`inferasim.passive.fit_passive` on windows of the closed-loop model of known parameters at the
 live layout: what `fit_live` gets from Prometheus) and only the others are harvested. GPU-hours
 are `tune`'s own estimate for each missing anchor (`harvest_gpu_hours`: the smallest layout's
-GPUs x HARVEST_MINUTES). The store starts empty so that the shipped anchors do not hide the effect.
+GPUs x (engine start-up for its weights + the measurement), inferasim.harvest.plan). The store
+starts empty so that the shipped anchors do not hide the effect.
 
     python benchmarks/passive_bench.py
 """
@@ -35,7 +36,7 @@ from inferasim.deployment import read_deployment  # noqa: E402
 from inferasim.layout import Layout  # noqa: E402
 from inferasim.passive import Window, fit_passive  # noqa: E402
 from inferasim.render import ServingConfig, render_deployment  # noqa: E402
-from inferasim.search.tune import HARVEST_MINUTES, tune  # noqa: E402
+from inferasim.search.tune import tune  # noqa: E402
 from inferasim.sim.benchmark import closed_loop, engine_sched  # noqa: E402
 from inferasim.spec import parse_spec  # noqa: E402
 from inferasim.steptime import default_params, layout_cost  # noqa: E402
@@ -115,7 +116,7 @@ def main() -> dict[str, float]:
     ratio = without / with_passive if with_passive else float("inf")
     n_live = sum(1 for k in KERNEL_SETS if k[4] is not None)
     print(f"passive anchors: {tunings} tunings over {len(KERNEL_SETS)} kernel sets, {n_live} live "
-          f"(harvest = smallest layout x {HARVEST_MINUTES:.0f} min)")
+          "(harvest = smallest layout x (start-up for its weights + measurement))")
     print(f"  harvest GPU-hours without passive anchors: {without:.2f} ({len(need_without)} harvests)")
     print(f"  harvest GPU-hours with passive anchors:    {with_passive:.2f} ({len(need_with)} harvests; passive fits "
           f"rms log error {', '.join(f'{f:.3f}' for f in fits)}, 0 GPU-hours)")

@@ -681,6 +681,9 @@ def _same_fit(path: Path, anchor: Anchor) -> bool:
         return False
     if old.points != anchor.points or old.params.keys() != anchor.params.keys():
         return False
+    # Parameters fitted under another step-model revision mean something else: rewrite the file.
+    if (old.fit.step_model if old.fit else None) != (anchor.fit.step_model if anchor.fit else None):
+        return False
     return all(math.isclose(old.params[k], v, rel_tol=1e-6, abs_tol=1e-12) for k, v in anchor.params.items())
 
 

@@ -138,8 +138,9 @@ GEMM_N0 = 384.0
 # on), so that anchors fitted before are refitted from their own points when read
 # (predictor.fitted_from_anchor) instead of being read against the new model. Anchors record it
 # in fit.step_model. 2026-12-03: block-scaled FP8 GEMMs at the BF16 rate, FP4 without FP4 tensor
-# cores at the BF16 rate.
-STEP_MODEL_REVISION = "2026-12-03"
+# cores at the BF16 rate. 2026-12-03.2: a closed-loop request queues behind the prefills of the
+# other clients on its rank, not its own (sim.benchmark.closed_loop), which moves t_ttft and burst.
+STEP_MODEL_REVISION = "2026-12-03.2"
 
 # Block-scaled FP8 GEMMs (catalog.models.ModelSpec.fp8_scales: a scale per 128 x 128 weight block,
 # applied inside the main loop) run at this multiple of the GPU's BF16 rate, where a per-tensor

@@ -256,7 +256,7 @@ def prompts_per_batch(sched: EngineSched, new: np.ndarray) -> np.ndarray:
 
 
 def _steady_rate(running: np.ndarray, dp: int, osl: np.ndarray, t_dec: np.ndarray, lead: np.ndarray,
-                 p_one: np.ndarray, p_full: np.ndarray, k_max: np.ndarray
+                 p_one: np.ndarray, p_full: np.ndarray, k_max: np.ndarray, others: np.ndarray | float = 1.0
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Steady state of a closed loop of `running` requests: (rate x, prefill share u of a rank's
     time, duration P of the prefill batch a request rides in).
@@ -282,7 +282,8 @@ def _steady_rate(running: np.ndarray, dp: int, osl: np.ndarray, t_dec: np.ndarra
         k = np.clip(k, 1.0, k_max)
         batch = p_one + slope * (k - 1.0)
         u = np.minimum(lam * batch / k, MAX_PREFILL_SHARE)
-        cycle = lead + batch + u * batch / (2.0 * (1.0 - u)) + (osl - 1.0) * t_dec / (1.0 - u)
+        uq = u * others
+        cycle = lead + batch + uq * batch / (2.0 * (1.0 - uq)) + (osl - 1.0) * t_dec / (1.0 - u)
         return cycle, u, batch
 
     # g(x) = running / cycle(x) - x falls from g(0) > 0 to g(hi) <= 0, hi = the rate with no
@@ -311,9 +312,13 @@ def _steady_rate(running: np.ndarray, dp: int, osl: np.ndarray, t_dec: np.ndarra
 
 
 def closed_loop(p: StepParams, c: LayoutCost, sched: EngineSched, isl: np.ndarray, osl: np.ndarray,
-                concurrency: np.ndarray, hit: np.ndarray | float = 0.0) -> BenchResult:
+                concurrency: np.ndarray, hit: np.ndarray | float = 0.0, min_running: float = 1.0) -> BenchResult:
     """`hit` is the prefix-cache hit share of each prompt: only the rest is computed (at the
-    context of the cached prefix), but the KV the request holds is the whole prompt."""
+    context of the cached prefix), but the KV the request holds is the whole prompt.
+    `min_running`: the fewest requests in flight priced. A closed loop has at least one client;
+    open_loop passes less, for Poisson arrivals at a low rate: the loop then runs at that rate
+    (its prefills interfere with others' decodes in proportion) and a request decodes in steps
+    that hold at least itself."""
     isl = np.asarray(isl, dtype=float)
     new = np.maximum(isl * (1.0 - np.asarray(hit, dtype=float)), 1.0)
     pos = isl - new / 2.0  # mean context of the computed prompt tokens
@@ -321,14 +326,16 @@ def closed_loop(p: StepParams, c: LayoutCost, sched: EngineSched, isl: np.ndarra
     conc = np.asarray(concurrency, dtype=float)
     dp = c.layout.dp
     cap = np.minimum(_capacity(sched, isl, osl, p.kv_scale), sched.max_num_seqs) * dp
-    running = np.maximum(np.minimum(conc, cap), 1.0)
+    running = np.maximum(np.minimum(conc, cap), min_running)
     b = running / dp
+    # Decodes in a step a request decodes in: below one in flight, the request itself.
+    b_step = np.maximum(b, 1.0) if min_running < 1.0 else b
     ctx = isl + osl / 2.0
-    t_dec = step_time(p, c, b, ctx)
+    t_dec = step_time(p, c, b_step, ctx)
     if sched.mixed:
-        chunk = np.clip(sched.max_batched_tokens - b, 64.0, None)
+        chunk = np.clip(sched.max_batched_tokens - b_step, 64.0, None)
         chunk = np.minimum(chunk, new)
-        t_mix = step_time(p, c, b, ctx, chunk, pos)
+        t_mix = step_time(p, c, b_step, ctx, chunk, pos)
         per_token = np.maximum(t_mix - t_dec, 0.0) / chunk
         p_req = new * per_token  # marginal prefill time one request adds to the rank
         n_chunks = np.ceil(new / chunk)
@@ -345,9 +352,13 @@ def closed_loop(p: StepParams, c: LayoutCost, sched: EngineSched, isl: np.ndarra
         lead = 0.5 * t_dec
         k_max = np.maximum(np.minimum(prompts_per_batch(sched, new), b), 1.0)
         p_full = np.where(k_max > 1.0, step_time(p, c, 0.0, 0.0, k_max * new, pos), p_req)
-    x, u, p_batch = _steady_rate(running, dp, osl, t_dec, lead, p_req, p_full, k_max)
+    # A request queues behind the prefills of the other requests on its rank, not its own: a
+    # closed loop of b clients per rank has b - 1 others; Poisson arrivals (open_loop) all others.
+    others = np.clip((b - 1.0) / np.maximum(b, 1.0), 0.0, 1.0) if min_running >= 1.0 else 1.0
+    x, u, p_batch = _steady_rate(running, dp, osl, t_dec, lead, p_req, p_full, k_max, others)
     tpot = t_dec / (1.0 - u)
-    ttft = lead + p_batch + u * p_batch / (2.0 * (1.0 - u))  # M/D/1 queue for the prefill server
+    uq = u * others
+    ttft = lead + p_batch + uq * p_batch / (2.0 * (1.0 - uq))  # M/D/1 queue for the prefill server
     # Wave arrivals: with fixed isl/osl the clients of a closed loop start together and keep
     # finishing together, so requests reach the engine in waves of up to `b` per rank. A wave's
     # prompts go through in batches of the prefill budget S; a request's first token leaves when
@@ -475,6 +486,7 @@ class OpenLoopResult:
 
 
 OPEN_LOOP_BISECTIONS = 30
+OPEN_LOOP_MIN_RUNNING = 1e-4  # requests in flight: the lowest load the bisection resolves
 
 
 def open_loop(p: StepParams, c: LayoutCost, sched: EngineSched, isl: np.ndarray, osl: np.ndarray,
@@ -495,13 +507,13 @@ def open_loop(p: StepParams, c: LayoutCost, sched: EngineSched, isl: np.ndarray,
     no_wave = StepParams(**{**p.as_dict(), "burst": 0.0})
 
     def cycle(running: np.ndarray) -> tuple[np.ndarray, BenchResult]:
-        res = closed_loop(no_wave, c, sched, isl, osl, running)
+        res = closed_loop(no_wave, c, sched, isl, osl, running, min_running=OPEN_LOOP_MIN_RUNNING)
         return res.ttft + (osl - 1.0) * res.tpot, res
 
     full_cycle, _ = cycle(cap)
     capacity = cap / full_cycle
     stable = lam < capacity
-    lo = np.full(shape, 1e-3)  # below one request the loop prices one (closed_loop's floor)
+    lo = np.full(shape, OPEN_LOOP_MIN_RUNNING)
     hi = cap.copy()
     for _ in range(OPEN_LOOP_BISECTIONS):
         mid = 0.5 * (lo + hi)
@@ -510,6 +522,32 @@ def open_loop(p: StepParams, c: LayoutCost, sched: EngineSched, isl: np.ndarray,
         lo = np.where(short, mid, lo)
         hi = np.where(short, hi, mid)
     running = np.where(stable, 0.5 * (lo + hi), cap)
-    _, res = cycle(running)
-    return OpenLoopResult(ttft=res.ttft, tpot=res.tpot, running=running,
+    service, res = cycle(running)
+    # Arrivals that find every running slot taken (KV pool or max_num_seqs) wait for one: an M/D/c
+    # queue with c = the slots, each held for the request's stay (Allen-Cunneen: the M/M/c wait
+    # x (1 + 0) / 2 for deterministic stays). Negligible with hundreds of slots below saturation;
+    # a pool of two requests at 70% load waits more than a stay.
+    wait = np.where(stable, slot_wait(cap, running, service), 0.0)
+    return OpenLoopResult(ttft=res.ttft + wait, tpot=res.tpot, running=running,
                           throughput=np.minimum(lam, capacity) * osl, stable=stable, capacity=capacity)
+
+
+def erlang_c(servers: np.ndarray, load: np.ndarray) -> np.ndarray:
+    """Probability that a Poisson arrival waits in an M/M/c queue of `servers` (floored to whole
+    servers, at least one) at offered `load` (erlangs, below `servers`): Erlang B by its
+    recursion B(k) = a B(k-1) / (k + a B(k-1)), then C = c B / (c - a (1 - B))."""
+    c = np.maximum(np.floor(np.asarray(servers, dtype=float)), 1.0)
+    a = np.minimum(np.asarray(load, dtype=float), c * (1.0 - 1e-9))
+    c, a = np.broadcast_arrays(c, a)
+    erlang_b = np.ones(c.shape)
+    for k in range(1, int(c.max()) + 1):
+        step = a * erlang_b / (k + a * erlang_b)
+        erlang_b = np.where(k <= c, step, erlang_b)
+    return c * erlang_b / (c - a * (1.0 - erlang_b))
+
+
+def slot_wait(slots: np.ndarray, load: np.ndarray, stay: np.ndarray) -> np.ndarray:
+    """Mean wait for one of `slots` running slots, each held `stay` s, at `load` requests in flight."""
+    c = np.maximum(np.floor(np.asarray(slots, dtype=float)), 1.0)
+    a = np.minimum(np.asarray(load, dtype=float), c * (1.0 - 1e-9))
+    return erlang_c(c, a) * np.asarray(stay, dtype=float) / (c - a) / 2.0

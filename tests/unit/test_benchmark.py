@@ -326,3 +326,33 @@ def test_a_prefill_bound_mixed_loop_queues_in_ttft_not_in_tpot() -> None:
     assert r.tpot[3] == pytest.approx(des.tpot_mean, rel=0.25)
     assert r.ttft[3] == pytest.approx(des.ttft_mean, rel=0.25)
     assert r.throughput[3] == pytest.approx(des.throughput, rel=0.15)
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_poisson_arrivals_at_a_trickle_see_an_idle_replica(engine: str) -> None:
+    """At one request every 1000 s a request has the replica to itself: the TTFT and TPOT of a lone
+    client, not those of one client looping back to back (whose own prefill once stretched its
+    TPOT 1.7x); and more load never makes a request faster."""
+    cost, sched = setup(engine)
+    lone = closed_loop(StepParams(), cost, sched, np.array([16384.0]), np.array([128.0]), np.array([1.0]))
+    rates = np.array([1e-3, 1e-2, 1e-1, 0.3])
+    r = open_loop(StepParams(), cost, sched, np.full(4, 16384.0), np.full(4, 128.0), rates)
+    assert r.tpot[0] == pytest.approx(float(step_time(StepParams(), cost, 1.0, 16384.0 + 64.0)), rel=0.01)
+    assert r.ttft[0] == pytest.approx(lone.ttft[0], rel=0.02)
+    assert np.all(np.diff(r.ttft) >= 0) and np.all(np.diff(r.tpot) >= 0)
+
+
+def test_poisson_arrivals_wait_for_a_slot_when_the_kv_pool_holds_few_requests() -> None:
+    """A pool of two long requests at 70% of capacity: arrivals that find both slots busy wait (an
+    M/D/2 queue), which the running count alone does not show."""
+    from inferasim.sim.benchmark import erlang_c, slot_wait
+
+    assert erlang_c(np.array([1.0]), np.array([0.5]))[0] == pytest.approx(0.5)  # M/M/1: P(wait) = rho
+    assert erlang_c(np.array([2.0]), np.array([1.0]))[0] == pytest.approx(1.0 / 3.0)
+    assert slot_wait(np.array([500.0]), np.array([250.0]), np.array([10.0]))[0] < 1e-9
+    model, g, lay = get_model(MODEL), get_gpu("H100"), Layout(tp=1)
+    cost = layout_cost(model, g, lay, "fp8", "fp8")
+    sched = engine_sched("vllm", model, g, lay, "fp8", "", "fp8")
+    cap = open_loop(StepParams(), cost, sched, np.array([16384.0]), np.array([128.0]), np.array([1e-3])).capacity[0]
+    r = open_loop(StepParams(), cost, sched, np.full(2, 16384.0), np.full(2, 128.0), np.array([0.1, 0.7]) * cap)
+    assert r.stable.all() and r.ttft[1] > 1.5 * r.ttft[0]
