@@ -761,8 +761,8 @@ def _anchors_check(args: argparse.Namespace) -> int:
     return 1 if bad or problems else 0
 
 
-def _live_selector(items: Sequence[str]) -> dict[str, str]:
-    """--selector k=v[,k=v] (repeatable) -> {k: v}."""
+def _selector(items: Sequence[str]) -> dict[str, str]:
+    """--selector k=v[,k=v] (repeatable) -> {k: v}; every command that reads Prometheus reads it so."""
     selector: dict[str, str] = {}
     for item in items:
         for part in item.split(","):
@@ -770,6 +770,12 @@ def _live_selector(items: Sequence[str]) -> dict[str, str]:
                 raise UsageError(f"--selector {part!r} must be LABEL=VALUE (several: k=v,k=v)")
             k, v = part.split("=", 1)
             selector[k.strip()] = v.strip()
+    return selector
+
+
+def _live_selector(items: Sequence[str]) -> dict[str, str]:
+    """--selector, required: the deployment's own series."""
+    selector = _selector(items)
     if not selector:
         raise UsageError("--selector is required: the label matchers of the deployment's series, e.g. "
                          "--selector namespace=llm,app=chat")
@@ -1184,12 +1190,7 @@ def cmd_observe(args: argparse.Namespace) -> int:
             raise UsageError(f"--window {args.window!r} must be longer than 0")
     except ObservationError as exc:
         raise UsageError(str(exc)) from None
-    selector = {}
-    for item in args.selector:
-        if "=" not in item:
-            raise UsageError(f"--selector {item!r} must be LABEL=VALUE")
-        k, v = item.split("=", 1)
-        selector[k] = v
+    selector = _selector(args.selector)
     try:
         obs = observe({"url": args.prometheus, "selector": selector, "window": args.window}, engine=args.engine)
     except ObservationError as exc:
@@ -1374,8 +1375,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("observe", help="the live workload of a deployment, read from Prometheus")
     p.add_argument("--prometheus", required=True, help="Prometheus base URL, e.g. http://prometheus:9090")
-    p.add_argument("--selector", action="append", default=[], metavar="LABEL=VALUE",
-                   help="label matcher of the target's series (repeatable)")
+    p.add_argument("--selector", action="append", default=[], metavar="K=V[,K=V]",
+                   help="label matchers of the target's series, e.g. namespace=llm,app=chat (repeatable)")
     p.add_argument("--window", default="5m", help="rate() window, e.g. 5m, 6h")
     p.add_argument("--engine", default="auto", choices=("auto", "vllm", "sglang", "atom"),
                    help="the engine's metric family (default: detected)")

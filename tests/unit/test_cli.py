@@ -499,3 +499,9 @@ def test_a_request_longer_than_the_kv_pool_is_not_priced() -> None:
     r = run("predict", "--model", "meta-llama/Llama-3.1-70B", "--gpu", "h100", "--tp", "2", "--precision", "bf16",
             "--engine", "vllm", "--isl", "100000", "--osl", "100", "--concurrency", "4")
     assert r.returncode == 2 and "one request needs 100,100 tokens of KV cache" in r.stderr
+
+
+def test_observe_reads_a_comma_list_selector_as_anchors_does() -> None:
+    r = run("observe", "--prometheus", "http://127.0.0.1:9", "--selector", "namespace=llm,app=chat")
+    out = r.stderr + r.stdout
+    assert 'app="chat"' in out and 'namespace="llm"' in out  # two matchers, not one value "llm,app=chat"
