@@ -120,6 +120,29 @@ async def served_models(client: httpx.AsyncClient, endpoint: str) -> list[str]:
         raise HarvestError(f"{endpoint}/v1/models did not return an OpenAI model list") from None
 
 
+# Metric name prefixes of each engine's /metrics (engine-facts notes 1.1, 2).
+ENGINE_METRIC_PREFIXES = {"vllm": "vllm:", "sglang": "sglang:", "atom": "atom:"}
+
+
+async def served_engine(client: httpx.AsyncClient, endpoint: str) -> str | None:
+    """The engine an endpoint is, by the prefix of its /metrics series (vllm:, sglang:, atom:), else
+    by the `owned_by` of its /v1/models entries; None when neither says."""
+    seen: set[str] = set()
+    try:
+        r = await client.get(f"{base_url(endpoint)}/metrics")
+        if r.status_code == 200:
+            for line in r.text.splitlines():
+                if line and not line.startswith("#"):
+                    seen.update(e for e, pre in ENGINE_METRIC_PREFIXES.items() if line.startswith(pre))
+        if len(seen) != 1:
+            r = await client.get(f"{base_url(endpoint)}/v1/models")
+            listed = r.json().get("data", []) if r.status_code == 200 else []
+            seen = {str(m.get("owned_by", "")).lower() for m in listed} & set(ENGINE_METRIC_PREFIXES)
+    except (httpx.HTTPError, ValueError, AttributeError, TypeError):
+        return None
+    return seen.pop() if len(seen) == 1 else None
+
+
 async def _scrape_sums(client: httpx.AsyncClient, endpoint: str, wanted: dict[str, str]) -> dict[str, float] | None:
     """The engine's /metrics samples named in `wanted` (sample name -> key), summed per key over
     all series; only the keys seen. None when /metrics is unreachable, not 200, or unparsable."""

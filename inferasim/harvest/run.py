@@ -48,6 +48,7 @@ from inferasim.harvest.client import (
     run_point,
     scrape_counters,
     scrape_latency,
+    served_engine,
     served_models,
     server_means,
     warm_up,
@@ -155,6 +156,12 @@ async def harvest_async(cfg: HarvestConfig, progress: Callable[[str], None] | No
     timeout = httpx.Timeout(cfg.request_timeout_s, connect=30.0)
     async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
         names = await served_models(client, endpoint)
+        # An anchor of one engine's measurements filed under another's kernel set would price the
+        # wrong engine: refuse when the endpoint says which engine it is, and it is not --engine.
+        serving = await served_engine(client, endpoint)
+        if serving is not None and serving != engine:
+            raise HarvestError(f"{endpoint} is a {serving} server (its /metrics series and model list say so), not "
+                               f"--engine {engine}: pass --engine {serving}")
         name = cfg.served_model_name or cfg.model
         if name not in names:
             if cfg.served_model_name is None and len(names) == 1:

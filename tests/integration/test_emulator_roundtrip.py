@@ -278,3 +278,18 @@ def test_prometheus_scrapes_the_emulator() -> None:
         assert float(tokens[0]["value"][1]) == 9.0
         ttft = prom.wait_for_series("histogram_quantile(0.5, sum by (le) (vllm:time_to_first_token_seconds_bucket))")
         assert 0.0 < float(ttft[0]["value"][1]) < 1.0
+
+
+def test_a_harvest_refuses_an_endpoint_of_another_engine() -> None:
+    """A vLLM server measured as --engine sglang would file vLLM's kernels under SGLang's kernel set."""
+    from inferasim.harvest.client import HarvestError, served_engine
+
+    with start_emulator(EmulatorConfig(model=MODEL, gpu="H100", engine="vllm", speedup=SPEEDUP)) as emu:
+        async def which() -> str | None:
+            async with httpx.AsyncClient() as client:
+                return await served_engine(client, emu.url)
+
+        assert asyncio.run(which()) == "vllm"
+        with pytest.raises(HarvestError, match="is a vllm server.*not --engine sglang: pass --engine vllm"):
+            harvest(HarvestConfig(endpoint=emu.url, model=MODEL, gpu="H100", engine="sglang", speedup=SPEEDUP,
+                                  plan=parse_plan("512x16@1"), budget_s=10.0))
