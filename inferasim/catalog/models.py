@@ -751,6 +751,11 @@ def model_from_config(config: dict[str, Any] | str | Path, name: str | None = No
     vocab = int(_require(text, "vocab_size"))
     tie = bool(_get(text, "tie_word_embeddings", default=_get(config, "tie_word_embeddings", default=False)))
     max_ctx = int(_get(text, "max_position_embeddings", "seq_length", "n_positions", default=0) or 0)
+    if max_ctx <= 0:
+        # Without it every length check (prompts, --max-model-len, KV sizing) would pass silently.
+        raise ModelConfigError("config.json has no max_position_embeddings (nor seq_length, n_positions): the model's "
+                               "context length is unknown; add max_position_embeddings, as the model's Hugging Face "
+                               "config.json has it")
     fmt = _checkpoint_format(config, text)
     if fmt in ("bf16", "fp16") and name:
         # NVIDIA's NVFP4/FP8 repositories keep quantization in hf_quant_config.json, not in

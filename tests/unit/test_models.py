@@ -137,7 +137,7 @@ def test_names_aliases_and_paths(tmp_path) -> None:
         resolve_model_name("acme/NotAModel-3B")
     cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
            "intermediate_size": 14336, "num_attention_heads": 32, "num_key_value_heads": 8,
-           "num_hidden_layers": 32, "vocab_size": 128256}
+           "num_hidden_layers": 32, "vocab_size": 128256, "max_position_embeddings": 131072}
     path = tmp_path / "config.json"
     path.write_text(json.dumps(cfg))
     reference = get_model("meta-llama/Meta-Llama-3.1-8B").total_params
@@ -155,7 +155,7 @@ def test_catalog_ships_the_argonne_models() -> None:
 
 
 _TINY = {"hidden_size": 64, "num_hidden_layers": 2, "vocab_size": 10, "num_attention_heads": 4,
-         "intermediate_size": 128}
+         "intermediate_size": 128, "max_position_embeddings": 2048}
 
 
 @pytest.mark.parametrize(("change", "field"), [
@@ -214,3 +214,11 @@ def test_attention_kinds_name_multi_head_attention() -> None:
     assert get_model("meta-llama/Llama-2-7b-hf").attention_kinds() == ["mha"]  # 32 KV heads for 32 heads
     assert get_model("meta-llama/Meta-Llama-3.1-8B").attention_kinds() == ["gqa"]  # 8 for 32
     assert get_model("deepseek-ai/DeepSeek-R1").attention_kinds() == ["mla"]
+
+
+def test_a_config_without_a_context_length_is_refused_by_name() -> None:
+    """Without max_position_embeddings every length check would pass silently (context 0)."""
+    cfg = {k: v for k, v in _TINY.items() if k != "max_position_embeddings"}
+    with pytest.raises(ModelConfigError, match="no max_position_embeddings .*add max_position_embeddings"):
+        model_from_config(cfg)
+    assert model_from_config({**cfg, "n_positions": 1024}).max_context == 1024  # GPT-2's name for it
