@@ -43,6 +43,7 @@ from inferasim.cliargs import (
     draw_plot,
     fraction,
     note_checkpoint_precision,
+    note_gpu_precision,
     note_multi_node,
     precision_name,
     refuse_early,
@@ -222,6 +223,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     # The KV dtype predict and tune price (fp8 with fp8 or fp4 weights), rendered as a flag.
     kv_dtype = args.kv_cache_dtype or benchmark_kv_dtype(priced)
     needed = refuse_unservable(model, gpu, layout, engine, priced, kv_dtype, args.memory_fraction)
+    note_gpu_precision(gpu, model, priced)
     fraction = args.memory_fraction if args.memory_fraction is not None else needed
     max_model_len = _max_model_len_that_starts(model, gpu, layout, engine, priced, kv_dtype, fraction, args)
     cfg = ServingConfig(
@@ -364,6 +366,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     # Checked at what the prediction will run: an anchor's precision and KV dtype may differ from
     # the flags' (an fp8 anchor of a bf16 checkpoint fits layouts bf16 does not).
     refuse_unservable(fitted.model, fitted.gpu, layout, fitted.engine, fitted.precision, fitted.kv_dtype)
+    note_gpu_precision(fitted.gpu, fitted.model, fitted.precision)
     isl, osl = args.isl, args.osl
     replicas = args.replicas
     import numpy as np

@@ -120,6 +120,26 @@ def note_checkpoint_precision(engine: str, model: str, precision: str) -> None:
               "architecture; render and tune refuse this checkpoint at it", file=sys.stderr)
 
 
+def note_gpu_precision(gpu: GPU, model: ModelSpec, precision: str) -> None:
+    """A note on stderr when the GPU has no tensor cores for the weights' dtype (fp4 on Hopper or
+    MI300X, fp8 on A100): such weights run dequantised in 16-bit GEMMs (vLLM's Marlin W4A16/W8A16
+    kernels) and are priced at the BF16 rate, and an engine or kernel that needs the native format
+    will not load the checkpoint there."""
+    from inferasim.steptime import compute_dtype
+
+    try:  # "auto": the checkpoint's own format
+        dtypes = {compute_dtype(precision, part, model) for part in ("attention", "routed_experts")}
+    except (KeyError, ValueError):
+        return
+    missing = sorted(d for d in dtypes if d in ("fp4", "fp8") and d not in gpu.flops)
+    if missing:
+        kinds = " or ".join(m.upper() for m in missing)
+        shown = model.checkpoint_format if normalize_precision(precision) == "auto" else precision
+        print(f"note: {gpu.name} has no {kinds} tensor cores: {shown} weights are priced dequantised into BF16 "
+              "GEMMs (vLLM's Marlin kernels); an engine without such a kernel for this checkpoint format will not "
+              "load it there", file=sys.stderr)
+
+
 def check_token_budget(engine: str, gpu: GPU, layout: Layout, max_batched_tokens: int | None,
                        max_num_seqs: int | None) -> None:
     """ValueError when vLLM or ATOM would refuse the step budget at start-up: it must hold one

@@ -505,3 +505,16 @@ def test_observe_reads_a_comma_list_selector_as_anchors_does() -> None:
     r = run("observe", "--prometheus", "http://127.0.0.1:9", "--selector", "namespace=llm,app=chat")
     out = r.stderr + r.stdout
     assert 'app="chat"' in out and 'namespace="llm"' in out  # two matchers, not one value "llm,app=chat"
+
+
+def test_weights_the_gpu_has_no_tensor_cores_for_are_noted() -> None:
+    """NVFP4 on H200, FP8 on A100: priced as weight-only 16-bit GEMMs, and said so."""
+    r = run("predict", "--model", "nvidia/DeepSeek-V3.1-NVFP4", "--gpu", "h200", "--engine", "sglang", "--tp", "8",
+            "--isl", "1000", "--osl", "100", "--concurrency", "8")
+    assert r.returncode == 0 and "H200 has no FP4 tensor cores: nvfp4 weights" in r.stderr
+    r = run("render", "--model", "meta-llama/Llama-3.1-70B", "--gpu", "a100", "--engine", "vllm", "--tp", "4",
+            "--precision", "fp8")
+    assert "A100 has no FP8 tensor cores" in r.stderr
+    r = run("predict", "--model", "meta-llama/Llama-3.1-70B", "--gpu", "h100", "--engine", "vllm", "--tp", "4",
+            "--precision", "fp8", "--isl", "1000", "--osl", "100", "--concurrency", "8")
+    assert "tensor cores" not in r.stderr
