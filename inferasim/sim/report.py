@@ -149,15 +149,19 @@ class SimReport:
     def throughput_per_gpu(self) -> float:
         return self.throughput / self.gpus if self.gpus else 0.0
 
-    def as_dict(self, series: bool = True) -> dict[str, Any]:
+    def dropped_reasons(self) -> dict[str, int]:
+        """Dropped requests by cause (the reason's words before its first colon)."""
         reasons: dict[str, int] = {}
         for r in self.dropped:
             key = str(r.dropped).split(":")[0]
             reasons[key] = reasons.get(key, 0) + 1
+        return reasons
+
+    def as_dict(self, series: bool = True) -> dict[str, Any]:
         d: dict[str, Any] = {
             "completed": len(self.completed),
             "dropped": len(self.dropped),
-            "dropped_reasons": reasons,
+            "dropped_reasons": self.dropped_reasons(),
             "requests": len(self.requests),
             "duration_s": self.duration,
             "gpus": self.gpus,
@@ -209,8 +213,12 @@ class SimReport:
                 ["E2E (ms)", *ms(self.e2e)], ["max gap / request (ms)", *ms(self.max_itl)]]
         lat = table(["latency", "mean", "p50", "p90", "p99"], rows)
         g = self.goodput
+        reasons = self.dropped_reasons()
+        dropped = f"{len(self.dropped)}" + (f" ({', '.join(f'{n} {why}' for why, n in sorted(reasons.items()))})"
+                                            if reasons else "")
         summary = [
-            ("requests completed / dropped", f"{len(self.completed)} / {len(self.dropped)}"),
+            # Issued: a session that ends at a refused turn issues fewer than the workload asks.
+            ("requests issued / completed / dropped", f"{len(self.requests)} / {len(self.completed)} / {dropped}"),
             ("simulated duration (s)", self.duration),
             ("GPUs (replicas)", f"{self.gpus} ({self.replicas})"),
             ("output tok/s", self.throughput),
@@ -218,7 +226,8 @@ class SimReport:
             ("prompt + output tok/s", self.total_throughput),
             ("requests/s", self.request_throughput),
             (f"goodput req/s ({g['slo']})", g["requests_per_s"]),
-            ("share of requests within SLO", g["fraction"]),
+            # Without an SLO every completed request counts: a share of 1.00 would read as a verdict.
+            ("share of requests within SLO", g["fraction"] if g["slo"] != "none" else "no SLO given"),
             ("prefix cache hit rate", self.prefix_hit_rate),
             ("KV in use, peak share", self.kv["peak_fraction"]),
             ("KV pool per rank (tokens)", self.kv["capacity_tokens_per_rank"]),

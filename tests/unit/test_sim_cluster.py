@@ -106,3 +106,5 @@ def test_a_session_that_outgrows_the_context_ends_at_its_refused_turn() -> None:
         assert [r.prompt for r in turns] == [2000, 3200, 4400, 5600, 6800, 8000]
         assert [bool(r.dropped) for r in turns] == [False] * 5 + [True]
         assert "context length" in (turns[-1].dropped or "")
+    text = rep.table()  # the table says why requests were dropped, and that no SLO was asked for
+    assert "60 / 50 / 10 (10 context length)" in text and "no SLO given" in text
