@@ -443,6 +443,14 @@ class Anchor(BaseModel):
         return f"{slug}-{ks.key()[:6]}{suffix}.json"
 
 
+def _shown(field_name: str, value: str) -> str:
+    """A kernel-set field for a message: an empty one says what it stands for."""
+    if value:
+        return repr(value)
+    return {"precision": "auto (the checkpoint's)", "engine_version": "any version",
+            "kv_dtype": "auto"}.get(field_name, "unset")
+
+
 def _safe(text: str) -> str:
     # "_" for anything unsafe keeps the "-" between parts and the "--" of the model readable.
     return re.sub(r"[^a-z0-9._-]+", "_", text.lower())
@@ -473,7 +481,9 @@ class NoCompatibleAnchor(LookupError):
         if nearest:
             described = []
             for anchor, diffs in nearest:
-                fields = ", ".join(f"{name} ({have!r} vs {want!r})" for name, have, want in diffs)
+                # An unset field (no --precision, no --engine-version) reads as what it means.
+                fields = ", ".join(f"{name} ({_shown(name, have)} vs {_shown(name, want)})"
+                                   for name, have, want in diffs)
                 described.append(f"{anchor.filename()} differs in {fields}")
             message += "; nearest: " + "; ".join(described)
         else:
@@ -524,6 +534,9 @@ def _plain_errors(exc: ValidationError) -> list[str]:
 def load_anchor(path: str | Path) -> Anchor:
     """Read one anchor file; AnchorFileError (naming the file and the fields) when it is bad."""
     path = Path(path)
+    if path.is_dir():
+        raise AnchorFileError(path, ["is a folder, not an anchor file: give one .json file, or the folder as "
+                                     "--anchors (a folder of anchors)"])
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:

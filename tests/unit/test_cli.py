@@ -518,3 +518,12 @@ def test_weights_the_gpu_has_no_tensor_cores_for_are_noted() -> None:
     r = run("predict", "--model", "meta-llama/Llama-3.1-70B", "--gpu", "h100", "--engine", "vllm", "--tp", "4",
             "--precision", "fp8", "--isl", "1000", "--osl", "100", "--concurrency", "8")
     assert "tensor cores" not in r.stderr
+
+
+def test_anchor_messages_say_what_an_unset_field_means_and_point_a_folder_at_anchors() -> None:
+    base = ("predict", "--model", "meta-llama/Llama-3.1-70B", "--gpu", "h100", "--engine", "vllm", "--tp", "4",
+            "--isl", "2048", "--osl", "512", "--concurrency", "32")
+    r = run(*base)
+    assert "precision ('fp8' vs auto (the checkpoint's))" in r.stderr and "vs '')" not in r.stderr
+    r = run(*base, "--anchor", str(REPO / "anchors"))
+    assert r.returncode == 2 and "is a folder, not an anchor file" in r.stderr and "--anchors" in r.stderr
