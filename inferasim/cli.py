@@ -210,7 +210,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     from inferasim.predictor import benchmark_kv_dtype
     from inferasim.render import ServingConfig, priced_precision, render_manifests, served_model_id, to_yaml
 
-    if args.out:
+    if args.out is not None:  # an empty --out is a mistake, not stdout
         _usage(check_output_file, "--out", args.out)
     layout = _layout(args)
     model = get_model(args.model)  # an unknown model is named here, before the manifest
@@ -385,6 +385,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
         # The clients split as evenly as they go: `extra` replicas serve one more than the rest, and
         # a replica without a client serves nothing.
         base_share, extra = divmod(args.concurrency, replicas)
+        if args.concurrency < replicas:
+            print(f"note: {args.concurrency} clients over {replicas} replicas: {replicas - args.concurrency} replicas "
+                  "get no client and sit idle, and their GPUs count in tok/s per GPU", file=sys.stderr)
         shares = np.array([float(base_share + 1), float(max(base_share, 1))])
         counts = np.array([float(extra), float(replicas - extra if base_share else 0)])
         per_replica = base_share + 1 if extra else base_share

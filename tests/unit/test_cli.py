@@ -527,3 +527,12 @@ def test_anchor_messages_say_what_an_unset_field_means_and_point_a_folder_at_anc
     assert "precision ('fp8' vs auto (the checkpoint's))" in r.stderr and "vs '')" not in r.stderr
     r = run(*base, "--anchor", str(REPO / "anchors"))
     assert r.returncode == 2 and "is a folder, not an anchor file" in r.stderr and "--anchors" in r.stderr
+
+
+def test_render_refuses_an_empty_out_and_predict_notes_idle_replicas() -> None:
+    r = run("render", "--model", "meta-llama/Llama-3.1-70B", "--gpu", "MI355X", "--engine", "sglang", "--precision",
+            "fp8", "--tp", "2", "--out", "")
+    assert r.returncode == 2 and "--out names no file" in r.stderr and not r.stdout
+    r = run("predict", "--model", "meta-llama/Llama-3.1-70B", "--gpu", "h100_sxm", "--engine", "vllm", "--precision",
+            "fp8", "--tp", "4", "--isl", "2048", "--osl", "512", "--concurrency", "3", "--replicas", "5")
+    assert r.returncode == 0 and "2 replicas get no client and sit idle" in r.stderr
