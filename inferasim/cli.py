@@ -1168,13 +1168,14 @@ def cmd_mix(args: argparse.Namespace) -> int:
             for a in plan.assignments]
     text = table(["tier", "model", "GPUs", "engine", "layout", "replicas"], rows,
                  title=f"Mix plan: {plan.gpus} of {plan.budget} GPUs")
-    if plan.unserved:
-        text += "\nunserved tiers (no model meets their SLO within the budget): " + ", ".join(plan.unserved)
+    reasons = plan.unserved_reasons()
+    for tier in plan.unserved:
+        text += f"\nunserved tier {tier}: " + ("; ".join(reasons[tier]) or "the budget went to other tiers")
     emit(plan.as_dict(), args.output, text)
     if plan.unserved:
         # As tune does when nothing meets the SLO: a pipeline must see that a tier went unplanned.
-        print("inferasim mix: unserved tiers: " + ", ".join(plan.unserved) + " (relax their SLO, raise the GPU budget "
-              "or offer more models)", file=sys.stderr)
+        print("inferasim mix: unserved tiers: " + ", ".join(plan.unserved) + " (see why above: relax their SLO, raise "
+              "the GPU budget, offer more models, or a precision their checkpoints can run at)", file=sys.stderr)
         return 1
     return 0
 

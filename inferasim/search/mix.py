@@ -60,6 +60,7 @@ class Option:
     preference: int  # 0 = most preferred
     gpus: int | None  # None: cannot meet the tier's SLO and rate within the budget
     entry: dict[str, Any] | None
+    why: str = ""  # why the model cannot serve the tier (gpus None)
 
 
 @dataclass
@@ -70,12 +71,18 @@ class MixPlan:
     budget: int
     options: list[Option] = field(default_factory=list)
 
+    def unserved_reasons(self) -> dict[str, list[str]]:
+        """Tier -> why each of its models could not serve it (for the unserved tiers)."""
+        return {t: [f"{o.model}: {o.why}" for o in self.options if o.tier == t and o.gpus is None]
+                for t in self.unserved}
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "gpus": self.gpus, "budget": self.budget, "unserved": self.unserved,
             "assignments": [{"tier": o.tier, "model": o.model, "preference": o.preference, "gpus": o.gpus,
                              "deployment": o.entry} for o in self.assignments],
-            "options": [{"tier": o.tier, "model": o.model, "gpus": o.gpus} for o in self.options],
+            "options": [{"tier": o.tier, "model": o.model, "gpus": o.gpus, **({"why": o.why} if o.why else {})}
+                        for o in self.options],
         }
 
 
@@ -91,7 +98,13 @@ def _option(spec: MixSpec, tier: Tier, model: str, pref: int, store: AnchorStore
     result = tune(ts, store=store, stage2_top=5)
     rec = result.recommendation
     if rec is None or not rec.meets_slo:
-        return Option(tier.name, model, pref, None, None)
+        if not result.space.candidates:  # nothing to search: say what excluded it (precision, engine)
+            ex = result.space.excluded
+            why = (f"{ex[0][0]}: {ex[0][1]}" + (f" (and {len(ex) - 1} more like it)" if len(ex) > 1 else "")
+                   if ex else "no deployment to search")
+        else:
+            why = f"no deployment meets the SLO within {spec.hardware.max_gpus} GPUs"
+        return Option(tier.name, model, pref, None, None, why)
     return Option(tier.name, model, pref, rec.gpus, result.entry(rec))
 
 

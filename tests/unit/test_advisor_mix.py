@@ -92,3 +92,16 @@ def test_cli_mix_exits_1_when_a_tier_goes_unserved(tmp_path: Path) -> None:
                        timeout=300)
     assert r.returncode == 1 and "unserved tiers: interactive" in r.stderr
     assert "Mix plan" in r.stdout  # the plan of the served tiers is still printed
+    assert "unserved tier interactive: " in r.stdout and "no deployment meets the SLO within" in r.stdout
+
+
+def test_cli_mix_says_a_precision_the_checkpoints_cannot_run_at(tmp_path: Path) -> None:
+    """bf16 checkpoints asked for at fp4: the reason is the precision, not the SLO or the budget."""
+    import re
+
+    text = re.sub(r"precision: \[.*\]", "precision: [fp4]", (REPO / "examples" / "mix-h100.yaml").read_text())
+    spec = tmp_path / "mix.yaml"
+    spec.write_text(text)
+    r = subprocess.run([sys.executable, "-m", "inferasim.cli", "mix", str(spec)], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 1 and "at bf16, not fp4" in r.stdout and "choose precision bf16" in r.stdout
