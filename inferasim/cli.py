@@ -7,6 +7,8 @@ message that names the field and what is accepted, and exit code 2; never a trac
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import math
 import sys
 from collections.abc import Sequence
@@ -490,45 +492,50 @@ def cmd_validate(args: argparse.Namespace) -> int:
     def pct(v: float | None) -> str:
         return "-" if v is None else f"{100 * v:.1f}%"
 
-    metric_rows = []
-    coverage = s.get("interval_coverage") or {}
-    for name in ("tpot", "ttft", "throughput_per_gpu", "batch_latency"):
-        m = s.get(name) or {}
-        if m.get("n"):
-            inside = (coverage.get(name) or {}).get("share")
-            metric_rows.append((name, pct(m["median_ape"]), pct(m["p90_ape"]), pct(inside), m["n"]))
-    print(table(["metric", "median APE", "p90 APE", "inside interval", "n"], metric_rows,
-                title=f"Validation of {args.data} (anchor rule {args.anchor_rule})"))
-    r = s.get("ranking") or {}
-    print(f"ranking: pair accuracy {pct(r.get('pair_accuracy'))} over {r.get('pairs', 0)} pairs "
-          f"(equal GPU count {pct(r.get('pair_accuracy_equal_gpus'))} over {r.get('pairs_equal_gpus', 0)}), "
-          f"top-1 {pct(r.get('top1'))}, regret {pct(r.get('regret'))}")
-    print(f"anchor share {pct(s.get('anchor_share'))}; unpredicted rows {s.get('unpredicted', {}).get('n', 0)}")
-    counts = s.get("counts") or {}
-    if counts.get("excluded_engine") or counts.get("excluded_mode"):
-        print(f"not validated: {counts.get('excluded_engine', 0)} rows of other engines (only vllm, sglang, atom), "
-              f"{counts.get('excluded_mode', 0)} of other modes (only agg, disagg)")
-    for u in s.get("unusable_anchors") or []:
-        print(f"unusable anchor {u['kernel_set']} ({len(u['rows'])} anchor rows): {u['reason']}")
-    d = s.get("disagg") or {}
-    if any((d.get(k) or {}).get("n") for k in ("tpot", "ttft")):
-        print("disaggregated: " + ", ".join(f"{k} median {pct((d.get(k) or {}).get('median_ape'))}"
-                                           for k in ("tpot", "ttft", "throughput_per_gpu")))
-    for split, per_value in (s.get("splits") or {}).items():
-        split_rows = []
-        for value, sec in per_value.items():
-            counts = sec.get("counts") or {}
-            # A group of disaggregated rows only (reach "disagg") shows its disaggregated figures.
-            agg = bool(counts.get("scored_agg")) or not counts.get("scored_disagg")
-            block = sec if agg else sec.get("disagg") or {}
-            split_rows.append((value, counts.get("scored_agg" if agg else "scored_disagg", 0),
-                               *(pct((block.get(k) or {}).get("median_ape"))
-                                 for k in ("tpot", "ttft", "throughput_per_gpu")),
-                               pct(sec.get("anchor_share")), (sec.get("unpredicted") or {}).get("n", 0)))
-        print(table([split, "scored rows", "TPOT", "TTFT", "throughput/GPU", "anchor share", "unpredicted"],
-                    split_rows,
-                    title=f"median APE by {split}"))
-    print(f"wrote {out / 'predictions.csv'} and {out / 'summary.json'}")
+    # The report for people, or (-o json / yaml) summary.json's figures for programs.
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        metric_rows = []
+        coverage = s.get("interval_coverage") or {}
+        for name in ("tpot", "ttft", "throughput_per_gpu", "batch_latency"):
+            m = s.get(name) or {}
+            if m.get("n"):
+                inside = (coverage.get(name) or {}).get("share")
+                metric_rows.append((name, pct(m["median_ape"]), pct(m["p90_ape"]), pct(inside), m["n"]))
+        print(table(["metric", "median APE", "p90 APE", "inside interval", "n"], metric_rows,
+                    title=f"Validation of {args.data} (anchor rule {args.anchor_rule})"))
+        r = s.get("ranking") or {}
+        print(f"ranking: pair accuracy {pct(r.get('pair_accuracy'))} over {r.get('pairs', 0)} pairs "
+              f"(equal GPU count {pct(r.get('pair_accuracy_equal_gpus'))} over {r.get('pairs_equal_gpus', 0)}), "
+              f"top-1 {pct(r.get('top1'))}, regret {pct(r.get('regret'))}")
+        print(f"anchor share {pct(s.get('anchor_share'))}; unpredicted rows {s.get('unpredicted', {}).get('n', 0)}")
+        counts = s.get("counts") or {}
+        if counts.get("excluded_engine") or counts.get("excluded_mode"):
+            print(f"not validated: {counts.get('excluded_engine', 0)} rows of other engines (only vllm, sglang, atom), "
+                  f"{counts.get('excluded_mode', 0)} of other modes (only agg, disagg)")
+        for u in s.get("unusable_anchors") or []:
+            print(f"unusable anchor {u['kernel_set']} ({len(u['rows'])} anchor rows): {u['reason']}")
+        d = s.get("disagg") or {}
+        if any((d.get(k) or {}).get("n") for k in ("tpot", "ttft")):
+            print("disaggregated: " + ", ".join(f"{k} median {pct((d.get(k) or {}).get('median_ape'))}"
+                                               for k in ("tpot", "ttft", "throughput_per_gpu")))
+        for split, per_value in (s.get("splits") or {}).items():
+            split_rows = []
+            for value, sec in per_value.items():
+                counts = sec.get("counts") or {}
+                # A group of disaggregated rows only (reach "disagg") shows its disaggregated figures.
+                agg = bool(counts.get("scored_agg")) or not counts.get("scored_disagg")
+                block = sec if agg else sec.get("disagg") or {}
+                split_rows.append((value, counts.get("scored_agg" if agg else "scored_disagg", 0),
+                                   *(pct((block.get(k) or {}).get("median_ape"))
+                                     for k in ("tpot", "ttft", "throughput_per_gpu")),
+                                   pct(sec.get("anchor_share")), (sec.get("unpredicted") or {}).get("n", 0)))
+            print(table([split, "scored rows", "TPOT", "TTFT", "throughput/GPU", "anchor share", "unpredicted"],
+                        split_rows,
+                        title=f"median APE by {split}"))
+    emit(s, args.output, buf.getvalue().rstrip("\n"))
+    print(f"wrote {out / 'predictions.csv'} and {out / 'summary.json'}",
+          file=sys.stdout if args.output == "table" else sys.stderr)
     c = s["counts"]
     if c["scored_agg"] + c["scored_disagg"] == 0:
         # Nothing scored is a failed check, not a perfect one: say why (the counts show where rows went).
@@ -1311,8 +1318,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("validate", help="score the predictor on measured runs (DESIGN.md section 7)")
     p.add_argument("data", help="CSV of measured runs (schema of shared/data/aic-silicon/silicon_dev.csv)")
-    p.add_argument("--anchor-rule", default="min-gpus", choices=("min-gpus",))
+    p.add_argument("--anchor-rule", default="min-gpus", choices=("min-gpus",),
+                   help="which rows of a kernel set form its anchor (DESIGN.md section 7: the fewest GPUs)")
     p.add_argument("--out", required=True, help="folder for predictions.csv and summary.json")
+    _add_output(p)
     p.add_argument("--split-by", action="append", default=[],
                    help="engine, gpu, model or reach; a comma list or the flag repeated (reach: what a "
                         "prediction carries from its anchor: another length pair, another layout, both, or "

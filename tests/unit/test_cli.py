@@ -536,3 +536,12 @@ def test_render_refuses_an_empty_out_and_predict_notes_idle_replicas() -> None:
     r = run("predict", "--model", "meta-llama/Llama-3.1-70B", "--gpu", "h100_sxm", "--engine", "vllm", "--precision",
             "fp8", "--tp", "4", "--isl", "2048", "--osl", "512", "--concurrency", "3", "--replicas", "5")
     assert r.returncode == 0 and "2 replicas get no client and sit idle" in r.stderr
+
+
+def test_validate_reports_json_for_programs(tmp_path: Path) -> None:
+    csv_path = REPO.parent / "shared" / "data" / "argonne-offline" / "vllm_offline_dev.csv"
+    r = run("validate", str(csv_path), "--out", str(tmp_path / "v"), "-o", "json")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert data == json.loads((tmp_path / "v" / "summary.json").read_text())
+    assert "wrote" in r.stderr and "median APE" not in r.stdout
