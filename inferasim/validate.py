@@ -349,9 +349,12 @@ def load_rows(path: str | Path, notes: list[str] | None = None) -> list[BenchRow
             reader.fieldnames = header
             missing = [c for c in REQUIRED_COLUMNS if c not in header]
             if missing:
+                # One column holding several names: the file is separated by something else than commas.
+                other = next((sep for sep in (";", "\t", "|") if len(header) == 1 and sep in header[0]), None)
+                hint = f" (the header is one column holding {other!r}: write the file comma-separated)" if other else ""
                 raise ValueError(
                     f"{path}: missing required column(s) {', '.join(repr(c) for c in missing)}; "
-                    f"required columns are {', '.join(REQUIRED_COLUMNS)}"
+                    f"required columns are {', '.join(REQUIRED_COLUMNS)}{hint}"
                 )
             absent = {metric: cols for metric, cols in MEASURED_COLUMNS.items() if not any(c in header for c in cols)}
             if len(absent) == len(MEASURED_COLUMNS):
@@ -365,6 +368,10 @@ def load_rows(path: str | Path, notes: list[str] | None = None) -> list[BenchRow
                         notes.append(f"{path}: no column {' or '.join(cols)}: {metric.removesuffix('_ms').upper()} "
                                      "is not scored")
             for rownum, record in enumerate(reader, start=1):
+                if None in record.values() or None in record:  # fewer or more cells than the header names
+                    cells = sum(v is not None for k, v in record.items() if k is not None) + len(record.get(None) or [])
+                    raise ValueError(f"{path}: row {rownum} (line {reader.line_num}) has {cells} cells where the "
+                                     f"header names {len(header)} columns")
                 raw = {k: ("" if v is None else v) for k, v in record.items() if isinstance(k, str)}
                 rows.append(_parse_row(_RowReader(path, rownum, reader.line_num, raw)))
         except UnicodeDecodeError as exc:

@@ -217,6 +217,19 @@ def test_load_rows_malformed_number_names_row_and_column(tmp_path: Path) -> None
     assert "bad.csv" in msg and "row 2" in msg and "'isl'" in msg and "positive integer" in msg
 
 
+def test_load_rows_names_a_short_row_and_a_file_of_another_separator(tmp_path: Path) -> None:
+    path = write_csv(tmp_path / "ok.csv", [rec(), rec()])
+    lines = path.read_text().splitlines()
+    short = tmp_path / "short.csv"
+    short.write_text("\n".join([*lines, "vllm,0.1,x"]) + "\n")
+    with pytest.raises(ValueError, match=r"row 3 \(line 4\) has 3 cells where the header names \d+ columns"):
+        load_rows(short)
+    semi = tmp_path / "semi.csv"
+    semi.write_text("\n".join(line.replace(",", ";") for line in lines) + "\n")
+    with pytest.raises(ValueError, match="one column holding ';': write the file comma-separated"):
+        load_rows(semi)
+
+
 def test_load_rows_bad_scenario_and_missing_file(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="closed, offline"):
         rows_of(tmp_path, [rec(scenario="burst")])
