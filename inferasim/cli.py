@@ -675,9 +675,10 @@ def _anchors_build(args: argparse.Namespace) -> int:
     for anchor in built:
         if anchor.filename() not in same:  # an unchanged fit keeps its file as it is
             store.save(anchor, out, keep_previous=False)  # --replace asked for it (clashes refused above)
-    print(f"wrote {len(built) - len(same)} anchors to {out}" + (f" ({len(clash)} replaced)" if clash else "")
-          + (f"; {len(same)} unchanged" if same else ""))
-    if not built:
+    if built:
+        print(f"wrote {len(built) - len(same)} anchors to {out}" + (f" ({len(clash)} replaced)" if clash else "")
+              + (f"; {len(same)} unchanged" if same else ""))
+    else:
         # Nothing to anchor on is a failure: a pipeline building anchors must not carry on.
         print(f"inferasim anchors build: no anchor built from {args.name} ({len(chosen)} kernel sets, "
               f"{len(rows)} usable rows)", file=sys.stderr)

@@ -545,3 +545,11 @@ def test_validate_reports_json_for_programs(tmp_path: Path) -> None:
     data = json.loads(r.stdout)
     assert data == json.loads((tmp_path / "v" / "summary.json").read_text())
     assert "wrote" in r.stderr and "median APE" not in r.stdout
+
+
+def test_anchors_build_of_a_header_only_csv_writes_nothing_and_says_so(tmp_path: Path) -> None:
+    data = REPO.parent / "shared" / "data" / "aic-silicon" / "silicon_dev.csv"
+    header = tmp_path / "header.csv"
+    header.write_text(data.read_text().splitlines()[0] + "\n")
+    r = run("anchors", "build", str(header), "--out", str(tmp_path / "built"))
+    assert r.returncode == 1 and "no anchor built" in r.stderr and "wrote" not in r.stdout
