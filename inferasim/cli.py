@@ -7,8 +7,6 @@ message that names the field and what is accepted, and exit code 2; never a trac
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import math
 import sys
 from collections.abc import Sequence
@@ -251,8 +249,6 @@ def _max_model_len_that_starts(model: ModelSpec, gpu: GPU, layout: Layout, engin
                                kv_dtype: str, fraction: float | None, args: argparse.Namespace) -> int | None:
     """The --max-model-len to render: the user's, refused when vLLM would not start with it; else
     the longest the KV pool holds, where it cannot hold the model's whole context (a note says so)."""
-    from inferasim.memory import plan_memory
-
     plan = plan_memory(model, gpu, layout, engine=engine, precision=precision, kv_dtype=kv_dtype,
                        memory_fraction=fraction, max_num_batched_tokens=args.max_num_batched_tokens,
                        max_num_seqs=args.max_num_seqs)
@@ -468,6 +464,53 @@ def _progress(done: int, total: int) -> None:
     _stage_progress("", done, total, unit=" kernel sets")
 
 
+def _validation_text(s: dict[str, Any], data: str, rule: str) -> str:
+    """`validate`'s report for people: the figures of summary.json as tables and lines."""
+
+    def pct(v: float | None) -> str:
+        return "-" if v is None else f"{100 * v:.1f}%"
+
+    out: list[str] = []
+    metric_rows = []
+    coverage = s.get("interval_coverage") or {}
+    for name in ("tpot", "ttft", "throughput_per_gpu", "batch_latency"):
+        m = s.get(name) or {}
+        if m.get("n"):
+            inside = (coverage.get(name) or {}).get("share")
+            metric_rows.append((name, pct(m["median_ape"]), pct(m["p90_ape"]), pct(inside), m["n"]))
+    out.append(table(["metric", "median APE", "p90 APE", "inside interval", "n"], metric_rows,
+                     title=f"Validation of {data} (anchor rule {rule})"))
+    r = s.get("ranking") or {}
+    out.append(f"ranking: pair accuracy {pct(r.get('pair_accuracy'))} over {r.get('pairs', 0)} pairs "
+               f"(equal GPU count {pct(r.get('pair_accuracy_equal_gpus'))} over {r.get('pairs_equal_gpus', 0)}), "
+               f"top-1 {pct(r.get('top1'))}, regret {pct(r.get('regret'))}")
+    out.append(f"anchor share {pct(s.get('anchor_share'))}; unpredicted rows {s.get('unpredicted', {}).get('n', 0)}")
+    counts = s.get("counts") or {}
+    if counts.get("excluded_engine") or counts.get("excluded_mode"):
+        out.append(f"not validated: {counts.get('excluded_engine', 0)} rows of other engines (only vllm, sglang, "
+                   f"atom), {counts.get('excluded_mode', 0)} of other modes (only agg, disagg)")
+    for u in s.get("unusable_anchors") or []:
+        out.append(f"unusable anchor {u['kernel_set']} ({len(u['rows'])} anchor rows): {u['reason']}")
+    d = s.get("disagg") or {}
+    if any((d.get(k) or {}).get("n") for k in ("tpot", "ttft")):
+        out.append("disaggregated: " + ", ".join(f"{k} median {pct((d.get(k) or {}).get('median_ape'))}"
+                                                for k in ("tpot", "ttft", "throughput_per_gpu")))
+    for split, per_value in (s.get("splits") or {}).items():
+        split_rows = []
+        for value, sec in per_value.items():
+            counts = sec.get("counts") or {}
+            # A group of disaggregated rows only (reach "disagg") shows its disaggregated figures.
+            agg = bool(counts.get("scored_agg")) or not counts.get("scored_disagg")
+            block = sec if agg else sec.get("disagg") or {}
+            split_rows.append((value, counts.get("scored_agg" if agg else "scored_disagg", 0),
+                               *(pct((block.get(k) or {}).get("median_ape"))
+                                 for k in ("tpot", "ttft", "throughput_per_gpu")),
+                               pct(sec.get("anchor_share")), (sec.get("unpredicted") or {}).get("n", 0)))
+        out.append(table([split, "scored rows", "TPOT", "TTFT", "throughput/GPU", "anchor share", "unpredicted"],
+                         split_rows, title=f"median APE by {split}"))
+    return "\n".join(out)
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     from inferasim.predictor import AnchoredPredictor
     from inferasim.validate import run_validation, write_outputs
@@ -489,51 +532,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     write_outputs(result, out)
     s = result.summary
 
-    def pct(v: float | None) -> str:
-        return "-" if v is None else f"{100 * v:.1f}%"
-
     # The report for people, or (-o json / yaml) summary.json's figures for programs.
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        metric_rows = []
-        coverage = s.get("interval_coverage") or {}
-        for name in ("tpot", "ttft", "throughput_per_gpu", "batch_latency"):
-            m = s.get(name) or {}
-            if m.get("n"):
-                inside = (coverage.get(name) or {}).get("share")
-                metric_rows.append((name, pct(m["median_ape"]), pct(m["p90_ape"]), pct(inside), m["n"]))
-        print(table(["metric", "median APE", "p90 APE", "inside interval", "n"], metric_rows,
-                    title=f"Validation of {args.data} (anchor rule {args.anchor_rule})"))
-        r = s.get("ranking") or {}
-        print(f"ranking: pair accuracy {pct(r.get('pair_accuracy'))} over {r.get('pairs', 0)} pairs "
-              f"(equal GPU count {pct(r.get('pair_accuracy_equal_gpus'))} over {r.get('pairs_equal_gpus', 0)}), "
-              f"top-1 {pct(r.get('top1'))}, regret {pct(r.get('regret'))}")
-        print(f"anchor share {pct(s.get('anchor_share'))}; unpredicted rows {s.get('unpredicted', {}).get('n', 0)}")
-        counts = s.get("counts") or {}
-        if counts.get("excluded_engine") or counts.get("excluded_mode"):
-            print(f"not validated: {counts.get('excluded_engine', 0)} rows of other engines (only vllm, sglang, atom), "
-                  f"{counts.get('excluded_mode', 0)} of other modes (only agg, disagg)")
-        for u in s.get("unusable_anchors") or []:
-            print(f"unusable anchor {u['kernel_set']} ({len(u['rows'])} anchor rows): {u['reason']}")
-        d = s.get("disagg") or {}
-        if any((d.get(k) or {}).get("n") for k in ("tpot", "ttft")):
-            print("disaggregated: " + ", ".join(f"{k} median {pct((d.get(k) or {}).get('median_ape'))}"
-                                               for k in ("tpot", "ttft", "throughput_per_gpu")))
-        for split, per_value in (s.get("splits") or {}).items():
-            split_rows = []
-            for value, sec in per_value.items():
-                counts = sec.get("counts") or {}
-                # A group of disaggregated rows only (reach "disagg") shows its disaggregated figures.
-                agg = bool(counts.get("scored_agg")) or not counts.get("scored_disagg")
-                block = sec if agg else sec.get("disagg") or {}
-                split_rows.append((value, counts.get("scored_agg" if agg else "scored_disagg", 0),
-                                   *(pct((block.get(k) or {}).get("median_ape"))
-                                     for k in ("tpot", "ttft", "throughput_per_gpu")),
-                                   pct(sec.get("anchor_share")), (sec.get("unpredicted") or {}).get("n", 0)))
-            print(table([split, "scored rows", "TPOT", "TTFT", "throughput/GPU", "anchor share", "unpredicted"],
-                        split_rows,
-                        title=f"median APE by {split}"))
-    emit(s, args.output, buf.getvalue().rstrip("\n"))
+    emit(s, args.output, _validation_text(s, args.data, args.anchor_rule))
     print(f"wrote {out / 'predictions.csv'} and {out / 'summary.json'}",
           file=sys.stdout if args.output == "table" else sys.stderr)
     c = s["counts"]

@@ -76,9 +76,6 @@ def kv_bytes_per_token_per_gpu(model: ModelSpec, layout: Layout, kv_dtype: str =
     return total * dtype / layout.pp
 
 
-# vLLM's KV block on CUDA and ROCm (notes 5.1: --block-size None -> 16).
-VLLM_BLOCK_TOKENS = 16
-
 @dataclass
 class MemoryPlan:
     model: str
@@ -95,6 +92,7 @@ class MemoryPlan:
     kv_bytes_per_token: float  # per GPU, per token of one sequence
     kv_tokens: int  # tokens the KV pool holds per attention-dp rank (one engine core)
     state_bytes_per_seq: float
+    block_size: int  # the engine's KV block (catalog.engines defaults), in tokens
     feasible: bool
     reasons: list[str] = field(default_factory=list)
 
@@ -105,12 +103,12 @@ class MemoryPlan:
     def start_max_model_len(self, model_context: int) -> int | None:
         """The --max-model-len vLLM needs to start, where its KV pool cannot hold one sequence of
         the model's whole context: vLLM V1 refuses a max_model_len longer than its KV cache stores
-        (v1/core/kv_cache_utils.py check_enough_kv_cache_memory), so it is given, in whole
-        16-token blocks. None where the context fits, or for SGLang and ATOM (SGLang caps a
-        request's input at its pool itself)."""
+        (v1/core/kv_cache_utils.py check_enough_kv_cache_memory), so it is given, in whole KV
+        blocks. None where the context fits, or for SGLang and ATOM (SGLang caps a request's
+        input at its pool itself)."""
         if self.engine != "vllm" or model_context <= 0 or self.kv_tokens >= model_context:
             return None
-        return max(self.kv_tokens // VLLM_BLOCK_TOKENS * VLLM_BLOCK_TOKENS, 0)
+        return max(self.kv_tokens // self.block_size * self.block_size, 0)
 
     def max_concurrency(self, context: int) -> int:
         """Sequences of `context` tokens that fit at once in one replica."""
@@ -193,7 +191,9 @@ def plan_memory(model: ModelSpec, gpu: GPU, layout: Layout, engine: str = "vllm"
     defaults = engine_defaults(engine, gpu.hbm_bytes, tp=engine_tp, pp=layout.pp,
                                dp_attention=layout.dp, gpu_name=gpu.name)
     frac = defaults.memory_fraction if memory_fraction is None else memory_fraction
-    if not 0.0 < frac <= 1.0 and memory_fraction is None:
+    if not 0.0 < frac <= 1.0:
+        if memory_fraction is not None:
+            raise ValueError(f"memory fraction {frac} must be in (0, 1]")
         # SGLang's reserve for CUDA graphs grows with cuda_graph_max_bs x DP-attention ranks: at
         # wide DP attention its own formula leaves nothing, and the server needs the flags by hand.
         raise ValueError(
@@ -201,8 +201,6 @@ def plan_memory(model: ModelSpec, gpu: GPU, layout: Layout, engine: str = "vllm"
             f"(its CUDA-graph reserve grows with the {layout.dp} attention-dp ranks): the engine would not start "
             "this way; give the memory fraction (--memory-fraction; SGLang --mem-fraction-static, with a smaller "
             "--cuda-graph-max-bs) or fewer attention-dp ranks")
-    if not 0.0 < frac <= 1.0:
-        raise ValueError(f"memory fraction {frac} must be in (0, 1]")
     mbt = max_num_batched_tokens or defaults.max_num_batched_tokens
     mns = max_num_seqs or defaults.max_num_seqs
     reasons = layout_problems(model, layout, engine)
@@ -239,7 +237,7 @@ def plan_memory(model: ModelSpec, gpu: GPU, layout: Layout, engine: str = "vllm"
         hbm_bytes=gpu.hbm_bytes, memory_fraction=frac, weights=weights, activation_bytes=act,
         non_torch_bytes=0.0 if defaults.memory_rule == "sglang" else NON_TORCH_BYTES,
         kv_bytes=max(kv_bytes, 0.0), kv_bytes_per_token=per_token, kv_tokens=tokens,
-        state_bytes_per_seq=state, feasible=not reasons, reasons=reasons,
+        state_bytes_per_seq=state, block_size=max(defaults.block_size, 1), feasible=not reasons, reasons=reasons,
     )
 
 

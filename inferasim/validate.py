@@ -372,7 +372,7 @@ def load_rows(path: str | Path, notes: list[str] | None = None) -> list[BenchRow
                     cells = sum(v is not None for k, v in record.items() if k is not None) + len(record.get(None) or [])
                     raise ValueError(f"{path}: row {rownum} (line {reader.line_num}) has {cells} cells where the "
                                      f"header names {len(header)} columns")
-                raw = {k: ("" if v is None else v) for k, v in record.items() if isinstance(k, str)}
+                raw = dict(record)  # every cell present: the count was checked above
                 rows.append(_parse_row(_RowReader(path, rownum, reader.line_num, raw)))
         except UnicodeDecodeError as exc:
             raise ValueError(f"{path}: not UTF-8 text ({exc.reason})") from None

@@ -532,13 +532,19 @@ def open_loop(p: StepParams, c: LayoutCost, sched: EngineSched, isl: np.ndarray,
                           throughput=np.minimum(lam, capacity) * osl, stable=stable, capacity=capacity)
 
 
+def _servers_and_load(servers: np.ndarray, load: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Whole servers (at least one) and an offered load kept just below them, broadcast together."""
+    c = np.maximum(np.floor(np.asarray(servers, dtype=float)), 1.0)
+    a = np.minimum(np.asarray(load, dtype=float), c * (1.0 - 1e-9))
+    c, a = np.broadcast_arrays(c, a)
+    return c, a
+
+
 def erlang_c(servers: np.ndarray, load: np.ndarray) -> np.ndarray:
     """Probability that a Poisson arrival waits in an M/M/c queue of `servers` (floored to whole
     servers, at least one) at offered `load` (erlangs, below `servers`): Erlang B by its
     recursion B(k) = a B(k-1) / (k + a B(k-1)), then C = c B / (c - a (1 - B))."""
-    c = np.maximum(np.floor(np.asarray(servers, dtype=float)), 1.0)
-    a = np.minimum(np.asarray(load, dtype=float), c * (1.0 - 1e-9))
-    c, a = np.broadcast_arrays(c, a)
+    c, a = _servers_and_load(servers, load)
     erlang_b = np.ones(c.shape)
     for k in range(1, int(c.max()) + 1):
         step = a * erlang_b / (k + a * erlang_b)
@@ -548,6 +554,5 @@ def erlang_c(servers: np.ndarray, load: np.ndarray) -> np.ndarray:
 
 def slot_wait(slots: np.ndarray, load: np.ndarray, stay: np.ndarray) -> np.ndarray:
     """Mean wait for one of `slots` running slots, each held `stay` s, at `load` requests in flight."""
-    c = np.maximum(np.floor(np.asarray(slots, dtype=float)), 1.0)
-    a = np.minimum(np.asarray(load, dtype=float), c * (1.0 - 1e-9))
+    c, a = _servers_and_load(slots, load)
     return erlang_c(c, a) * np.asarray(stay, dtype=float) / (c - a) / 2.0

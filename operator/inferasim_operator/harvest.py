@@ -142,7 +142,8 @@ def build_job(target: HarvestTarget, policy: HarvestPolicy, limits: JobLimits, *
     cfg = ServingConfig(engine=target.engine, model=target.model, gpu=gpu.name, layout=target.layout,
                         precision=target.precision, kv_cache_dtype=kv_dtype, image=image, max_model_len=max_len)
     # The engine container exactly as a recommended Deployment would run it (flags, env, GPUs).
-    engine = render_deployment(cfg, "harvest", namespace)["spec"]["template"]["spec"]["containers"][0]
+    pod_spec = render_deployment(cfg, "harvest", namespace)["spec"]["template"]["spec"]
+    engine = pod_spec["containers"][0]
     argv = [*engine.pop("command"), *engine.pop("args")]
     port = default_port(target.engine)
     # Stop the engine once the harvester is done; the engine's own exit code otherwise.
@@ -172,7 +173,7 @@ def build_job(target: HarvestTarget, policy: HarvestPolicy, limits: JobLimits, *
                                                 "effect": "NoSchedule"}]
     labels = {LABEL_MANAGED: MANAGER, LABEL_TUNING: label_value(tuning), LABEL_ANCHOR: target.key,
               LABEL_KIND: "harvest", "inferasim.io/engine": target.engine}
-    pod_volumes = [v for v in render_deployment(cfg, "harvest", namespace)["spec"]["template"]["spec"]["volumes"]]
+    pod_volumes = list(pod_spec["volumes"])
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
