@@ -175,7 +175,7 @@ def calibrate(kernel_set: KernelSet, layout: Layout, points: Sequence[BenchPoint
     # Live traffic is not a lock-stepped benchmark: no arrival waves (as passive anchors).
     base = replace(base, burst=0.0)
     precision = kernel_set.precision or "auto"
-    cost = layout_cost(model, gpu, layout, precision, kernel_set.kv_dtype)
+    cost = layout_cost(model, gpu, layout, precision, kernel_set.kv_dtype, engine)
     sched = engine_sched(engine, model, gpu, layout, precision, kernel_set.engine_version, kernel_set.kv_dtype)
     if sched.kv_tokens <= 0:
         raise CalibrationError(f"{model.name} does not fit {gpu.name} at {layout.label()} by the memory model")

@@ -369,7 +369,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     replicas = args.replicas
     import numpy as np
 
-    cost = layout_cost(fitted.model, fitted.gpu, layout, fitted.precision, fitted.kv_dtype)
+    cost = layout_cost(fitted.model, fitted.gpu, layout, fitted.precision, fitted.kv_dtype, fitted.engine)
     sched = engine_sched(fitted.engine, fitted.model, fitted.gpu, layout, fitted.precision,
                          fitted.engine_version, fitted.kv_dtype)
     if isl + osl > sched.kv_tokens:

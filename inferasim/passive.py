@@ -112,7 +112,7 @@ def fit_passive(kernel_set: KernelSet, model: ModelSpec, gpu: GPU, layout: Layou
     win = usable_windows(windows)
     check_identifiable(win, windows)
     precision = kernel_set.precision or "auto"
-    cost = layout_cost(model, gpu, layout, precision, kernel_set.kv_dtype)
+    cost = layout_cost(model, gpu, layout, precision, kernel_set.kv_dtype, kernel_set.engine)
     sched = engine_sched(kernel_set.engine, model, gpu, layout, precision, kernel_set.engine_version,
                          kernel_set.kv_dtype)
     points = [FitPoint(isl=max(int(round(w.prompt_tokens)), 1), osl=max(int(round(w.output_tokens)), 2),

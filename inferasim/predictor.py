@@ -218,7 +218,7 @@ class FittedAnchor:
 
     def predict_layout(self, layout: Layout, isl: int, osl: int, concurrency: int,
                        scenario: str = "closed") -> dict[str, float]:
-        cost = layout_cost(self.model, self.gpu, layout, self.precision, self.kv_dtype)
+        cost = layout_cost(self.model, self.gpu, layout, self.precision, self.kv_dtype, self.engine)
         sched = engine_sched(self.engine, self.model, self.gpu, layout, self.precision, self.engine_version,
                              self.kv_dtype)
         pred = predict_points(self.params, cost, sched,
@@ -264,7 +264,7 @@ class FittedAnchor:
 
     def step_ms(self, layout: Layout, n_dec: float, ctx: float, n_pref: float = 0.0,
                 ctx_pref: float = 0.0) -> float:
-        cost = layout_cost(self.model, self.gpu, layout, self.precision, self.kv_dtype)
+        cost = layout_cost(self.model, self.gpu, layout, self.precision, self.kv_dtype, self.engine)
         return float(step_time(self.params, cost, n_dec, ctx, n_pref, ctx_pref)) * 1e3
 
 
@@ -277,7 +277,7 @@ def fit_anchor_rows(rows: list[BenchRow]) -> FittedAnchor:
     precision = first.precision or "auto"
     kv_dtype = benchmark_kv_dtype(precision)
     try:
-        cost = layout_cost(model, gpu, layout, precision, kv_dtype)
+        cost = layout_cost(model, gpu, layout, precision, kv_dtype, engine)
         sched = engine_sched(engine, model, gpu, layout, precision, first.backend_version, kv_dtype)
     except ValueError as exc:
         raise CannotPredict(str(exc)) from None
@@ -391,7 +391,7 @@ def fitted_from_anchor(anchor: Anchor) -> FittedAnchor:
                            per_metric_mape=dict(rep.per_metric) if rep else {}, n_points=len(points),
                            iterations=0, converged=True, message="stored parameters")
     else:
-        cost = layout_cost(model, gpu, layout, precision, kv_dtype)
+        cost = layout_cost(model, gpu, layout, precision, kv_dtype, engine)
         sched = engine_sched(engine, model, gpu, layout, precision, ks.engine_version, kv_dtype)
         result = fit_params(cost, sched, points, default_params(gpu, engine))
         if stale:

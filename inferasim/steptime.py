@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from inferasim.catalog.engines import prefill_attention_dtype
 from inferasim.catalog.gpus import GPU
 from inferasim.catalog.models import WEIGHT_FORMAT_BYTES, ModelSpec, normalize_precision
 from inferasim.layout import Layout
@@ -140,7 +141,9 @@ GEMM_N0 = 384.0
 # in fit.step_model. 2026-12-03: block-scaled FP8 GEMMs at the BF16 rate, FP4 without FP4 tensor
 # cores at the BF16 rate. 2026-12-03.2: a closed-loop request queues behind the prefills of the
 # other clients on its rank, not its own (sim.benchmark.closed_loop), which moves t_ttft and burst.
-STEP_MODEL_REVISION = "2026-12-03.2"
+# 2026-12-03.3: vLLM's prefill attention at the FP8 rate on Blackwell with an FP8 KV cache
+# (catalog.engines.prefill_attention_dtype), which moves e_attn and the prefill share.
+STEP_MODEL_REVISION = "2026-12-03.3"
 
 # Block-scaled FP8 GEMMs (catalog.models.ModelSpec.fp8_scales: a scale per 128 x 128 weight block,
 # applied inside the main loop) run at this multiple of the GPU's BF16 rate, where a per-tensor
@@ -318,13 +321,16 @@ class LayoutCost:
 
 
 def layout_cost(model: ModelSpec, gpu: GPU, layout: Layout, precision: str = "auto",
-                kv_dtype: str = "auto") -> LayoutCost:
-    """Per-GPU work of `layout` (cached: searches ask for the same layouts many times)."""
-    return _layout_cost(model, gpu, layout, precision, kv_dtype)
+                kv_dtype: str = "auto", engine: str = "") -> LayoutCost:
+    """Per-GPU work of `layout` (cached: searches ask for the same layouts many times). `engine`
+    picks the prefill attention kernels' dtype (catalog.engines.prefill_attention_dtype); without
+    one, attention math is priced in BF16."""
+    return _layout_cost(model, gpu, layout, precision, kv_dtype, engine)
 
 
 @functools.lru_cache(maxsize=4096)
-def _layout_cost(model: ModelSpec, gpu: GPU, layout: Layout, precision: str, kv_dtype: str) -> LayoutCost:
+def _layout_cost(model: ModelSpec, gpu: GPU, layout: Layout, precision: str, kv_dtype: str,
+                 engine: str) -> LayoutCost:
     precision = normalize_precision(precision)
     if precision == "auto":
         precision = {"nvfp4": "fp4"}.get(model.checkpoint_format, model.checkpoint_format)
@@ -393,7 +399,8 @@ def _layout_cost(model: ModelSpec, gpu: GPU, layout: Layout, precision: str, kv_
     def gemm_rate(dtype: str, peak: float) -> float:
         return min(peak, BLOCK_FP8_RATE * gpu.peak_flops("bf16")) if block_fp8 and dtype == "fp8" else peak
 
-    # Attention math runs in bf16 (fp8 attention kernels exist but are not the default).
+    mla = any(la.attention.kind == "mla" for la in model.layers)
+    attn_dtype = prefill_attention_dtype(engine, gpu.vendor, "fp4" in gpu.flops, kv_dtype, mla)
     return LayoutCost(
         model=model, gpu=gpu, layout=layout, precision=precision, kv_dtype=kv_dtype,
         dense_bytes=dense_bytes, dense_flops_per_token=dense_flops,
@@ -404,7 +411,7 @@ def _layout_cost(model: ModelSpec, gpu: GPU, layout: Layout, precision: str, kv_
         attn_windows=tuple((c / pp, w_) for w_, c in attn_win.items()),
         n_layers=model.num_layers, moe_layers=model.moe_layers, hidden=model.hidden_size, peak_bw=gpu.hbm_bandwidth,
         dense_width=max(dense_width, 1.0), expert_width=max(expert_width, 1.0),
-        peak_flops_dense=peak_dense, peak_flops_moe=peak_moe, peak_flops_attn=gpu.peak_flops("bf16"),
+        peak_flops_dense=peak_dense, peak_flops_moe=peak_moe, peak_flops_attn=gpu.peak_flops(attn_dtype),
         gemm_flops_dense=gemm_rate(dense_dtype, peak_dense), gemm_flops_moe=gemm_rate(moe_dtype, peak_moe),
     )
 

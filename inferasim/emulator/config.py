@@ -115,7 +115,7 @@ def resolve(config: EmulatorConfig) -> Resolved:
     else:
         params, source = default_params(gpu, engine), "GPU-family defaults (unanchored)"
     kv_dtype = config.kv_dtype or _kv_dtype_for(precision)
-    cost = layout_cost(model, gpu, layout, precision, kv_dtype)
+    cost = layout_cost(model, gpu, layout, precision, kv_dtype, engine)
     sched = engine_sched(engine, model, gpu, layout, precision, config.engine_version, kv_dtype,
                          max_num_seqs=config.max_num_seqs, max_batched_tokens=config.max_batched_tokens)
     if sched.kv_tokens * params.kv_scale < sched.block_size * 2:

@@ -144,7 +144,7 @@ async def harvest_async(cfg: HarvestConfig, progress: Callable[[str], None] | No
 
     kv_dtype = cfg.kv_dtype or benchmark_kv_dtype(precision)
     # Same cost and scheduler limits as FittedAnchor.predict_layout for this kernel set and layout.
-    cost = layout_cost(model, gpu, layout, precision, kv_dtype)
+    cost = layout_cost(model, gpu, layout, precision, kv_dtype, engine)
     sched = engine_sched(engine, model, gpu, layout, precision, cfg.engine_version, kv_dtype)
     rng = np.random.default_rng(cfg.seed)
     t_start = time.perf_counter()

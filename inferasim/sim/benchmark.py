@@ -470,7 +470,7 @@ def predict_closed(model: ModelSpec, gpu: GPU, layout: Layout, engine: str, para
                    isl: int, osl: int, concurrency: int, precision: str = "auto",
                    engine_version: str = "") -> BenchResult:
     """One closed-loop point for one deployment (convenience for the CLI and tests)."""
-    c = layout_cost(model, gpu, layout, precision)
+    c = layout_cost(model, gpu, layout, precision, engine=normalize_engine(engine))
     sched = engine_sched(engine, model, gpu, layout, precision, engine_version)
     return closed_loop(params, c, sched, np.array([isl]), np.array([osl]), np.array([concurrency]))
 

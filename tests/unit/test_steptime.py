@@ -232,3 +232,37 @@ def test_block_scaled_fp8_gemms_run_at_the_bf16_rate_and_the_roofline_keeps_the_
     # Without FP8 tensor cores (A100) FP8 already runs at the BF16 rate: nothing changes.
     a100 = get_gpu("A100")
     assert layout_cost(ds, a100, lay, "fp8").gemm_flops_dense == a100.peak_flops("bf16")
+
+
+@pytest.mark.parametrize(("engine", "gpu_name", "kv_dtype", "model_name", "expected"), [
+    ("vllm", "B200", "fp8", LLAMA70, "fp8"),  # FlashInfer TRT-LLM kernels, FP8 query
+    ("vllm", "B300", "fp8_e4m3", LLAMA70, "fp8"),
+    ("vllm", "B200", "auto", LLAMA70, "bf16"),  # a 16-bit cache keeps 16-bit attention
+    ("vllm", "H100", "fp8", LLAMA70, "bf16"),  # Hopper: FlashAttention 3 in BF16
+    ("vllm", "B200", "fp8", DSV3, "bf16"),  # MLA prefills on up-projected 16-bit K/V
+    ("vllm", "MI355X", "fp8", LLAMA70, "bf16"),  # FP4 tensor cores, but not NVIDIA's kernels
+    ("sglang", "B200", "fp8", LLAMA70, "bf16"),
+    ("", "B200", "fp8", LLAMA70, "bf16"),  # no engine named: the conservative BF16
+])
+def test_prefill_attention_dtype_follows_the_engine_gpu_and_kv_cache(engine: str, gpu_name: str, kv_dtype: str,
+                                                                    model_name: str, expected: str) -> None:
+    gpu = get_gpu(gpu_name)
+    cost = layout_cost(get_model(model_name), gpu, Layout(tp=8), "fp8", kv_dtype, engine)
+    assert cost.peak_flops_attn == gpu.peak_flops(expected)
+
+
+def test_fp8_prefill_attention_only_shortens_the_attention_part_of_long_prefills() -> None:
+    """vLLM on B200 with an FP8 cache: an 8192-token prefill's attention runs at the FP8 rate, so
+    the step is shorter than with BF16 attention by exactly that attention term's halving; a decode
+    step, which reads the KV cache and does no prefill attention, is unchanged."""
+    gpu, model, lay, p = get_gpu("B200"), get_model(LLAMA70), Layout(tp=2), StepParams()
+    fp8 = layout_cost(model, gpu, lay, "fp8", "fp8", "vllm")
+    bf16 = layout_cost(model, gpu, lay, "fp8", "fp8", "sglang")
+    slow, fast = step_time(p, bf16, 0, 0, 8192.0, 4096.0), step_time(p, fp8, 0, 0, 8192.0, 4096.0)
+    attn_bf16 = 8192.0 * bf16.prefill_attn_flops(4096.0) / (bf16.peak_flops_attn * p.e_attn)
+    ratio = gpu.peak_flops("fp8") / gpu.peak_flops("bf16")
+    assert ratio > 1.5
+    assert slow - fast == pytest.approx(attn_bf16 * (1.0 - 1.0 / ratio), rel=1e-9)
+    assert step_time(p, fp8, 32, 4096.0) == step_time(p, bf16, 32, 4096.0)
+    # The roofline floor (dense GEMMs at peak) is still never beaten.
+    assert fast > roofline_floor(fp8, 0, 0, 8192.0, 4096.0)
