@@ -484,7 +484,9 @@ def _validation_text(s: dict[str, Any], data: str, rule: str) -> str:
     out.append(f"ranking: pair accuracy {pct(r.get('pair_accuracy'))} over {r.get('pairs', 0)} pairs "
                f"(equal GPU count {pct(r.get('pair_accuracy_equal_gpus'))} over {r.get('pairs_equal_gpus', 0)}), "
                f"top-1 {pct(r.get('top1'))}, regret {pct(r.get('regret'))}")
-    out.append(f"anchor share {pct(s.get('anchor_share'))}; unpredicted rows {s.get('unpredicted', {}).get('n', 0)}")
+    unmeasured = (s.get("unmeasured") or {}).get("n", 0)
+    out.append(f"anchor share {pct(s.get('anchor_share'))}; unpredicted rows {s.get('unpredicted', {}).get('n', 0)}"
+               + (f"; {unmeasured} rows without any measured value (predicted, not scored)" if unmeasured else ""))
     counts = s.get("counts") or {}
     if counts.get("excluded_engine") or counts.get("excluded_mode"):
         out.append(f"not validated: {counts.get('excluded_engine', 0)} rows of other engines (only vllm, sglang, "

@@ -525,7 +525,7 @@ def _ape(measured: float | None, predicted: float | None) -> float | None:
 @dataclass
 class RowResult:
     row: BenchRow
-    status: str  # "ok" | "unpredicted"
+    status: str  # "ok" | "unpredicted" | "unmeasured" (nothing measured to score against)
     reason: str = ""
     measured: dict[str, float | None] = field(default_factory=dict)
     predicted: dict[str, float | None] = field(default_factory=dict)
@@ -652,7 +652,8 @@ def _section(
 ) -> dict[str, Any]:
     agg = [r for r in results if r.row.mode == "agg"]
     disagg = [r for r in results if r.row.mode == "disagg"]
-    unpredicted = [r for r in results if r.status != "ok"]
+    unpredicted = [r for r in results if r.status == "unpredicted"]
+    unmeasured = [r for r in results if r.status == "unmeasured"]
     section: dict[str, Any] = _metrics_block(agg)
     section["ranking"] = ranking_fidelity(agg)
     section["anchor_share"] = anchor_rows / filtered if filtered else None
@@ -660,6 +661,7 @@ def _section(
         "n": len(unpredicted),
         "rows": [{"id": r.row.id, "reason": r.reason} for r in unpredicted],
     }
+    section["unmeasured"] = {"n": len(unmeasured), "rows": [r.row.id for r in unmeasured]}
     counts = {
         "rows": rows_total,
         "filtered": filtered,
@@ -741,6 +743,11 @@ def _predict_row(fitted: FittedKernel, row: BenchRow, anchor: AnchorChoice) -> R
     if not isinstance(pred, RowPrediction):
         return RowResult(row, "unpredicted", f"predictor returned {type(pred).__name__}", measured)
     predicted = metric_values(row, pred.ttft_ms, pred.tpot_ms, pred.batch_latency_s, pred.throughput_tok_s)
+    if all(measured[m] is None for m in METRICS):
+        # Nothing to score against: the prediction is still written, and the row is counted apart
+        # from those the tool could not predict.
+        return RowResult(row, "unmeasured", "the row has no measured TTFT, TPOT, batch latency or throughput "
+                         "(empty or NaN cells): predicted, not scored", measured, predicted)
     if not any(measured[m] is not None and predicted[m] is not None for m in METRICS):
         have = [m for m in METRICS if measured[m] is not None] or ["none"]
         return RowResult(

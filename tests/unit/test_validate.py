@@ -452,7 +452,30 @@ def test_cannot_predict_kernel_set_rows_listed_with_reason(tmp_path: Path) -> No
     assert {u["id"] for u in s["unpredicted"]["rows"]} <= b_ids
     assert s["tpot"]["n"] == 10 and s["counts"]["scored_agg"] == 10
     c = s["counts"]
-    assert c["filtered"] == c["anchor_rows"] + c["scored_agg"] + c["scored_disagg"] + s["unpredicted"]["n"]
+    assert c["filtered"] == c["anchor_rows"] + c["scored_agg"] + c["scored_disagg"] + s["unpredicted"]["n"] + \
+        s["unmeasured"]["n"]
+
+
+def test_a_row_without_any_measured_value_is_predicted_but_counted_apart(tmp_path: Path) -> None:
+    """A row whose measured cells are all NaN or empty is not a row the tool failed to predict: it
+    is written with its prediction and counted as unmeasured, not unpredicted, and scores nothing."""
+    rows = rows_of(tmp_path, [rec(tp=1, c=8, rid="a1"), rec(tp=1, c=16, rid="a2"), rec(tp=2, c=8, rid="b"),
+                              rec(tp=2, c=16, ttft="NaN", tpot="", rid="blank")])
+    result = run_validation(rows, DoublePredictor(rows))
+    s = result.summary
+    assert s["unmeasured"] == {"n": 1, "rows": ["blank"]}
+    assert s["unpredicted"] == {"n": 0, "rows": []}
+    assert s["tpot"]["n"] == s["ttft"]["n"] == 1
+    blank = next(r for r in result.results if r.row.id == "blank")
+    assert blank.status == "unmeasured" and blank.ape("tpot") is None
+    from inferasim.predictor import AnchoredPredictor
+
+    real = run_validation(rows, AnchoredPredictor())
+    blank = next(r for r in real.results if r.row.id == "blank")
+    assert blank.status == "unmeasured" and blank.predicted["tpot"] > 0
+    c = s["counts"]
+    assert c["filtered"] == c["anchor_rows"] + c["scored_agg"] + c["scored_disagg"] + s["unpredicted"]["n"] + \
+        s["unmeasured"]["n"]
 
 
 def test_an_anchor_with_nothing_to_score_that_cannot_be_fitted_is_listed(tmp_path: Path) -> None:
