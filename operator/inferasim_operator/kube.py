@@ -217,3 +217,13 @@ class Kube:
             if exc.status != 409:
                 raise
             self.custom.patch_namespaced_custom_object(group, version, ns, plural, name, {"spec": body["spec"]})
+
+    def delete_custom(self, group: str, version: str, plural: str, namespace: str, name: str) -> bool:
+        """Delete a namespaced custom object; False when there was none (or its CRD is not installed)."""
+        try:
+            self.custom.delete_namespaced_custom_object(group, version, namespace, plural, name)
+            return True
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            return False

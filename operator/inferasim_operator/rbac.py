@@ -36,8 +36,8 @@ RULES: list[dict[str, Any]] = [
     # The target (read) and the canary Deployments (owned, removed after measuring).
     {"apiGroups": ["apps"], "resources": ["deployments"],
      "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
-    # Argo Rollouts confirmation.
-    {"apiGroups": ["argoproj.io"], "resources": ["analysistemplates"], "verbs": ["get", "create", "patch"]},
+    # Argo Rollouts confirmation; the template is withdrawn with the recommendation it checks.
+    {"apiGroups": ["argoproj.io"], "resources": ["analysistemplates"], "verbs": ["get", "create", "patch", "delete"]},
 ]
 
 

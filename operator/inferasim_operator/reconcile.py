@@ -687,7 +687,24 @@ class Invalid(kopf.PermanentError):
     """A spec the operator cannot use: reported as a condition, never retried until it changes."""
 
 
-async def _observe(spec: TuningSpec, book: StatusBook, body: dict[str, Any], settings: Settings,
+async def _park_invalid(body: dict[str, Any], book: StatusBook, kube: Kube, message: str, *,
+                        condition: tuple[str, str], event: str) -> Invalid:
+    """Phase Invalid, and nothing of the last recommendation left running or published: the timer
+    skips Invalid tunings, so canaries left now would hold their GPUs (and take live traffic), and
+    a ConfigMap or AnalysisTemplate would keep serving a recommendation for a spec that no longer
+    holds, until someone fixes the spec. Returns the exception for the caller to raise."""
+    book.set(phase="Invalid", observedGeneration=book.generation, message=message, recommendation=None,
+             shortlist=[])
+    book.condition(condition[0], "False", condition[1], message)
+    await _withdraw_config_map(body, book, kube, config_map_name(book.name), "the spec is invalid")
+    await _retire_canaries(body, book, kube, set())
+    await _withdraw_analysis_template(body, book, kube)
+    await book.flush()
+    post_event(body, "Warning", event, message)
+    return Invalid(message)
+
+
+async def _observe(spec: TuningSpec, book: StatusBook, body: dict[str, Any], kube: Kube, settings: Settings,
                    has_recommendation: bool) -> tuple[dict[str, Any], ObservedWorkload | None]:
     """The workload for the search (a static workload dict) and what was observed (prometheus)."""
     if spec.workload.static is not None:
@@ -706,11 +723,9 @@ async def _observe(spec: TuningSpec, book: StatusBook, body: dict[str, Any], set
             # A label name, range or URL no Prometheus accepts: no retry fixes it, an edit of the spec
             # does (and starts a new pass).
             metrics.OBSERVE_FAILURES.labels(reason=exc.reason).inc()
-            book.condition("WorkloadObserved", "False", exc.reason, f"{exc}; fix the spec")
-            book.set(phase="Invalid", observedGeneration=book.generation, message=f"workload not observable: {exc}")
-            await book.flush()
-            post_event(body, "Warning", "WorkloadNotObservable", str(exc))
-            raise Invalid(f"workload not observable: {exc}") from None
+            raise await _park_invalid(body, book, kube, f"workload not observable: {exc}; fix the spec",
+                                      condition=("WorkloadObserved", exc.reason),
+                                      event="WorkloadNotObservable") from None
         retries = int(book.get("retries") or 0) + 1
         delay = backoff(settings, retries)
         metrics.OBSERVE_FAILURES.labels(reason=exc.reason).inc()
@@ -721,7 +736,9 @@ async def _observe(spec: TuningSpec, book: StatusBook, body: dict[str, Any], set
         raise kopf.TemporaryError(f"workload not observed: {exc}", delay=delay) from None
     _last_observe[book.uid] = time.monotonic()
     book.condition("WorkloadObserved", "True", "MetricsAvailable", observed.describe())
-    book.set(observedWorkload=dump(observed), retries=0)
+    # `retries` is not reset here: it counts failed passes, and a search that fails after a good
+    # observation must back off further, not start over at the first delay.
+    book.set(observedWorkload=dump(observed))
     post_event(body, "Normal", "WorkloadObserved", observed.describe())
     static = observed.to_static()
     return static.model_dump(by_alias=True, mode="json", exclude_none=True), observed
@@ -769,16 +786,21 @@ async def _reconcile(body: dict[str, Any], book: StatusBook, kube: Kube, setting
     try:
         spec = parse_tuning_spec(body.get("spec") or {}, settings.prometheus_url)
     except SpecError as exc:
-        book.set(phase="Invalid", observedGeneration=gen, message=f"invalid spec: {exc}")
-        book.condition("Recommended", "False", "InvalidSpec", str(exc))
-        await book.flush()
-        post_event(body, "Warning", "InvalidSpec", str(exc))
-        raise Invalid(f"invalid spec: {exc}") from None
+        raise await _park_invalid(body, book, kube, f"invalid spec: {exc}", condition=("Recommended", "InvalidSpec"),
+                                  event="InvalidSpec") from None
     post_event(body, "Normal", "Tuning", f"tuning started: {reason}")
     has_rec = bool(book.get("recommendation"))
+    if has_rec and book.get("observedGeneration") != gen:
+        # The spec changed: until this pass publishes, the recommendation in status is the last
+        # spec's. Say so (a pass that fails keeps it, and GitOps keeps its ConfigMap), and stop the
+        # canaries that were confirming it: they judge a recommendation for a spec that no longer holds.
+        book.condition("Recommended", "Unknown", "SpecChanged",
+                       f"the spec changed (generation {gen}); the recommendation shown is for generation "
+                       f"{book.get('observedGeneration')} until this pass completes")
+        await _retire_canaries(body, book, kube, set())
 
     # 2. the workload
-    workload, observed = await _observe(spec, book, body, settings, has_rec)
+    workload, observed = await _observe(spec, book, body, kube, settings, has_rec)
 
     # 3. anchors: the cluster's ServingAnchors next to the shipped ones, and the live target's own
     #    passive anchor (its kernel set then needs no harvest Job)
@@ -829,13 +851,22 @@ async def _reconcile(body: dict[str, Any], book: StatusBook, kube: Kube, setting
         raise kopf.TemporaryError(str(exc), delay=delay) from None
     except SearchFailed as exc:
         metrics.SEARCH_FAILURES.labels(reason="invalid" if exc.invalid else "error").inc()
-        if exc.invalid:
-            book.set(phase="Invalid", observedGeneration=gen, message=f"search refused the spec: {exc}")
-            book.condition("Recommended", "False", "InvalidSpec", str(exc))
-            await book.flush()
-            post_event(body, "Warning", "InvalidSpec", str(exc))
-            raise Invalid(str(exc)) from None
+        if exc.invalid and observed is None:
+            raise await _park_invalid(body, book, kube, f"search refused the spec: {exc}",
+                                      condition=("Recommended", "InvalidSpec"), event="InvalidSpec") from None
         retries = int(book.get("retries") or 0) + 1
+        if exc.invalid:
+            # The workload was observed, not written: what the search refuses (a mean prompt longer
+            # than the model's context, say) comes from the traffic, which an edit of the spec may not
+            # fix and which may change. Retried with backoff; not parked as Invalid, where the drift
+            # checks would stop for good.
+            delay = backoff(settings, retries)
+            why = f"the observed workload ({observed.describe()}) cannot be served as the spec asks: {exc}"
+            book.condition("Recommended", "False", "WorkloadNotServable", f"{why}; retry {retries} in {delay:.0f} s")
+            book.set(retries=retries, message=why[:1000])
+            await book.flush()
+            post_event(body, "Warning", "WorkloadNotServable", why[:500])
+            raise kopf.TemporaryError(why[:500], delay=delay) from None
         delay = backoff(settings, retries)
         book.condition("Recommended", "False", "SearchFailed", str(exc)[:1000])
         book.set(retries=retries, message=str(exc)[:1000])
@@ -917,6 +948,7 @@ async def _reconcile(body: dict[str, Any], book: StatusBook, kube: Kube, setting
 
     # 7. phase (and confirmation, once the anchors are in)
     canaries: set[str] = set()
+    old_template = (book.get("confirmation") or {}).get("analysisTemplate")
     if harvesting:
         book.set(phase="Harvesting", message=f"waiting for {len(harvesting)} harvest Job(s)")
     elif rec is not None:
@@ -925,6 +957,8 @@ async def _reconcile(body: dict[str, Any], book: StatusBook, kube: Kube, setting
             from inferasim_operator.confirm import start_confirmation
 
             canaries = await start_confirmation(body, spec, payload, book, kube)
+    if old_template and old_template != (book.get("confirmation") or {}).get("analysisTemplate"):
+        await _withdraw_analysis_template(body, book, kube, old_template)
     await _retire_canaries(body, book, kube, canaries)
     await book.flush()
     return book.get("phase") or "Recommended"
@@ -935,6 +969,25 @@ async def _withdraw_config_map(body: dict[str, Any], book: StatusBook, kube: Kub
     recommendation (of another spec) when this pass has none to publish."""
     if await asyncio.to_thread(kube.delete_config_map, book.namespace, cm_name):
         post_event(body, "Normal", "RecommendationWithdrawn", f"ConfigMap {cm_name} deleted: {why}")
+
+
+async def _withdraw_analysis_template(body: dict[str, Any], book: StatusBook, kube: Kube,
+                                     name: str | None = None) -> None:
+    """Delete the AnalysisTemplate an earlier pass published (`name`; default: the one in status):
+    its thresholds are the predictions of a recommendation this pass does not stand by
+    (confirmation switched off or to canaries, no recommendation, one that cannot be rendered, an
+    invalid spec). Its confirmation status goes with it unless this pass wrote another."""
+    conf = book.get("confirmation") or {}
+    name = name or conf.get("analysisTemplate")
+    if not name:
+        return
+    if await asyncio.to_thread(kube.delete_custom, "argoproj.io", "v1alpha1", "analysistemplates",
+                               book.namespace, name):
+        post_event(body, "Normal", "AnalysisTemplateWithdrawn", f"AnalysisTemplate {name} deleted")
+    if conf.get("analysisTemplate") == name:
+        book.set(confirmation=None)
+        book.condition("Confirmed", "Unknown", "Superseded",
+                       f"AnalysisTemplate {name} withdrawn: this pass publishes no thresholds for it")
 
 
 async def _retire_canaries(body: dict[str, Any], book: StatusBook, kube: Kube, keep: set[str]) -> None:

@@ -9,6 +9,7 @@ import copy
 import time
 from typing import Any
 
+import kopf
 import pytest
 from inferasim_operator import confirm, reconcile
 from inferasim_operator.kube import own
@@ -69,6 +70,20 @@ class _Kube:
         gone = [d for d in self.deployments if d not in keep]
         self.deployments = [d for d in self.deployments if d in keep]
         return gone
+
+    config_maps: tuple[str, ...] = ("chat-recommendation",)
+    templates: tuple[str, ...] = ()
+
+    def delete_config_map(self, namespace: str, name: str) -> bool:
+        had = name in self.config_maps
+        self.config_maps = tuple(c for c in self.config_maps if c != name)
+        return had
+
+    def delete_custom(self, group: str, version: str, plural: str, namespace: str, name: str) -> bool:
+        assert plural == "analysistemplates"
+        had = name in self.templates
+        self.templates = tuple(t for t in self.templates if t != name)
+        return had
 
 
 def test_a_status_sub_object_is_replaced_not_merged() -> None:
@@ -166,8 +181,35 @@ def test_a_selector_prometheus_refuses_is_invalid_not_retried(monkeypatch: pytes
     kube = _Kube({}, [])
     book = reconcile.StatusBook(copy.deepcopy(BODY), kube)  # type: ignore[arg-type]
     with pytest.raises(reconcile.Invalid, match="1bad"):
-        asyncio.run(reconcile._observe(spec, book, BODY, reconcile.Settings(), False))
+        asyncio.run(reconcile._observe(spec, book, BODY, kube, reconcile.Settings(), False))  # type: ignore[arg-type]
     assert book.get("phase") == "Invalid" and book.cond("WorkloadObserved")["reason"] == "BadSelector"
+
+
+def test_an_invalid_spec_stops_what_the_last_recommendation_started() -> None:
+    """The timer skips Invalid tunings: canaries left running would hold GPUs and take traffic, and
+    the ConfigMap would keep publishing the last recommendation, until the spec is fixed."""
+    status = {"phase": "Confirming", "observedGeneration": 1, "recommendation": {"engine": "vllm"},
+              "shortlist": [{"engine": "vllm"}],
+              "confirmation": {"mode": "canary", "canaries": [{"name": "chat-canary-0"}]}}
+    kube = _Kube(status, ["chat-canary-0"])
+    body = {**BODY, "metadata": {**BODY["metadata"], "generation": 2}, "status": status,
+            "spec": {**SPEC, "retune": {"every": "daily"}}}
+    book = reconcile.StatusBook(copy.deepcopy(body), kube)  # type: ignore[arg-type]
+    with pytest.raises(reconcile.Invalid, match="retune.every"):
+        asyncio.run(reconcile._reconcile(body, book, kube, reconcile.Settings(), "spec changed"))  # type: ignore[arg-type]
+    assert book.get("phase") == "Invalid" and book.get("observedGeneration") == 2
+    assert book.get("recommendation") is None and book.get("shortlist") == []
+    assert kube.deployments == [] and kube.config_maps == () and book.get("confirmation") is None
+    assert book.cond("Recommended")["reason"] == "InvalidSpec"
+    # An AnalysisTemplate (argo-rollouts confirmation) is withdrawn the same way.
+    status = {"phase": "Recommended", "recommendation": {"engine": "vllm"},
+              "confirmation": {"mode": "argo-rollouts", "analysisTemplate": "chat-inferasim"}}
+    kube = _Kube(status, [])
+    kube.templates = ("chat-inferasim",)
+    book = reconcile.StatusBook({**body, "status": status}, kube)  # type: ignore[arg-type]
+    with pytest.raises(reconcile.Invalid):
+        asyncio.run(reconcile._reconcile({**body, "status": status}, book, kube, reconcile.Settings(), "x"))  # type: ignore[arg-type]
+    assert kube.templates == () and book.get("confirmation") is None
 
 
 class _CanaryKube:
@@ -263,3 +305,53 @@ def test_a_timer_pass_reads_the_status_inside_the_lock() -> None:
     settings = reconcile.Settings.from_env({})
     assert asyncio.run(reconcile._tick(stale, "u-1", "Confirming", kube, settings)) == "superseded"  # type: ignore[arg-type]
     assert kube.deleted == []
+
+
+def test_a_search_refusing_the_observed_workload_backs_off_instead_of_parking_invalid(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the search refuses in an observed workload (a mean prompt longer than the model's
+    context) comes from the traffic, not from a field the user wrote: the pass is retried with a
+    growing delay, the tuning is not parked Invalid (where the drift checks would stop), and the
+    retry count survives the next good observation."""
+    from inferasim_operator import passive
+    from inferasim_operator.search import SearchFailed
+
+    from inferasim.observe import ObservedWorkload
+
+    obs = ObservedWorkload(engine="vllm", window="5m", observed_at=1e9, request_rate=1.0,
+                           prompt_tokens_mean=200_000, output_tokens_mean=64, prefix_hit_rate=None, running=1,
+                           waiting=0)
+    monkeypatch.setattr(reconcile, "observe", lambda *a, **k: obs)
+
+    async def no_anchors(*a: Any, **k: Any) -> int:
+        return 0
+
+    async def no_passive(*a: Any, **k: Any) -> bool:
+        return False
+
+    async def no_price(*a: Any, **k: Any) -> tuple[None, str, str, str]:
+        return None, "False", "NoPrice", "no price"
+
+    async def refuse(*a: Any, **k: Any) -> dict[str, Any]:
+        raise SearchFailed("workload.static.inputTokens 200000 exceeds the model's context", invalid=True)
+
+    monkeypatch.setattr(reconcile, "sync_anchors", no_anchors)
+    monkeypatch.setattr(passive, "ensure_passive_anchor", no_passive)
+    monkeypatch.setattr(reconcile, "resolve_price", no_price)
+    monkeypatch.setattr(reconcile, "run_search", refuse)
+    spec = {**SPEC, "workload": {"prometheus": {"url": "http://prom:9090", "selector": {"namespace": "llm"},
+                                                "window": "5m"}}}
+    kube = _Kube({}, [])
+    status: dict[str, Any] = {}
+    delays = []
+    for _ in range(3):
+        body = {**BODY, "spec": spec, "status": status}
+        book = reconcile.StatusBook(copy.deepcopy(body), kube)  # type: ignore[arg-type]
+        with pytest.raises(kopf.TemporaryError) as err:
+            asyncio.run(reconcile._reconcile(body, book, kube, reconcile.Settings(), "test"))  # type: ignore[arg-type]
+        delays.append(err.value.delay)
+        status = book.status
+        assert status.get("phase") != "Invalid"
+        assert book.cond("Recommended")["reason"] == "WorkloadNotServable"
+        assert "observed workload" in book.cond("Recommended")["message"]
+    assert status["retries"] == 3 and delays[0] < delays[1] < delays[2]
