@@ -671,6 +671,7 @@ def config_map_name(tuning: str) -> str:
 _locks: dict[str, asyncio.Lock] = {}
 _last_observe: dict[str, float] = {}
 _next_attempt: dict[str, float] = {}
+_retuned_for: dict[str, set[str]] = {}  # ServingAnchors (name@resourceVersion) a tuning was re-tuned for
 
 
 def _lock(uid: str) -> asyncio.Lock:
@@ -678,7 +679,7 @@ def _lock(uid: str) -> asyncio.Lock:
 
 
 def forget(uid: str) -> None:
-    for d in (_locks, _last_observe, _next_attempt):
+    for d in (_locks, _last_observe, _next_attempt, _retuned_for):
         d.pop(uid, None)
     metrics.forget(uid)
 
@@ -1128,7 +1129,7 @@ async def _tick(body: dict[str, Any], uid: str, phase: str, kube: Kube, settings
         return await reconcile(body, kube, settings, trigger="schedule", force=True,
                                reason=f"scheduled re-tune (every {spec.retune.every})")
     missing = (status.get("anchors") or {}).get("missing") or []
-    if missing and await _missing_now_available(missing, kube):
+    if missing and await _missing_now_available(missing, kube, uid):
         return await reconcile(body, kube, settings, trigger="anchors", force=True, reason="new anchors available")
     if spec.workload.prometheus is not None:
         last = _last_observe.get(uid)
@@ -1137,25 +1138,37 @@ async def _tick(body: dict[str, Any], uid: str, phase: str, kube: Kube, settings
     return "steady"
 
 
-async def _missing_now_available(missing: list[dict[str, Any]], kube: Kube) -> bool:
+async def _missing_now_available(missing: list[dict[str, Any]], kube: Kube, uid: str = "") -> bool:
+    """Whether a ServingAnchor for one of the missing kernel sets arrived that no earlier pass of this
+    tuning was re-tuned for. Anchors are read as the search reads them (an object that fails
+    validation, say one written by a newer operator, is skipped there too), and each anchor
+    object (name and resourceVersion) triggers at most one re-tune: one the search still does not
+    match (another engine version or KV dtype) would otherwise re-tune the tuning on every tick."""
+    from inferasim.catalog.engines import normalize_engine
     from inferasim.catalog.gpus import get_gpu
     from inferasim.catalog.models import normalize_precision, resolve_model_name
 
     anchors = await asyncio.to_thread(kube.list_anchors)
-    have = set()
+    have: dict[tuple[str, ...], set[str]] = {}
     for obj in anchors:
-        ks = (obj.get("spec") or {}).get("kernel_set") or {}
         try:
-            have.add((ks.get("engine"), resolve_model_name(ks.get("model", "")), get_gpu(ks.get("gpu", "")).name,
-                      normalize_precision(ks.get("precision") or "auto")))
+            ks = Anchor.model_validate(obj.get("spec") or {}).kernel_set
+            key = (normalize_engine(ks.engine), resolve_model_name(ks.model), get_gpu(ks.gpu).name,
+                   normalize_precision(ks.precision or "auto"))
         except ValueError:
             continue
+        meta = obj.get("metadata") or {}
+        have.setdefault(key, set()).add(f"{meta.get('name')}@{meta.get('resourceVersion', '')}")
+    seen = _retuned_for.setdefault(uid, set())
     for m in missing:
         try:
-            key = (m["engine"], resolve_model_name(m["model"]), get_gpu(m["gpu"]).name, m["precision"])
+            key = (normalize_engine(m["engine"]), resolve_model_name(m["model"]), get_gpu(m["gpu"]).name,
+                   m["precision"])
         except (KeyError, ValueError):
             continue
-        if key in have:
+        new = have.get(key, set()) - seen
+        if new:
+            seen |= new
             return True
     return False
 

@@ -355,3 +355,37 @@ def test_a_search_refusing_the_observed_workload_backs_off_instead_of_parking_in
         assert book.cond("Recommended")["reason"] == "WorkloadNotServable"
         assert "observed workload" in book.cond("Recommended")["message"]
     assert status["retries"] == 3 and delays[0] < delays[1] < delays[2]
+
+
+def test_a_new_anchor_re_tunes_once_not_on_every_tick() -> None:
+    """A ServingAnchor for a missing kernel set triggers one re-tune; if the search still reports the
+    kernel set missing (another engine version, say), the next ticks do not re-tune again until the
+    object changes. An object the search cannot read (a newer schema) triggers nothing."""
+    import json
+    from pathlib import Path
+
+    path = next(Path(__file__).resolve().parents[2].joinpath("anchors").glob("vllm-qwen--qwen3-32b-h100_sxm-fp8-*"))
+    spec = json.loads(path.read_text())
+
+    class AnchorList:
+        def __init__(self, objs: list[dict[str, Any]]) -> None:
+            self.objs = objs
+
+        def list_anchors(self) -> list[dict[str, Any]]:
+            return self.objs
+
+    obj = {"metadata": {"name": "harvested-1", "resourceVersion": "7"}, "spec": spec}
+    newer = {"metadata": {"name": "from-newer-operator", "resourceVersion": "1"},
+             "spec": {**spec, "schema_version": 99}}
+    missing = [{"engine": "vllm", "model": "Qwen/Qwen3-32B", "gpu": "H100", "precision": "fp8"}]
+    other = [{"engine": "sglang", "model": "Qwen/Qwen3-32B", "gpu": "H100", "precision": "fp8"}]
+    uid = "u-anchors"
+    reconcile.forget(uid)
+    assert not asyncio.run(reconcile._missing_now_available(missing, AnchorList([newer]), uid))  # type: ignore[arg-type]
+    kube = AnchorList([newer, obj])
+    assert not asyncio.run(reconcile._missing_now_available(other, kube, uid))  # type: ignore[arg-type]
+    assert asyncio.run(reconcile._missing_now_available(missing, kube, uid))  # type: ignore[arg-type]
+    assert not asyncio.run(reconcile._missing_now_available(missing, kube, uid))  # type: ignore[arg-type]
+    obj["metadata"]["resourceVersion"] = "8"  # the anchor was re-harvested
+    assert asyncio.run(reconcile._missing_now_available(missing, kube, uid))  # type: ignore[arg-type]
+    reconcile.forget(uid)
