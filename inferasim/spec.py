@@ -152,6 +152,21 @@ class HarvestPolicy(_Model):
     node_selector: dict[str, str] = Field(default_factory=dict)
     tolerations: list[dict[str, Any]] = Field(default_factory=list)
 
+    @field_validator("images")
+    @classmethod
+    def _image_engines_known(cls, v: dict[str, str]) -> dict[str, str]:
+        # Keyed by engine: a key that names none ("vLLM ", "sgl") would be ignored silently and the
+        # catalog's image harvested instead of the one asked for.
+        out = {}
+        for engine, image in v.items():
+            name = engine.strip().lower()
+            if name not in ENGINES:
+                raise ValueError(f"key {engine!r} is not an engine; accepted: {', '.join(ENGINES)}")
+            if not str(image).strip():
+                raise ValueError(f"the image for {name} is empty")
+            out[name] = str(image).strip()
+        return out
+
 
 class Confirmation(_Model):
     mode: Literal["none", "canary", "argo-rollouts"] = "none"

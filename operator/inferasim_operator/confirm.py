@@ -55,6 +55,11 @@ from inferasim_operator.times import age_s, epoch, iso, now_iso
 
 # A canary confirms the prediction when its measured ITL p90 is within this fraction of it.
 TOLERANCE = 0.25
+# Requests a canary must serve in its window for its measurement to count: a live Service spreads
+# traffic over the target's pods and the canaries, and a canary that drew a handful of requests
+# was measured at a load (and from a few requests' tokens) that says little about the predicted
+# operating point.
+MIN_CANARY_REQUESTS = 30
 # Canary points a canary anchor keeps (the newest): earlier canaries of the same kernel set and
 # layout at other operating points, which share its one calibrated scale.
 MAX_CANARY_POINTS = 8
@@ -125,8 +130,6 @@ async def start_confirmation(body: dict[str, Any], spec: TuningSpec, payload: di
                        "canaries are measured through Prometheus, and this workload is static: set "
                        "workload.prometheus, or confirmation.mode none")
         return set()
-    target = await asyncio.to_thread(kube.get_deployment, book.namespace, spec.target.name) if spec.target else None
-    target_labels = ((target or {}).get("spec") or {}).get("selector", {}).get("matchLabels", {}) or {}
     canaries = []
     # The first `candidates` entries that render as one Deployment (a disaggregated one does not).
     renderable = [(dep, entry) for dep, entry in zip(payload.get("shortlist_deployments", []), shortlist, strict=False)
@@ -140,7 +143,25 @@ async def start_confirmation(body: dict[str, Any], spec: TuningSpec, payload: di
                        "no canary of the short list could be measured, none was started")
         return set()
     renderable = judged
+    # A canary takes live traffic by carrying the target Deployment's pod labels (its Service's
+    # selector). Another kind of target, or none to copy them from, would leave it without traffic:
+    # GPUs held for the whole window, then "not measured".
+    if spec.target is None or spec.target.kind != "Deployment":
+        kind = spec.target.kind if spec.target else "none"
+        book.condition("Confirmed", "False", "CannotCanary",
+                       f"target.kind {kind}: canaries copy a Deployment's pod labels to share its traffic; use "
+                       "confirmation.mode argo-rollouts (or none) for this target")
+        return set()
+    target = await asyncio.to_thread(kube.get_deployment, book.namespace, spec.target.name)
+    if target is None:
+        book.condition("Confirmed", "False", "CannotCanary",
+                       f"target Deployment {spec.target.name} not found in namespace {book.namespace}: a canary "
+                       "takes its traffic through the target's pod labels; none was started")
+        return set()
+    target_labels = (target.get("spec") or {}).get("selector", {}).get("matchLabels", {}) or {}
     for dep, entry in renderable[: spec.confirmation.candidates]:
+        # shortlist[0] is the recommendation (the best of the ranked candidates).
+        recommended = bool(shortlist) and entry is shortlist[0]
         d = canary_deployment(dep, target_labels, book.name)
         kube_mod.own(d, body)
         await asyncio.to_thread(kube.apply_deployment, d)
@@ -153,7 +174,7 @@ async def start_confirmation(body: dict[str, Any], spec: TuningSpec, payload: di
                                     layout_label=entry["layout_label"], gpus=entry["gpus_per_replica"],
                                     image=containers[0].get("image", ""), parent_anchor=entry.get("anchor") or "",
                                     predicted_ttft_p90_ms=p.get("ttft_p90_ms"),
-                                    predicted_itl_p90_ms=p.get("itl_p90_ms"))))
+                                    predicted_itl_p90_ms=p.get("itl_p90_ms"), recommended=recommended)))
         post_event(body, "Normal", "CanaryCreated",
                    f"Deployment {d['metadata']['name']}: {entry['engine']} {entry['layout_label']}")
     if not canaries:
@@ -204,6 +225,11 @@ async def confirm_progress(body: dict[str, Any], spec: TuningSpec, book: Any, ku
     return _decide(body, book, canaries)
 
 
+def _counted(c: dict[str, Any]) -> bool:
+    """A canary whose prediction error counts: measured, with enough requests in its window."""
+    return "predictionError" in c and (c.get("measuredRequests") or 0.0) >= MIN_CANARY_REQUESTS
+
+
 def available_since(dep: dict[str, Any]) -> str:
     """When a Deployment became available: its Available condition's last transition (written by
     the deployment controller, so a timer that looks later does not shorten the window), else now."""
@@ -239,6 +265,10 @@ async def _measure_canary(body: dict[str, Any], spec: TuningSpec, book: Any, kub
     c["measuredTtftP90Ms"] = m.ttft.p90_ms if m.ttft else None
     c["measuredItlP90Ms"] = m.itl.p90_ms if m.itl else None
     c["measuredRequestRate"] = m.request_rate
+    from inferasim_operator.reconcile import parse_duration
+
+    window = parse_duration(spec.confirmation.window, "confirmation.window") or 0.0
+    c["measuredRequests"] = round(m.request_rate * window, 1)
     pred = c.get("predictedItlP90Ms")
     if pred and c["measuredItlP90Ms"]:
         err = c["measuredItlP90Ms"] / pred - 1.0
@@ -261,17 +291,37 @@ async def _release_canary(book: Any, kube: Kube, c: dict[str, Any]) -> None:
 
 
 def _decide(body: dict[str, Any], book: Any, canaries: list[dict[str, Any]]) -> bool:
-    """Every canary measured or failed: the Confirmed condition from their prediction errors."""
+    """Every canary measured or failed: the Confirmed condition from their prediction errors. The
+    recommendation is confirmed only by its own canary, measured on at least MIN_CANARY_REQUESTS
+    requests; the short list's other canaries can contradict it (a prediction off elsewhere) but
+    not stand in for it."""
     from inferasim_operator.reconcile import post_event
 
-    if not any("predictionError" in c for c in canaries):
-        reasons = "; ".join(f"{c['name']}: {c.get('message', 'not measured')}" for c in canaries)
-        book.condition("Confirmed", "False", "CanaryNotMeasured", reasons)
-        book.set(phase="Recommended", message="canaries could not be measured")
-        post_event(body, "Warning", "CanaryNotMeasured", reasons)
+    def not_confirmed(reason: str, why: str) -> bool:
+        book.condition("Confirmed", "False", reason, why)
+        book.set(phase="Recommended", message=why[:500])
+        post_event(body, "Warning", reason, why)
         return True
-    text = ", ".join(f"{c['name']} {c['predictionError']:+.0%}" for c in canaries if "predictionError" in c)
-    if all(c.get("agrees") for c in canaries if "predictionError" in c):
+
+    for c in canaries:
+        if "predictionError" in c and not _counted(c):
+            c["message"] = (f"served {c.get('measuredRequests') or 0:g} requests in the window, fewer than the "
+                            f"{MIN_CANARY_REQUESTS} its measurement needs to count")
+    book.set(confirmation={**(book.get("confirmation") or {}), "canaries": canaries})
+    if not any(_counted(c) for c in canaries):
+        reasons = "; ".join(f"{c['name']}: {c.get('message', 'not measured')}" for c in canaries)
+        return not_confirmed("CanaryNotMeasured", reasons)
+    text = ", ".join(f"{c['name']} {c['predictionError']:+.0%}" for c in canaries if _counted(c))
+    own = next((c for c in canaries if c.get("recommended")), None)
+    if own is None:
+        return not_confirmed("RecommendationNotCanaried",
+                             "the recommendation itself ran no canary (disaggregated, not renderable as one "
+                             f"Deployment, or an engine without latency histograms); the short list measured: {text}")
+    if not _counted(own):
+        return not_confirmed("RecommendationNotMeasured",
+                             f"{own['name']} (the recommendation): {own.get('message', 'not measured')}; "
+                             f"the short list measured: {text}")
+    if all(c.get("agrees") for c in canaries if _counted(c)):
         book.condition("Confirmed", "True", "CanaryMeasured",
                        f"measured ITL p90 within {TOLERANCE:.0%} at the histogram's bucket resolution: {text}")
         post_event(body, "Normal", "Confirmed", text)

@@ -178,6 +178,8 @@ class Canary(_Wire):
     measured_ttft_p90_ms: float | None = None
     measured_itl_p90_ms: float | None = None
     measured_request_rate: float | None = None
+    measured_requests: float | None = Field(None, description="Requests the canary served in its window.")
+    recommended: bool = Field(False, description="This canary runs the recommendation itself (the short list's first).")
     prediction_error: float | None = Field(None, description="Measured / predicted ITL p90 - 1.")
     agrees: bool | None = Field(None, description=(
         "Whether the measured ITL p90 is within the tolerance of the prediction at the resolution of the "

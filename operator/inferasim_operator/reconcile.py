@@ -560,7 +560,7 @@ async def plan_harvests(body: dict[str, Any], spec: TuningSpec, missing: list[di
         limits = job_limits(target, spec.harvest, remaining)
         if limits is None:
             entry.reason = (f"a harvest needs {target.gpu_hours:.2f} GPU-hours; {max(remaining, 0):.2f} of "
-                            f"harvest.maxGpuHours ({spec.harvest.max_gpu_hours:g}) left")
+                            f"harvest.maxGPUHours ({spec.harvest.max_gpu_hours:g}) left")
             missing_out.append(entry)
             continue
         try:
@@ -840,7 +840,7 @@ async def _reconcile(body: dict[str, Any], book: StatusBook, kube: Kube, setting
     try:
         payload = await run_search(spec_dict, anchor_dirs(settings), name, book.namespace,
                                    stage2_top=settings.stage2_top, timeout_s=settings.search_timeout_s,
-                                   target_selector=selector)
+                                   target_selector=selector, tuning=book.name)
     except SearchTimeout as exc:
         metrics.SEARCH_FAILURES.labels(reason="timeout").inc()
         retries = int(book.get("retries") or 0) + 1

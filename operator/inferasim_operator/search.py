@@ -52,8 +52,16 @@ def adopt_selector(deployment: dict[str, Any], selector: dict[str, Any] | None) 
     return deployment
 
 
+def canary_base(name: str, tuning: str) -> str:
+    """What a tuning's canaries are named after: the recommended Deployment's name (`name`, the
+    target's), with the tuning's own name when it differs, so that two tunings of one target never
+    name (and so patch, measure and delete) each other's canaries."""
+    # Cut (with a hash of the whole) to leave room for "-canary-N" within a DNS label.
+    return name if not tuning or tuning == name else child_name(f"{name}-{tuning}", "", limit=52)
+
+
 def search_payload(spec: dict[str, Any], anchor_dirs: list[str], name: str, namespace: str,
-                   stage2_top: int, target_selector: dict[str, Any] | None = None) -> dict[str, Any]:
+                   stage2_top: int, target_selector: dict[str, Any] | None = None, tuning: str = "") -> dict[str, Any]:
     """Run `tune` and render what the status and the canaries need (runs in the child)."""
     from inferasim.render import render_deployment, to_yaml
     from inferasim.search.deploy import config_of, recommendation_manifests
@@ -93,7 +101,7 @@ def search_payload(spec: dict[str, Any], anchor_dirs: list[str], name: str, name
     for e in result.shortlist():
         try:
             cfg = config_of(result, e)
-            canary = child_name(name, f"-canary-{n_canaries}")
+            canary = child_name(canary_base(name, tuning), f"-canary-{n_canaries}")
             out["shortlist_deployments"].append(render_deployment(cfg, canary, namespace))
             n_canaries += 1
         except ValueError as exc:  # a disaggregated entry (two pools), or one a Deployment cannot hold
@@ -128,12 +136,13 @@ def _child(conn: Any, args: tuple[Any, ...]) -> None:
 
 
 async def run_search(spec: dict[str, Any], anchor_dirs: list[str], name: str, namespace: str, *,
-                     stage2_top: int, timeout_s: float, target_selector: dict[str, Any] | None = None
-                     ) -> dict[str, Any]:
+                     stage2_top: int, timeout_s: float, target_selector: dict[str, Any] | None = None,
+                     tuning: str = "") -> dict[str, Any]:
     """`search_payload` in a spawned process; SearchTimeout after ``timeout_s`` (the child is killed)."""
     ctx = mp.get_context("spawn")  # fork would copy kopf's threads and locks
     parent, child = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child, args=(child, (spec, anchor_dirs, name, namespace, stage2_top, target_selector)),
+    proc = ctx.Process(target=_child, args=(child, (spec, anchor_dirs, name, namespace, stage2_top, target_selector,
+                                                    tuning)),
                        name="inferasim-search", daemon=False)  # not daemonic: tune may start workers
     proc.start()
     child.close()

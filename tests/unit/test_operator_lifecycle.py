@@ -389,3 +389,66 @@ def test_a_new_anchor_re_tunes_once_not_on_every_tick() -> None:
     obj["metadata"]["resourceVersion"] = "8"  # the anchor was re-harvested
     assert asyncio.run(reconcile._missing_now_available(missing, kube, uid))  # type: ignore[arg-type]
     reconcile.forget(uid)
+
+
+def test_only_the_recommendations_own_canary_on_enough_traffic_confirms_it() -> None:
+    """Confirmed=True needs the recommendation's own canary measured on at least MIN_CANARY_REQUESTS
+    requests; another canary of the short list agreeing does not stand in for it."""
+    def canary(name: str, recommended: bool, **measured: Any) -> dict[str, Any]:
+        return {"name": name, "engine": "vllm", "layoutLabel": "tp1", "recommended": recommended, **measured}
+
+    agrees = {"state": "Measured", "predictionError": 0.05, "agrees": True,
+              "measuredRequests": float(confirm.MIN_CANARY_REQUESTS * 4)}
+
+    def decide(canaries: list[dict[str, Any]]) -> dict[str, Any]:
+        book = reconcile.StatusBook({**BODY, "status": {"confirmation": {"canaries": canaries}}}, _Kube({}, []))  # type: ignore[arg-type]
+        assert confirm._decide(BODY, book, canaries)
+        return book.cond("Confirmed") or {}
+
+    failed = canary("chat-canary-0", True, state="Failed", message="not available after 1h")
+    cond = decide([failed, canary("chat-canary-1", False, **agrees)])
+    assert cond["status"] == "False" and cond["reason"] == "RecommendationNotMeasured"
+    cond = decide([canary("chat-canary-1", False, **agrees)])
+    assert cond["status"] == "False" and cond["reason"] == "RecommendationNotCanaried"
+    trickle = {**agrees, "measuredRequests": 3.0}
+    cond = decide([canary("chat-canary-0", True, **trickle), canary("chat-canary-1", False, **trickle)])
+    assert cond["status"] == "False" and cond["reason"] == "CanaryNotMeasured" and "fewer than" in cond["message"]
+    cond = decide([canary("chat-canary-0", True, **agrees), canary("chat-canary-1", False, **trickle)])
+    assert cond["status"] == "True" and cond["reason"] == "CanaryMeasured" and "chat-canary-1" not in cond["message"]
+    off = {**agrees, "predictionError": 0.6, "agrees": False}
+    cond = decide([canary("chat-canary-0", True, **agrees), canary("chat-canary-1", False, **off)])
+    assert cond["status"] == "False" and cond["reason"] == "PredictionOff"
+
+
+def test_canaries_need_a_deployment_target_to_take_traffic_from() -> None:
+    """A canary shares the target's traffic by its pod labels: with a StatefulSet target, or a target
+    Deployment that does not exist, none is started (it would hold GPUs for the window, unmeasured)."""
+    prom = {"prometheus": {"url": "http://prom:9090", "selector": {"namespace": "llm"}, "window": "5m"}}
+    payload = {"shortlist": [{"engine": "vllm", "layout_label": "tp1"}],
+               "shortlist_deployments": [{"metadata": {"name": "chat-canary-0"}}]}
+    for target, why in (({"kind": "StatefulSet", "name": "chat"}, "target.kind StatefulSet"),
+                        ({"kind": "Deployment", "name": "chat"}, "not found")):
+        spec = reconcile.parse_tuning_spec({**SPEC, "workload": prom, "target": target})
+        kube = _Kube({}, [])  # get_deployment: None
+        book = reconcile.StatusBook(copy.deepcopy(BODY), kube)  # type: ignore[arg-type]
+        assert asyncio.run(confirm.start_confirmation(BODY, spec, payload, book, kube)) == set()  # type: ignore[arg-type]
+        assert book.cond("Confirmed")["reason"] == "CannotCanary" and why in book.cond("Confirmed")["message"]
+
+
+def test_two_tunings_of_one_target_name_their_canaries_apart() -> None:
+    from inferasim_operator.search import canary_base
+
+    assert canary_base("chat", "chat") == "chat"  # one tuning named after its target: chat-canary-N
+    assert canary_base("chat", "chat-latency") != canary_base("chat", "chat-cost")
+    long = canary_base("c" * 60, "t" * 60)
+    assert len(long) <= 63 and long != canary_base("c" * 60, "t" * 59 + "u")
+
+
+def test_harvest_images_are_keyed_by_engine() -> None:
+    """A key that names no engine would be ignored and the catalog's image harvested instead."""
+    from inferasim.spec import SpecError
+
+    spec = reconcile.parse_tuning_spec({**SPEC, "harvest": {"images": {"vLLM": "registry/vllm:x"}}})
+    assert spec.harvest.images == {"vllm": "registry/vllm:x"}
+    with pytest.raises(SpecError, match="harvest.images.*'sgl' is not an engine"):
+        reconcile.parse_tuning_spec({**SPEC, "harvest": {"images": {"sgl": "registry/sglang:x"}}})
