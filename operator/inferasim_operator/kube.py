@@ -151,6 +151,16 @@ class Kube:
                 return False
             raise
 
+    def delete_job(self, namespace: str, name: str) -> bool:
+        """Delete a Job and its pods (background propagation); False when there was none."""
+        try:
+            self.batch.delete_namespaced_job(name, namespace, propagation_policy="Background")
+            return True
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            return False
+
     def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
         return [self._dict(p) for p in self.core.list_namespaced_pod(namespace, label_selector=label_selector).items]
 

@@ -533,6 +533,16 @@ async def plan_harvests(body: dict[str, Any], spec: TuningSpec, missing: list[di
             job = sorted(jobs, key=lambda j: j["metadata"]["name"])[0]
             state = job_state(job)
             where = f"{job['metadata']['namespace']}/{job['metadata']['name']}"
+            owned = any(ref.get("uid") == book.uid for ref in job["metadata"].get("ownerReferences") or [])
+            if not spec.harvest.allowed and owned and state not in ("Succeeded", "Failed"):
+                # Harvesting was switched off while this tuning's Job ran: it would hold its GPUs to
+                # its deadline for an anchor the spec no longer wants. Another tuning's Job is left.
+                await asyncio.to_thread(kube.delete_job, job["metadata"]["namespace"], job["metadata"]["name"])
+                post_event(body, "Normal", "HarvestStopped", f"Job {where} deleted: harvest.allowed is false")
+                entry.reason = (f"harvest.allowed is false: its harvest Job {where} was deleted; predictions "
+                                "are unanchored")
+                missing_out.append(entry)
+                continue
             if state == "Succeeded":
                 try:
                     _, created = await import_harvest(kube, job, owner)

@@ -452,3 +452,33 @@ def test_harvest_images_are_keyed_by_engine() -> None:
     assert spec.harvest.images == {"vllm": "registry/vllm:x"}
     with pytest.raises(SpecError, match="harvest.images.*'sgl' is not an engine"):
         reconcile.parse_tuning_spec({**SPEC, "harvest": {"images": {"sgl": "registry/sglang:x"}}})
+
+
+def test_switching_harvest_off_deletes_this_tunings_running_job_only() -> None:
+    """harvest.allowed false while this tuning's Job runs: the Job (and its GPUs) goes; a Job another
+    tuning started for the same anchor is left to it."""
+    missing = [{"engine": "vllm", "model": "meta-llama/Meta-Llama-3.1-8B", "gpu": "H100", "precision": "bf16",
+                "harvest_layout": {"tp": 1}, "harvest_gpu_hours": 0.3}]
+
+    class JobKube(_Kube):
+        def __init__(self, owner_uid: str) -> None:
+            super().__init__({}, [])
+            self.jobs = [{"metadata": {"name": "harvest-vllm-x-tp1", "namespace": "llm",
+                                       "ownerReferences": [{"uid": owner_uid}]}, "status": {"active": 1}}]
+            self.deleted_jobs: list[str] = []
+
+        def list_jobs(self, selector: str) -> list[dict[str, Any]]:
+            return self.jobs
+
+        def delete_job(self, namespace: str, name: str) -> bool:
+            self.deleted_jobs.append(name)
+            return True
+
+    spec = reconcile.parse_tuning_spec({**SPEC, "harvest": {"allowed": False}})
+    for owner, deleted in (("u-1", ["harvest-vllm-x-tp1"]), ("someone-else", [])):
+        kube = JobKube(owner)
+        book = reconcile.StatusBook(copy.deepcopy(BODY), kube)  # type: ignore[arg-type]
+        harvesting, out, _ = asyncio.run(reconcile.plan_harvests(BODY, spec, missing, book, kube,  # type: ignore[arg-type]
+                                                                 reconcile.Settings()))
+        assert kube.deleted_jobs == deleted
+        assert ("was deleted" in out[0].reason) == bool(deleted) and (harvesting == []) == bool(deleted)
