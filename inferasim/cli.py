@@ -45,6 +45,7 @@ from inferasim.cliargs import (
     note_checkpoint_precision,
     note_gpu_precision,
     note_multi_node,
+    note_poor_anchor,
     precision_name,
     refuse_early,
     refuse_engine_on_gpu,
@@ -152,7 +153,7 @@ def cmd_gpus(args: argparse.Namespace) -> int:
              f"{g.scale_up.name} {g.scale_up.bandwidth / 1e9:.0f} GB/s x{g.scale_up.domain}",
              g.gpus_per_node) for g in gpus]
     emit(data, args.output, table(
-        ["gpu", "vendor", "HBM GB", "TB/s", "bf16 TF", "fp8 TF", "fp4 TF", "scale-up (per dir.)", "per node"],
+        ["gpu", "vendor", "HBM GiB", "TB/s", "bf16 TF", "fp8 TF", "fp4 TF", "scale-up (per dir.)", "per node"],
         rows))
     return 0
 
@@ -174,7 +175,7 @@ def cmd_memory(args: argparse.Namespace) -> int:
     d = plan.as_dict()
     w = d["weights_gb_per_gpu"]
     rows = [
-        ("model", plan.model), ("gpu", f"{gpu.name} ({gpu.hbm_gb:.0f} GB)"),
+        ("model", plan.model), ("gpu", f"{gpu.name} ({gpu.hbm_gb:.0f} GiB = {gpu.hbm_bytes / 1e9:.1f} GB)"),
         ("engine", plan.engine), ("precision", plan.precision),
         ("layout", f"{layout.label()} ({layout.gpus} GPUs)"),
         ("memory fraction", plan.memory_fraction),
@@ -210,6 +211,8 @@ def cmd_render(args: argparse.Namespace) -> int:
     from inferasim.predictor import benchmark_kv_dtype
     from inferasim.render import ServingConfig, priced_precision, render_manifests, served_model_id, to_yaml
 
+    if args.out == "-":  # as `anchors fit-live --out -` and kubectl's `-f -`: standard output
+        args.out = None
     if args.out is not None:  # an empty --out is a mistake, not stdout
         _usage(check_output_file, "--out", args.out)
     layout = _layout(args)
@@ -365,6 +368,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
     # the flags' (an fp8 anchor of a bf16 checkpoint fits layouts bf16 does not).
     refuse_unservable(fitted.model, fitted.gpu, layout, fitted.engine, fitted.precision, fitted.kv_dtype)
     note_gpu_precision(fitted.gpu, fitted.model, fitted.precision)
+    if anchored:
+        note_poor_anchor(fitted)
     isl, osl = args.isl, args.osl
     replicas = args.replicas
     import numpy as np
@@ -1296,7 +1301,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="one pool of a P/D deployment (its KV-transfer flags)")
     p.add_argument("--name", default="llm", help="Deployment and Service name")
     p.add_argument("--namespace", default="default")
-    p.add_argument("--out", default=None, help="write the YAML here (default: stdout)")
+    p.add_argument("--out", default=None, help="write the YAML to this file (default, or -: stdout)")
     _add_layout(p)
     p.set_defaults(func=cmd_render)
 

@@ -120,6 +120,22 @@ def note_checkpoint_precision(engine: str, model: str, precision: str) -> None:
               "architecture; render and tune refuse this checkpoint at it", file=sys.stderr)
 
 
+def note_poor_anchor(fitted: FittedAnchor) -> None:
+    """A note on stderr when the anchor a prediction uses fits its own points worse than `harvest run`
+    would accept (rms log error above DEFAULT_MAX_RMS_LOG_ERROR): what it predicts carries that
+    error, and `anchors check` lists it."""
+    from inferasim.harvest.run import DEFAULT_MAX_RMS_LOG_ERROR
+
+    fit = fitted.fit
+    if fit.rms_log_error <= DEFAULT_MAX_RMS_LOG_ERROR:
+        return
+    worst = ", ".join(f"{m} {v:.0%}" for m, v in sorted(fit.per_metric_mape.items()) if v == v)
+    print(f"note: anchor {fitted.anchor_id} fits its own {fit.n_points} point(s) poorly (rms log error "
+          f"{fit.rms_log_error:.2f}, above the {DEFAULT_MAX_RMS_LOG_ERROR:g} a harvest accepts"
+          + (f"; mean errors {worst}" if worst else "") + "): its predictions carry that error; harvest the kernel "
+          "set again", file=sys.stderr)
+
+
 def note_gpu_precision(gpu: GPU, model: ModelSpec, precision: str) -> None:
     """A note on stderr when the GPU has no tensor cores for the weights' dtype (fp4 on Hopper or
     MI300X, fp8 on A100): such weights run dequantised in 16-bit GEMMs (vLLM's Marlin W4A16/W8A16

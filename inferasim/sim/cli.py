@@ -30,6 +30,7 @@ from inferasim.cliargs import (
     draw_plot,
     note_checkpoint_precision,
     note_multi_node,
+    note_poor_anchor,
     precision_name,
     refuse_engine_on_gpu,
     refuse_unservable,
@@ -144,7 +145,9 @@ def resolve_fitted(args: argparse.Namespace, layout: Any) -> tuple[Any, bool, st
         return fitted, True, fitted.anchor_id
     anchor = _anchor_for(anchor_store(args.anchors), engine, model, gpu, precision)
     if anchor is not None:
-        return fitted_from_anchor(anchor), True, anchor.id
+        fitted = fitted_from_anchor(anchor)
+        note_poor_anchor(fitted)
+        return fitted, True, anchor.id
     fitted = unanchored(engine, model, gpu, precision, layout, args.engine_version, kv_dtype=kv)
     return fitted, False, "unanchored"
 

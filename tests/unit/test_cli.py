@@ -533,6 +533,10 @@ def test_render_refuses_an_empty_out_and_predict_notes_idle_replicas() -> None:
     r = run("render", "--model", "meta-llama/Llama-3.1-70B", "--gpu", "MI355X", "--engine", "sglang", "--precision",
             "fp8", "--tp", "2", "--out", "")
     assert r.returncode == 2 and "--out names no file" in r.stderr and not r.stdout
+    cwd = Path.cwd()
+    r = run("render", "--model", "meta-llama/Llama-3.1-70B", "--gpu", "MI355X", "--engine", "sglang", "--precision",
+            "fp8", "--tp", "2", "--out", "-")
+    assert r.returncode == 0 and "kind: Deployment" in r.stdout and not (cwd / "-").exists()
     r = run("predict", "--model", "meta-llama/Llama-3.1-70B", "--gpu", "h100_sxm", "--engine", "vllm", "--precision",
             "fp8", "--tp", "4", "--isl", "2048", "--osl", "512", "--concurrency", "3", "--replicas", "5")
     assert r.returncode == 0 and "2 replicas get no client and sit idle" in r.stderr
@@ -553,3 +557,13 @@ def test_anchors_build_of_a_header_only_csv_writes_nothing_and_says_so(tmp_path:
     header.write_text(data.read_text().splitlines()[0] + "\n")
     r = run("anchors", "build", str(header), "--out", str(tmp_path / "built"))
     assert r.returncode == 1 and "no anchor built" in r.stderr and "wrote" not in r.stdout
+
+
+def test_predict_notes_an_anchor_that_fits_its_own_points_poorly() -> None:
+    """The shipped Qwen3-32B fp8 H100 anchor holds one point its fit misses (anchors check flags it):
+    a prediction from it says so; a well-fitted anchor's does not."""
+    r = run("predict", "--model", "Qwen/Qwen3-32B", "--gpu", "h100", "--engine", "vllm", "--precision", "fp8",
+            "--tp", "1", "--isl", "1024", "--osl", "1024", "--concurrency", "8")
+    assert r.returncode == 0 and "fits its own 1 point(s) poorly" in r.stderr and "harvest the kernel set" in r.stderr
+    r = run(*PREDICT, "--concurrency", "8")
+    assert r.returncode == 0 and "poorly" not in r.stderr
