@@ -917,22 +917,37 @@ def _tune_table(result: Any) -> str:
              f"{d['space']['candidates']} candidates scored, {d['space']['pruned']} pruned; "
              f"stage 1 {d['timings_s']['stage1']:.2f} s ({d['timings_s']['candidates_per_s']:,.0f} candidates/s), "
              f"stage 2 {d['timings_s']['stage2']:.2f} s", ""]
-    rows = []
-    for i, e in enumerate(d["shortlist"], 1):
+    from inferasim.search.estimate import BLOCKING_NOTES
+    from inferasim.search.tune import slo_miss
+
+    rows, misses = [], []
+    for i, (e, est) in enumerate(zip(d["shortlist"], result.shortlist(), strict=True), 1):
         p = e["predicted"]
         at_slo = p["throughput_per_gpu_at_slo"]
         rows.append((i, e["engine"], e["precision"], e["shape"], e["replicas"], e["gpus"], e["max_num_seqs"],
                      e["max_num_batched_tokens"], round(at_slo) if at_slo > 0 else "-", p["ttft_p90_ms"],
                      p["itl_p90_ms"], "yes" if e["meets_slo"] else "no",
-                     e["anchor"][:24] if e["anchor"] else "unanchored"))
+                     "sim" if p.get("stage") == 2 else "est", e["anchor"][:24] if e["anchor"] else "unanchored"))
+        if not e["meets_slo"]:
+            # The percentiles shown may all be inside the SLO when what fails is the budget (more
+            # replicas needed than it allows) or the rate: say which.
+            why = [n for n in est.notes if any(w in n for w in BLOCKING_NOTES)]
+            term = slo_miss(est, result.spec.objective.slo)
+            text = "; ".join(why) + (f" ({term})" if why and term else term)
+            misses.append(f"#{i} misses the SLO: {text or 'requests dropped in the simulation'}")
     headers = ["#", "engine", "prec", "layout", "repl", "GPUs", "max seqs", "max tokens", "out tok/s/GPU@SLO",
-               "TTFT p90 ms", "ITL p90 ms", "SLO", "anchor"]
+               "TTFT p90 ms", "ITL p90 ms", "SLO", "checked", "anchor"]
     if result.spec.hardware.price_per_gpu_hour is not None:
         headers.insert(9, "$/Mtok")
         # No rate within the SLO has no price per token: "-", not inf.
         rows = [(*r[:9], _finite_or_dash(d["shortlist"][i]["predicted"].get("cost_per_million_tokens")), *r[9:])
                 for i, r in enumerate(rows)]
     lines.append(table(headers, rows, title="Short list (best first)"))
+    # Replayed candidates rank before estimated ones, whatever the figures: an estimate's closed form
+    # has not yet met the simulator's tails, so a higher estimate below a replayed row is expected.
+    lines.append("checked: sim = replayed request by request, est = closed-form estimate only (the search ranks "
+                 "replayed candidates first; the list shows each layout's best, then the next best)")
+    lines += misses
     rec = d["recommendation"]
     meeting = next((e for e in result.ranked if e.meets_slo), None)
     if rec:

@@ -208,6 +208,16 @@ def test_tune_checks_outputs_first_and_fails_when_nothing_meets_the_slo(tmp_path
     r = run("tune", str(path))
     assert r.returncode == 1 and "no deployment meets the SLO" in r.stderr
     assert "No deployment within 2 GPUs meets the SLO. Closest:" in r.stdout
+    # Each short-listed row that misses says which term: the ITL of 0.001 ms here.
+    assert "#1 misses the SLO: no request rate meets the SLO on one replica (ITL p90" in r.stdout
+    assert "against 0.001 ms" in r.stdout
+    assert "checked: sim = replayed" in r.stdout
+    # A rate the 2-GPU budget cannot serve within a loose SLO: the rows say it is the budget.
+    spec["objective"]["slo"] = {"ttftP90Ms": 5000, "itlP90Ms": 200}
+    spec["workload"]["static"]["requestRate"] = 400
+    path.write_text(yaml.safe_dump(spec))
+    r = run("tune", str(path))
+    assert "misses the SLO:" in r.stdout and ("the budget allows" in r.stdout or "exceeds its capacity" in r.stdout)
     spec["workload"]["static"]["inputTokens"] = 10_000_000
     path.write_text(yaml.safe_dump(spec))
     r = run("tune", str(path))
