@@ -16,13 +16,13 @@ from inferasim.catalog.gpus import get_gpu
 from inferasim.catalog.models import get_model
 from inferasim.layout import Layout
 from inferasim.predictor import unanchored
-from inferasim.search.estimate import CONC_GRID, estimate_group
+from inferasim.search.estimate import CONC_GRID, Estimate, estimate_group, operate
 from inferasim.search.space import Candidate, build_space
 from inferasim.search.tune import tune
 from inferasim.search.workload import WorkloadShape
 from inferasim.sim.benchmark import closed_loop, engine_sched
 from inferasim.sim.des import simulate_closed_loop
-from inferasim.spec import SearchSpace, SpecError, parse_spec
+from inferasim.spec import SLO, SearchSpace, SpecError, parse_spec
 from inferasim.steptime import layout_cost
 
 REPO = Path(__file__).resolve().parents[2]
@@ -432,3 +432,31 @@ def test_an_anchor_recorded_without_a_precision_is_the_checkpoints_own() -> None
     store = AnchorStore(REPO / "anchors")
     a = _anchor_for(store, "vllm", get_model("Qwen/Qwen3-32B"), get_gpu("H100"), "bf16")
     assert a is not None and a.kernel_set.precision in ("", "bf16", "fp16")
+
+
+def test_a_replay_slower_than_the_estimate_lowers_the_slo_capacity_never_raises_it() -> None:
+    """Stage 1 reads the SLO capacity off its closed-form curves. When the replay at the workload's
+    own rate shows p90s k times the estimate's, the curves are scaled by k before the capacity is
+    read again (the capacity was 3-8x the replay's for gpt-oss-120b at dp8 on H100); a faster
+    replay leaves the capacity alone, and a replay that met the SLO keeps at least its own rate."""
+    from inferasim.search.tune import _copy, _recalibrate_capacity
+
+    model, gpu = get_model("meta-llama/Llama-3.1-70B"), get_gpu("H100")
+    layout = Layout(tp=4)
+    fitted = unanchored("vllm", model, gpu, "fp8", layout)
+    w = WorkloadShape(isl=1024, osl=256, hit=0.0, rate=2.0, concurrency=None, kind="poisson")
+    slo = SLO(ttft_p90_ms=2000, itl_p90_ms=60)
+    cand = Candidate(engine="vllm", precision="fp8", layout=layout, max_num_seqs=256, max_batched_tokens=2048)
+    before = operate(estimate_group(fitted, [cand], w)[0], w, slo, max_gpus=8)
+    assert before.max_rate_slo > 2.0
+
+    def replayed(k: float) -> Estimate:
+        e = _copy(before)
+        e.stage, e.ttft_p90, e.itl_p90 = 2, before.ttft_p90, before.itl_p90 * k
+        _recalibrate_capacity(before, e, w, slo)
+        return e
+
+    same, faster, slower = replayed(1.0), replayed(0.5), replayed(2.0)
+    assert same.max_rate_slo == faster.max_rate_slo == before.max_rate_slo
+    assert 2.0 / slower.replicas <= slower.max_rate_slo < before.max_rate_slo
+    assert "SLO capacity" in slower.notes[-1]
