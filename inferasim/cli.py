@@ -42,6 +42,7 @@ from inferasim.cliargs import (
     check_token_budget,
     draw_plot,
     fraction,
+    note_carried,
     note_checkpoint_precision,
     note_gpu_precision,
     note_multi_node,
@@ -352,11 +353,12 @@ def cmd_predict(args: argparse.Namespace) -> int:
                 # version; measured on purpose first, then the most points, then the newest), so
                 # that predict and tune give one number for one deployment.
                 from inferasim.render import priced_precision
-                from inferasim.search.tune import _anchor_for
+                from inferasim.search.tune import anchored_fit
 
-                best = _anchor_for(store, engine, model, gpu, priced_precision(args.precision, args.model, model),
-                                   kv_dtype=args.kv_cache_dtype)
-                fitted = fitted_from_anchor(best if best is not None else store.find(ks, layout))
+                found = anchored_fit(store, engine, model, gpu, priced_precision(args.precision, args.model, model),
+                                     kv_dtype=args.kv_cache_dtype)
+                fitted = found[0] if found is not None else fitted_from_anchor(store.find(ks, layout))
+                note_carried(fitted)
             anchored = True
         except NoCompatibleAnchor as exc:
             if args.require_anchor:
@@ -1125,7 +1127,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
 def _fitted_for(args: argparse.Namespace, layout: Layout):  # noqa: ANN202
     from inferasim.predictor import benchmark_kv_dtype, fitted_from_anchor, unanchored
     from inferasim.render import priced_precision
-    from inferasim.search.tune import _anchor_for
+    from inferasim.search.tune import anchored_fit
 
     engine = normalize_engine(args.engine)
     model, gpu = get_model(args.model), get_gpu(args.gpu)
@@ -1138,9 +1140,10 @@ def _fitted_for(args: argparse.Namespace, layout: Layout):  # noqa: ANN202
         check_anchor_matches(args.anchor, fitted, engine, model.name, gpu.name, args.precision,
                              getattr(args, "kv_cache_dtype", None))
         return fitted, True
-    anchor = _anchor_for(_anchor_store(args.anchors), engine, model, gpu, precision)
-    if anchor is not None:
-        return fitted_from_anchor(anchor), True
+    found = anchored_fit(_anchor_store(args.anchors), engine, model, gpu, precision)
+    if found is not None:
+        note_carried(found[0])
+        return found[0], True
     print("note: no anchor for this kernel set; advising measurement-free", file=sys.stderr)
     return unanchored(engine, model, gpu, precision, layout, kv_dtype=benchmark_kv_dtype(precision)), False
 

@@ -120,6 +120,16 @@ def note_checkpoint_precision(engine: str, model: str, precision: str) -> None:
               "architecture; render and tune refuse this checkpoint at it", file=sys.stderr)
 
 
+def note_carried(fitted: FittedAnchor) -> None:
+    """A note on stderr when the anchor was measured on a sibling GPU (the same die) and carried to
+    the one asked for: its efficiencies, the target's peaks and memory; a harvest there confirms it."""
+    if fitted.measured_on:
+        print(f"note: no anchor on {fitted.gpu.name}; the {fitted.measured_on} anchor {fitted.anchor_id.split('@')[0]} "
+              f"is carried to it (the same die: its fitted efficiencies and host costs at {fitted.gpu.name}'s "
+              "bandwidth, FLOP/s and memory; a wider interval); harvest one on "
+              f"{fitted.gpu.name} to confirm", file=sys.stderr)
+
+
 def note_poor_anchor(fitted: FittedAnchor) -> None:
     """A note on stderr when the anchor a prediction uses fits its own points worse than `harvest run`
     would accept (rms log error above DEFAULT_MAX_RMS_LOG_ERROR): what it predicts carries that

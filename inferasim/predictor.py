@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from inferasim.anchors import Anchor, BenchPoint, FitReport, KernelSet, LayoutModel, Provenance
 from inferasim.catalog.engines import UnknownEngineError, normalize_engine
-from inferasim.catalog.gpus import GPU, UnknownGPUError, get_gpu
+from inferasim.catalog.gpus import GPU, UnknownGPUError, get_gpu, siblings
 from inferasim.catalog.models import ModelConfigError, ModelSpec, UnknownModelError, get_model
 from inferasim.fit import FitPoint, FitResult, fit_params, predict_points
 from inferasim.layout import Layout, LayoutError
@@ -165,6 +165,9 @@ class FittedAnchor:
     conc_range: tuple[int, int]
     isl_range: tuple[int, int]
     osl_range: tuple[int, int]
+    # The GPU the anchor was measured on, when it is a sibling of `gpu` (carry_to_gpu); "" when
+    # measured on `gpu` itself.
+    measured_on: str = ""
 
     @property
     def params(self) -> StepParams:
@@ -181,6 +184,10 @@ class FittedAnchor:
         if layout != self.layout:
             doublings = abs(math.log2(layout.gpus / self.layout.gpus))
             parts.append(spread.layout * (1.0 + spread.layout_per_doubling * doublings))
+        if self.measured_on:
+            # Another GPU of the same die: sized as a layout transfer (shared/data holds no sibling
+            # pair to measure it on).
+            parts.append(spread.layout)
         if self.isl_range[1] <= 0:  # unanchored: no measured range to measure distances from
             parts.append(UNANCHORED_SPREAD.get(metric, UNANCHORED_SPREAD["tpot"]))
         else:
@@ -199,6 +206,9 @@ class FittedAnchor:
         if self.isl_range[1] <= 0:
             return ["no measurement: GPU-family defaults (rank within one engine only)"]
         out = []
+        if self.measured_on:
+            out.append(f"measured on {self.measured_on}, carried to {self.gpu.name} (same die: its efficiencies, "
+                       f"{self.gpu.name}'s peaks and memory)")
         if layout != self.layout:
             ratio = layout.gpus / self.layout.gpus
             out.append(f"layout {self.layout.label()} -> {layout.label()} (x{ratio:g} GPUs)")
@@ -212,6 +222,8 @@ class FittedAnchor:
         return out
 
     def _extrapolation(self, conc: int, isl: int, osl: int) -> bool:
+        if self.measured_on:  # measured on another GPU: beyond what was measured, whatever the point
+            return True
         return not (self.conc_range[0] <= conc <= self.conc_range[1] and
                     self.isl_range[0] <= isl <= self.isl_range[1] and
                     self.osl_range[0] <= osl <= self.osl_range[1])
@@ -403,6 +415,19 @@ def fitted_from_anchor(anchor: Anchor) -> FittedAnchor:
                         precision=precision, kv_dtype=kv_dtype, layout=layout, fit=result, anchor_id=anchor.id,
                         conc_range=(min(concs), max(concs)), isl_range=(min(isls), max(isls)),
                         osl_range=(min(osls), max(osls)))
+
+
+def carry_to_gpu(fitted: FittedAnchor, gpu: GPU) -> FittedAnchor:
+    """An anchor measured on a sibling of `gpu` (catalog.gpus.siblings: the same die with other
+    memory, clocks or power) carried to it. The step-time model prices every term from the GPU's
+    peaks times fitted efficiencies, so the efficiencies and host costs carry and `gpu`'s own
+    bandwidth, FLOP/s and memory (the KV pool) do the rest: an H100 anchor predicts an H200 with
+    its 4.8 TB/s and 141 GB, where a measurement-free default would put two GPUs of one engine on
+    different footings (H200 once came out slower than the H100 beside it)."""
+    if gpu.name not in siblings(fitted.gpu):
+        raise ValueError(f"{fitted.gpu.name} and {gpu.name} are not the same die: an anchor does not carry "
+                         "between them")
+    return replace(fitted, gpu=gpu, measured_on=fitted.gpu.name, anchor_id=f"{fitted.anchor_id}@{fitted.gpu.name}")
 
 
 def unanchored(engine: str, model: ModelSpec, gpu: GPU, precision: str, layout: Layout,

@@ -37,6 +37,7 @@ __all__ = [
     "list_gpus",
     "normalize_dtype",
     "normalize_gpu_name",
+    "siblings",
 ]
 
 # Canonical dtype keys a GPU's ``flops`` dict may use, widest first.
@@ -727,3 +728,25 @@ def get_gpu(name: str) -> GPU:
 def list_gpus() -> list[GPU]:
     """All catalogued GPUs, in a stable order (AMD by generation, then NVIDIA, GH200 last)."""
     return list(_CATALOG)
+
+
+# Parts of one silicon design that differ in memory, clocks or power, not in their kernels: an
+# anchor's efficiencies and host costs measured on one carry to the others (predictor.carry_to_gpu),
+# priced at the target's own peaks, bandwidth and memory. H200 and GH200 are the H100's GH100 die
+# with HBM3e (GH200 beside a Grace CPU); GB200 is B200's die in a Grace rack, GB300 B300's; MI325X
+# is MI300X's CDNA3 die with HBM3e. B300 (Blackwell Ultra) changes the tensor cores and is not
+# B200's sibling, nor is MI355X (CDNA4) MI300X's.
+_SIBLINGS: tuple[tuple[str, ...], ...] = (
+    ("H100", "H200", "GH200"),
+    ("B200", "GB200"),
+    ("B300", "GB300"),
+    ("MI300X", "MI325X"),
+)
+
+
+def siblings(gpu: GPU) -> tuple[str, ...]:
+    """The catalogued GPUs of `gpu`'s silicon design, itself excluded (see _SIBLINGS)."""
+    for family in _SIBLINGS:
+        if gpu.name in family:
+            return tuple(n for n in family if n != gpu.name)
+    return ()

@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from inferasim.anchors import SHIPPED_ANCHORS, Anchor, AnchorStore, method_rank
-from inferasim.catalog.gpus import GPU, get_gpu
+from inferasim.catalog.gpus import GPU, get_gpu, siblings
 from inferasim.catalog.models import ModelSpec, context_error, get_model, resolve_model_name
 from inferasim.harvest.plan import engine_startup_s, harvest_gpu_hours
-from inferasim.predictor import FittedAnchor, benchmark_kv_dtype, fitted_from_anchor, unanchored
+from inferasim.predictor import FittedAnchor, benchmark_kv_dtype, carry_to_gpu, fitted_from_anchor, unanchored
 from inferasim.render import priced_precision, weight_class
 from inferasim.search.estimate import Estimate, blocked, estimate_disagg, estimate_group, operate
 from inferasim.search.select import (
@@ -163,6 +163,23 @@ def _anchor_for(store: AnchorStore, engine: str, model: ModelSpec, gpu: GPU, pre
     if not hits:
         return None
     return max(hits, key=lambda a: (-method_rank(a), len(a.points), a.kernel_set.engine_version))
+
+
+def anchored_fit(store: AnchorStore, engine: str, model: ModelSpec, gpu: GPU, precision: str,
+                 kv_dtype: str | None = None) -> tuple[FittedAnchor, Anchor] | None:
+    """The fitted anchor predictions of (engine, model, GPU, precision) use, with the stored anchor
+    it came from: the GPU's own best anchor (_anchor_for), else the best anchor of a sibling GPU
+    (the same die: H100 for an H200) carried to it (predictor.carry_to_gpu); None when neither
+    exists."""
+    own = _anchor_for(store, engine, model, gpu, precision, kv_dtype)
+    if own is not None:
+        return fitted_from_anchor(own), own
+    found = [a for name in siblings(gpu)
+             if (a := _anchor_for(store, engine, model, get_gpu(name), precision, kv_dtype)) is not None]
+    if not found:
+        return None
+    best = max(found, key=lambda a: (-method_rank(a), len(a.points), a.kernel_set.engine_version))
+    return carry_to_gpu(fitted_from_anchor(best), gpu), best
 
 
 def _simulate_one(e: Estimate, w: WorkloadShape) -> dict[str, Any] | None:
@@ -444,13 +461,15 @@ def tune(spec: TuningSpec, anchor_dirs: list[Path] | None = None, progress: Prog
     for cand in space.candidates:
         key = (cand.engine, cand.precision)
         if key not in fitted_by:
-            anchor = _anchor_for(store, cand.engine, model, gpu, cand.precision)
+            found = anchored_fit(store, cand.engine, model, gpu, cand.precision)
             kv = benchmark_kv_dtype(cand.precision)
-            if anchor is not None:
-                fitted_by[key] = fitted_from_anchor(anchor)
+            if found is not None:
+                fitted_by[key], anchor = found
                 anchors_used[f"{cand.engine}/{cand.precision}"] = anchor.id
             else:
                 fitted_by[key] = unanchored(cand.engine, model, gpu, cand.precision, cand.layout, kv_dtype=kv)
+            if found is None or fitted_by[key].measured_on:
+                # No anchor of this GPU (a sibling's carried one still wants its own measurement).
                 # The fewest GPUs; among those the plainest layout (no pipeline stages, attention dp
                 # or expert parallelism to carry back out), then the larger KV pool (tp over pp):
                 # 70B bf16 on two H100 as tp2, not as pp2 with half the KV.

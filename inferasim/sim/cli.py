@@ -28,6 +28,7 @@ from inferasim.cliargs import (
     check_plot_file,
     check_token_budget,
     draw_plot,
+    note_carried,
     note_checkpoint_precision,
     note_multi_node,
     note_poor_anchor,
@@ -131,7 +132,7 @@ def resolve_fitted(args: argparse.Namespace, layout: Any) -> tuple[Any, bool, st
     from inferasim.catalog.models import get_model
     from inferasim.predictor import benchmark_kv_dtype, fitted_from_anchor, unanchored
     from inferasim.render import priced_precision
-    from inferasim.search.tune import _anchor_for
+    from inferasim.search.tune import anchored_fit
 
     engine = normalize_engine(args.engine)
     model, gpu = get_model(args.model), get_gpu(args.gpu)
@@ -143,11 +144,12 @@ def resolve_fitted(args: argparse.Namespace, layout: Any) -> tuple[Any, bool, st
         fitted = fitted_from_anchor(load_anchor(args.anchor))
         check_anchor_matches(args.anchor, fitted, engine, model.name, gpu.name, args.precision, args.kv_cache_dtype)
         return fitted, True, fitted.anchor_id
-    anchor = _anchor_for(anchor_store(args.anchors), engine, model, gpu, precision)
-    if anchor is not None:
-        fitted = fitted_from_anchor(anchor)
+    found = anchored_fit(anchor_store(args.anchors), engine, model, gpu, precision)
+    if found is not None:
+        fitted = found[0]
+        note_carried(fitted)
         note_poor_anchor(fitted)
-        return fitted, True, anchor.id
+        return fitted, True, fitted.anchor_id
     fitted = unanchored(engine, model, gpu, precision, layout, args.engine_version, kv_dtype=kv)
     return fitted, False, "unanchored"
 

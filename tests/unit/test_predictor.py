@@ -297,3 +297,48 @@ def test_an_attention_dp_anchor_sweep_is_counted_in_clients() -> None:
     assert fitted.conc_range == (min(clients(r) for r in sweep), max(clients(r) for r in sweep))
     assert not any(fitted.predict(r).extrapolated for r in sweep)
     assert all(fitted.carries(fitted.layout, r.isl, r.osl, clients(r)) == [] for r in sweep)
+
+
+def test_an_anchor_carries_to_a_sibling_gpu_at_its_own_bandwidth_and_memory() -> None:
+    """An H100 anchor predicts an H200 (the same die with HBM3e): its efficiencies at the H200's
+    bandwidth and memory, never slower than the H100 it was measured on, flagged as carried and
+    extrapolated with a wider interval; it does not carry to another die, and tune still asks for
+    the H200's own anchor."""
+    from inferasim.catalog.gpus import get_gpu, siblings
+    from inferasim.catalog.models import get_model
+    from inferasim.layout import Layout
+    from inferasim.predictor import carry_to_gpu
+    from inferasim.search.tune import anchored_fit
+
+    assert set(siblings(get_gpu("H200"))) == {"H100", "GH200"} and siblings(get_gpu("MI355X")) == ()
+    store = AnchorStore(REPO / "anchors")
+    model = get_model("openai/gpt-oss-120b")
+    h100, h200 = get_gpu("H100"), get_gpu("H200")
+    found = anchored_fit(store, "vllm", model, h200, "fp4")
+    assert found is not None
+    carried, anchor = found
+    assert carried.measured_on == "H100" and carried.gpu is h200 and get_gpu(anchor.kernel_set.gpu) is h100
+    own = fitted_from_anchor(anchor)
+    assert carried.params == own.params
+    lay = Layout(tp=2)
+    for conc in (8, 64):
+        a, b = own.predict_layout(lay, 1024, 1024, conc), carried.predict_layout(lay, 1024, 1024, conc)
+        assert b["tpot"] < a["tpot"] and b["ttft"] <= a["ttft"] * 1.001
+    assert carried._spread(False, lay, 1024, 1024) > own._spread(False, lay, 1024, 1024)
+    assert carried._extrapolation(8, 1024, 1024) and not own._extrapolation(8, 1024, 1024)
+    assert any("measured on H100" in c for c in carried.carries(lay, 1024, 1024))
+    with pytest.raises(ValueError, match="not the same die"):
+        carry_to_gpu(own, get_gpu("B200"))
+    from inferasim.search.tune import tune
+    from inferasim.spec import parse_spec
+
+    spec = parse_spec({"model": "openai/gpt-oss-120b", "engines": ["vllm"], "precision": ["fp4"],
+                       "hardware": {"gpu": "H200", "maxGPUs": 2},
+                       "objective": {"maximize": "throughputPerGPU"},
+                       "search": {"disaggregation": False, "pipelineParallel": False},
+                       "workload": {"static": {"kind": "closed", "concurrency": 16, "inputTokens": 1024,
+                                               "outputTokens": 256, "numRequests": 64}}})
+    result = tune(spec, store=store, stage2_top=2)
+    rec = result.entry(result.recommendation)
+    assert rec["anchor"].endswith("@H100") and rec["extrapolated"] is not None
+    assert [m["gpu"] for m in result.missing_anchors] == ["H200"]
