@@ -1196,11 +1196,24 @@ def cmd_mix(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.plan}: " + plain_validation_error(exc, "plan")) from None
     except (UnknownModelError, UnknownGPUError, ValueError) as exc:  # names the model, GPU or precision
         raise UsageError(f"{args.plan}: {exc}") from None
-    rows = [(a.tier, a.model, a.gpus, a.entry["engine"] if a.entry else "-",
-             a.entry["layout_label"] if a.entry else "-", a.entry["replicas"] if a.entry else "-")
-            for a in plan.assignments]
-    text = table(["tier", "model", "GPUs", "engine", "layout", "replicas"], rows,
-                 title=f"Mix plan: {plan.gpus} of {plan.budget} GPUs")
+    rows = []
+    for a in plan.assignments:
+        e = a.entry or {}
+        p = e.get("predicted") or {}
+        rows.append((a.tier, a.model, a.preference + 1, a.gpus, e.get("engine", "-"), e.get("precision", "-"),
+                     e.get("layout_label", "-"), e.get("replicas", "-"), p.get("ttft_p90_ms"), p.get("itl_p90_ms"),
+                     "yes" if e.get("meets_slo") else "no", e.get("anchor") or "unanchored"))
+    text = table(["tier", "model", "choice", "GPUs", "engine", "prec", "layout", "replicas", "TTFT p90 ms",
+                  "ITL p90 ms", "SLO", "anchor"], rows, title=f"Mix plan: {plan.gpus} of {plan.budget} GPUs")
+    # A tier served by a model it ranked lower: say why its earlier choices were passed over (more
+    # GPUs than the plan had left once every tier was served, or no deployment meets the tier).
+    for a in plan.assignments:
+        for o in plan.options:
+            if o.tier == a.tier and o.preference < a.preference:
+                why = o.why if o.gpus is None else f"needs {o.gpus} GPUs, more than the plan leaves it"
+                text += f"\n{a.tier}: choice {o.preference + 1} {o.model} passed over: {why}"
+    if plan.gpus < plan.budget and not plan.unserved:
+        text += f"\n{plan.budget - plan.gpus} of {plan.budget} GPUs left unassigned: no tier needs them to meet its SLO"
     reasons = plan.unserved_reasons()
     for tier in plan.unserved:
         text += f"\nunserved tier {tier}: " + ("; ".join(reasons[tier]) or "the budget went to other tiers")

@@ -81,6 +81,10 @@ def test_cli_advise_and_mix() -> None:
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert "Mix plan" in r.stdout
+    # What each tier gets, as predicted, and why a tier runs a model it ranked lower.
+    for column in ("choice", "prec", "TTFT p90 ms", "ITL p90 ms", "SLO"):
+        assert column in r.stdout
+    assert "batch: choice 1 meta-llama/Meta-Llama-3.1-70B passed over:" in r.stdout
 
 
 def test_cli_mix_exits_1_when_a_tier_goes_unserved(tmp_path: Path) -> None:
