@@ -126,6 +126,9 @@ def harvest_args(target: HarvestTarget, image: str, endpoint: str, budget_s: int
     return args + list(extra)
 
 
+JOB_TTL_AFTER_FINISHED_S = 24 * 3600
+
+
 def build_job(target: HarvestTarget, policy: HarvestPolicy, limits: JobLimits, *, namespace: str, tuning: str,
               harvester_image: str, extra_harvest_args: list[str] | None = None,
               engine_images: dict[tuple[str, str], str] | None = None) -> dict[str, Any]:
@@ -186,6 +189,10 @@ def build_job(target: HarvestTarget, policy: HarvestPolicy, limits: JobLimits, *
         },
         "spec": {
             "activeDeadlineSeconds": limits.active_deadline_s,
+            # A finished Job goes after a day: a failed one would otherwise block its anchor (one Job
+            # per anchor, cluster-wide) for every tuning until someone deletes it; a day leaves the
+            # operator ample time to import a succeeded one.
+            "ttlSecondsAfterFinished": JOB_TTL_AFTER_FINISHED_S,
             "backoffLimit": limits.backoff_limit,
             "template": {
                 "metadata": {"labels": labels},

@@ -59,6 +59,14 @@ def own(obj: dict[str, Any], owner: Any) -> None:
     kopf.adjust_namespace(obj, namespace=owner.get("metadata", {}).get("namespace"))
 
 
+def sharing_owner(owner: dict[str, Any]) -> dict[str, Any]:
+    """An ownerReference to the tuning `owner` that does not claim control: a second tuning waiting
+    for a Job another started, so that the garbage collector deletes the Job only with its last owner."""
+    meta = owner["metadata"]
+    return {"apiVersion": owner.get("apiVersion", ""), "kind": owner.get("kind", ""), "name": meta["name"],
+            "uid": meta["uid"], "controller": False, "blockOwnerDeletion": True}
+
+
 def load_config() -> None:
     """In-cluster when running in a pod, else KUBECONFIG / ~/.kube/config."""
     try:
@@ -150,6 +158,10 @@ class Kube:
             if exc.status == 409:
                 return False
             raise
+
+    def set_job_owners(self, namespace: str, name: str, owners: list[dict[str, Any]]) -> None:
+        """Replace a Job's ownerReferences (a merge patch replaces the list whole)."""
+        self.batch.patch_namespaced_job(name, namespace, {"metadata": {"ownerReferences": owners}})
 
     def delete_job(self, namespace: str, name: str) -> bool:
         """Delete a Job and its pods (background propagation); False when there was none."""

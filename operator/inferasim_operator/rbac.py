@@ -28,8 +28,9 @@ RULES: list[dict[str, Any]] = [
     # Events for every step.
     {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
     # Harvest Jobs, and their pods' termination messages (the harvested anchor).
-    # Deleted only when the tuning that owns one switches harvesting off while it runs.
-    {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "list", "watch", "create", "delete"]},
+    # Patched to add a second owner (a tuning waiting for another's Job); deleted only when the last
+    # tuning that owns one switches harvesting off while it runs.
+    {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
     # The recommendation's ConfigMap (GitOps); `get` also reads the GPU prices ConfigMap.
     # Deleted when a pass ends without a recommendation (it must not keep serving the last one).

@@ -30,6 +30,7 @@ from inferasim.spec import SpecError, TuningSpec, WorkloadSource, parse_spec
 from inferasim_operator import kube as kube_mod
 from inferasim_operator import metrics
 from inferasim_operator.harvest import (
+    JOB_TTL_AFTER_FINISHED_S,
     HarvestTarget,
     MessageError,
     anchor_object,
@@ -177,7 +178,8 @@ def parse_engine_images(text: str) -> dict[tuple[str, str], str]:
 
 def backoff(settings: Settings, retries: int) -> float:
     """Exponential backoff of retries after a failed observation or search."""
-    return min(settings.backoff_base_s * 2 ** max(retries - 1, 0), settings.backoff_max_s)
+    # The exponent is capped: a week of failures at the cap (retries past 1,000) overflowed a float.
+    return min(settings.backoff_base_s * 2 ** min(max(retries - 1, 0), 32), settings.backoff_max_s)
 
 
 def parse_duration(text: str | None, field_name: str) -> float | None:
@@ -220,6 +222,7 @@ class StatusBook:
         self.status: dict[str, Any] = json.loads(json.dumps(dict(body.get("status") or {})))
         self._pending: dict[str, Any] = {}
         self._written: dict[str, Any] = {}  # each pending key's value as the server holds it
+        self.touched: set[str] = set()  # condition types this book (one pass) has written
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.status.get(key, default)
@@ -232,6 +235,7 @@ class StatusBook:
             self._pending[k] = v
 
     def condition(self, type_: str, status: str, reason: str, message: str) -> None:
+        self.touched.add(type_)
         self.set(conditions=set_condition(self.status.get("conditions") or [], type_, status, reason, message,
                                           self.generation))
 
@@ -533,16 +537,30 @@ async def plan_harvests(body: dict[str, Any], spec: TuningSpec, missing: list[di
             job = sorted(jobs, key=lambda j: j["metadata"]["name"])[0]
             state = job_state(job)
             where = f"{job['metadata']['namespace']}/{job['metadata']['name']}"
-            owned = any(ref.get("uid") == book.uid for ref in job["metadata"].get("ownerReferences") or [])
-            if not spec.harvest.allowed and owned and state not in ("Succeeded", "Failed"):
-                # Harvesting was switched off while this tuning's Job ran: it would hold its GPUs to
-                # its deadline for an anchor the spec no longer wants. Another tuning's Job is left.
-                await asyncio.to_thread(kube.delete_job, job["metadata"]["namespace"], job["metadata"]["name"])
-                post_event(body, "Normal", "HarvestStopped", f"Job {where} deleted: harvest.allowed is false")
-                entry.reason = (f"harvest.allowed is false: its harvest Job {where} was deleted; predictions "
-                                "are unanchored")
+            job_ns, job_name = job["metadata"]["namespace"], job["metadata"]["name"]
+            refs = list(job["metadata"].get("ownerReferences") or [])
+            owned = any(ref.get("uid") == book.uid for ref in refs)
+            running = state not in ("Succeeded", "Failed")
+            if not spec.harvest.allowed and owned and running:
+                # Harvesting was switched off while a Job this tuning owns ran: it would hold its GPUs
+                # to its deadline for an anchor the spec no longer wants. Deleted when no other tuning
+                # owns it too; else this tuning lets go of it and the others keep it.
+                others = [r for r in refs if r.get("uid") != book.uid]
+                if others:
+                    await asyncio.to_thread(kube.set_job_owners, job_ns, job_name, others)
+                    entry.reason = f"harvest.allowed is false: harvest Job {where} is left to the other tunings"
+                else:
+                    await asyncio.to_thread(kube.delete_job, job_ns, job_name)
+                    post_event(body, "Normal", "HarvestStopped", f"Job {where} deleted: harvest.allowed is false")
+                    entry.reason = (f"harvest.allowed is false: its harvest Job {where} was deleted; predictions "
+                                    "are unanchored")
                 missing_out.append(entry)
                 continue
+            if spec.harvest.allowed and running and not owned and job_ns == book.namespace and \
+                    (body.get("metadata") or {}).get("uid"):
+                # Waiting for a Job another tuning of this namespace started: own it too, so that
+                # deleting that tuning does not garbage-collect a measurement this one waits for.
+                await asyncio.to_thread(kube.set_job_owners, job_ns, job_name, [*refs, kube_mod.sharing_owner(body)])
             if state == "Succeeded":
                 try:
                     _, created = await import_harvest(kube, job, owner)
@@ -552,7 +570,8 @@ async def plan_harvests(body: dict[str, Any], spec: TuningSpec, missing: list[di
                 except MessageError as exc:
                     entry.reason = f"harvest Job {where} succeeded but {exc}"
             elif state == "Failed":
-                entry.reason = f"harvest Job {where} failed ({_job_failure(job)}); delete it to try again"
+                entry.reason = (f"harvest Job {where} failed ({_job_failure(job)}); delete it to try again (it "
+                                f"removes itself {JOB_TTL_AFTER_FINISHED_S // 3600} h after it finished)")
             else:
                 entry.reason = f"being harvested by Job {where}"
                 prev = known.get(job["metadata"]["name"], {})
@@ -707,6 +726,8 @@ async def _park_invalid(body: dict[str, Any], book: StatusBook, kube: Kube, mess
     book.set(phase="Invalid", observedGeneration=book.generation, message=message, recommendation=None,
              shortlist=[])
     book.condition(condition[0], "False", condition[1], message)
+    if condition[0] != "Recommended":  # the recommendation is gone too: no SpecChanged or True left behind
+        book.condition("Recommended", "False", "InvalidSpec", message)
     await _withdraw_config_map(body, book, kube, config_map_name(book.name), "the spec is invalid")
     await _retire_canaries(body, book, kube, set())
     await _withdraw_analysis_template(body, book, kube)
@@ -808,6 +829,9 @@ async def _reconcile(body: dict[str, Any], book: StatusBook, kube: Kube, setting
         book.condition("Recommended", "Unknown", "SpecChanged",
                        f"the spec changed (generation {gen}); the recommendation shown is for generation "
                        f"{book.get('observedGeneration')} until this pass completes")
+        # The update handler owns the pass (and its retries) now: a handler phase keeps the timer from
+        # judging canaries this pass retired, or drift against a spec still being tuned.
+        book.set(phase="Searching")
         await _retire_canaries(body, book, kube, set())
 
     # 2. the workload
@@ -960,6 +984,8 @@ async def _reconcile(body: dict[str, Any], book: StatusBook, kube: Kube, setting
     # 7. phase (and confirmation, once the anchors are in)
     canaries: set[str] = set()
     old_template = (book.get("confirmation") or {}).get("analysisTemplate")
+    if old_template:
+        book.set(confirmation=None)  # republished below by an argo-rollouts pass, else withdrawn
     if harvesting:
         book.set(phase="Harvesting", message=f"waiting for {len(harvesting)} harvest Job(s)")
     elif rec is not None:
@@ -997,6 +1023,7 @@ async def _withdraw_analysis_template(body: dict[str, Any], book: StatusBook, ku
         post_event(body, "Normal", "AnalysisTemplateWithdrawn", f"AnalysisTemplate {name} deleted")
     if conf.get("analysisTemplate") == name:
         book.set(confirmation=None)
+    if "Confirmed" not in book.touched:  # a reason this pass gave (CannotMeasure, NoThresholds) stands
         book.condition("Confirmed", "Unknown", "Superseded",
                        f"AnalysisTemplate {name} withdrawn: this pass publishes no thresholds for it")
 
@@ -1011,8 +1038,9 @@ async def _retire_canaries(body: dict[str, Any], book: StatusBook, kube: Kube, k
         post_event(body, "Normal", "CanaryRemoved", f"{', '.join(sorted(gone))}: superseded by a new pass")
     if not keep and (book.get("confirmation") or {}).get("canaries"):
         book.set(confirmation=None)
-        book.condition("Confirmed", "Unknown", "Superseded",
-                       "a new pass superseded the earlier confirmation; this recommendation is not confirmed")
+        if "Confirmed" not in book.touched:  # a reason this pass gave (CannotCanary, NoCanary) stands
+            book.condition("Confirmed", "Unknown", "Superseded",
+                           "a new pass superseded the earlier confirmation; this recommendation is not confirmed")
 
 
 def _fmt(v: float | None) -> str:
@@ -1133,6 +1161,11 @@ async def _tick(body: dict[str, Any], uid: str, phase: str, kube: Kube, settings
             await book.flush()
         if not done:
             return "confirming"
+    if int(status.get("retries") or 0) > 0:
+        # A timer-started pass (drift, schedule, new anchors) failed and tick() waited out its backoff:
+        # nothing else would run it again (the drift baseline may already be the workload it failed on).
+        return await reconcile(body, kube, settings, trigger="retry", force=True,
+                               reason=f"retry {status.get('retries')} of a failed pass")
     every = parse_duration(spec.retune.every, "retune.every")
     age = age_s(status.get("lastTuneTime"))
     if every and age is not None and age >= every:

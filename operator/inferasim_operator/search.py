@@ -56,8 +56,14 @@ def canary_base(name: str, tuning: str) -> str:
     """What a tuning's canaries are named after: the recommended Deployment's name (`name`, the
     target's), with the tuning's own name when it differs, so that two tunings of one target never
     name (and so patch, measure and delete) each other's canaries."""
-    # Cut (with a hash of the whole) to leave room for "-canary-N" within a DNS label.
-    return name if not tuning or tuning == name else child_name(f"{name}-{tuning}", "", limit=52)
+    if not tuning or tuning == name:
+        return name
+    # A hash of the pair: "chat" + "b-x" and "chat-b" + "x" read alike once joined. Cut (with a hash
+    # of the whole) to leave room for "-canary-N" within a DNS label.
+    import hashlib
+
+    pair = hashlib.sha256(f"{name}/{tuning}".encode()).hexdigest()[:4]
+    return child_name(f"{name}-{tuning}-{pair}", "", limit=52)
 
 
 def search_payload(spec: dict[str, Any], anchor_dirs: list[str], name: str, namespace: str,

@@ -440,6 +440,8 @@ def test_two_tunings_of_one_target_name_their_canaries_apart() -> None:
 
     assert canary_base("chat", "chat") == "chat"  # one tuning named after its target: chat-canary-N
     assert canary_base("chat", "chat-latency") != canary_base("chat", "chat-cost")
+    # Pairs that read alike once joined with a dash.
+    assert len({canary_base("chat", "b-x"), canary_base("chat-b", "x"), canary_base("chat-b-x", "chat-b-x")}) == 3
     long = canary_base("c" * 60, "t" * 60)
     assert len(long) <= 63 and long != canary_base("c" * 60, "t" * 59 + "u")
 
@@ -456,7 +458,9 @@ def test_harvest_images_are_keyed_by_engine() -> None:
 
 def test_switching_harvest_off_deletes_this_tunings_running_job_only() -> None:
     """harvest.allowed false while this tuning's Job runs: the Job (and its GPUs) goes; a Job another
-    tuning started for the same anchor is left to it."""
+    tuning started for the same anchor is left to it, and one both own is let go, not deleted. A
+    tuning that waits for another's Job in its namespace owns it too (deleting the starter must not
+    garbage-collect it)."""
     missing = [{"engine": "vllm", "model": "meta-llama/Meta-Llama-3.1-8B", "gpu": "H100", "precision": "bf16",
                 "harvest_layout": {"tp": 1}, "harvest_gpu_hours": 0.3}]
 
@@ -474,6 +478,9 @@ def test_switching_harvest_off_deletes_this_tunings_running_job_only() -> None:
             self.deleted_jobs.append(name)
             return True
 
+        def set_job_owners(self, namespace: str, name: str, owners: list[dict[str, Any]]) -> None:
+            self.jobs[0]["metadata"]["ownerReferences"] = owners
+
     spec = reconcile.parse_tuning_spec({**SPEC, "harvest": {"allowed": False}})
     for owner, deleted in (("u-1", ["harvest-vllm-x-tp1"]), ("someone-else", [])):
         kube = JobKube(owner)
@@ -482,3 +489,30 @@ def test_switching_harvest_off_deletes_this_tunings_running_job_only() -> None:
                                                                  reconcile.Settings()))
         assert kube.deleted_jobs == deleted
         assert ("was deleted" in out[0].reason) == bool(deleted) and (harvesting == []) == bool(deleted)
+    # Shared: this tuning and another own it; switching off lets go, the other keeps the Job.
+    kube = JobKube("u-1")
+    kube.jobs[0]["metadata"]["ownerReferences"].append({"uid": "u-2"})
+    book = reconcile.StatusBook(copy.deepcopy(BODY), kube)  # type: ignore[arg-type]
+    _, out, _ = asyncio.run(reconcile.plan_harvests(BODY, spec, missing, book, kube,  # type: ignore[arg-type]
+                                                    reconcile.Settings()))
+    assert kube.deleted_jobs == [] and kube.jobs[0]["metadata"]["ownerReferences"] == [{"uid": "u-2"}]
+    assert "left to the other tunings" in out[0].reason
+    # Waiting with harvesting allowed: this tuning becomes a second, non-controlling owner.
+    kube = JobKube("u-2")
+    allowed = reconcile.parse_tuning_spec({**SPEC, "harvest": {"allowed": True}})
+    book = reconcile.StatusBook(copy.deepcopy(BODY), kube)  # type: ignore[arg-type]
+    harvesting, _, _ = asyncio.run(reconcile.plan_harvests(BODY, allowed, missing, book, kube,  # type: ignore[arg-type]
+                                                           reconcile.Settings()))
+    refs = kube.jobs[0]["metadata"]["ownerReferences"]
+    assert [r["uid"] for r in refs] == ["u-2", "u-1"] and refs[1]["controller"] is False and len(harvesting) == 1
+
+
+def test_a_reason_this_pass_gave_is_not_overwritten_by_superseded() -> None:
+    """Canaries of an earlier pass retired while this pass could start none (its target is gone):
+    Confirmed keeps this pass's reason (CannotCanary), not Superseded."""
+    status = {"confirmation": {"mode": "canary", "canaries": [{"name": "chat-canary-0"}]}}
+    kube = _Kube(status, ["chat-canary-0"])
+    book = reconcile.StatusBook({**BODY, "status": status}, kube)  # type: ignore[arg-type]
+    book.condition("Confirmed", "False", "CannotCanary", "target Deployment chat not found")
+    asyncio.run(reconcile._retire_canaries(BODY, book, kube, set()))  # type: ignore[arg-type]
+    assert kube.deployments == [] and book.cond("Confirmed")["reason"] == "CannotCanary"

@@ -205,3 +205,85 @@ def test_search_refuses_bad_input() -> None:
     with pytest.raises(search.SearchFailed) as err:
         asyncio.run(search.run_search(bad, [], "chat", "llm", stage2_top=1, timeout_s=120))
     assert err.value.invalid and "nothing-1b" in str(err.value)
+
+
+def test_backoff_survives_a_week_of_failures() -> None:
+    s = reconcile.Settings(backoff_base_s=10, backoff_max_s=600)
+    assert reconcile.backoff(s, 5000) == 600
+
+
+class _PassKube:
+    """What one full pass touches, in memory: status patches, the ConfigMap, canaries, templates."""
+
+    def __init__(self) -> None:
+        self.patches: list[dict[str, Any]] = []
+        self.config_maps: list[str] = []
+        self.templates = ["chat-inferasim"]
+        self.deleted: list[str] = []
+
+    def patch_tuning_status(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        self.patches.append(patch)
+        return {}
+
+    def list_jobs(self, selector: str) -> list[dict[str, Any]]:
+        return []
+
+    def apply_config_map(self, body: dict[str, Any]) -> None:
+        self.config_maps.append(body["metadata"]["name"])
+
+    def delete_config_map(self, namespace: str, name: str) -> bool:
+        return False
+
+    def delete_deployments(self, namespace: str, selector: str, keep: set[str]) -> list[str]:
+        return []
+
+    def delete_custom(self, group: str, version: str, plural: str, namespace: str, name: str) -> bool:
+        self.deleted.append(name)
+        had = name in self.templates
+        self.templates = [t for t in self.templates if t != name]
+        return had
+
+    def get_deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return None
+
+
+def test_a_pass_that_no_longer_publishes_the_analysis_template_withdraws_it(
+        payload: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Confirmation switched from argo-rollouts to none: the template with the last thresholds goes,
+    and Confirmed says why (it stayed live, checking Rollouts against an old recommendation)."""
+    async def found(*a: Any, **k: Any) -> dict[str, Any]:
+        return payload
+
+    async def none(*a: Any, **k: Any) -> int:
+        return 0
+
+    async def no_price(*a: Any, **k: Any) -> tuple[None, str, str, str]:
+        return None, "False", "NoPrice", "no price"
+
+    monkeypatch.setattr(reconcile, "run_search", found)
+    monkeypatch.setattr(reconcile, "sync_anchors", none)
+    monkeypatch.setattr(reconcile, "resolve_price", no_price)
+    status = {"phase": "Recommended", "observedGeneration": 3, "recommendation": {"engine": "vllm"},
+              "confirmation": {"mode": "argo-rollouts", "analysisTemplate": "chat-inferasim"}}
+    body = {**BODY, "spec": {**SPEC, "confirmation": {"mode": "none"}}, "status": status}
+    kube = _PassKube()
+    book = reconcile.StatusBook(body, kube)  # type: ignore[arg-type]
+    assert asyncio.run(reconcile._reconcile(body, book, kube, reconcile.Settings(), "test")) == "Recommended"  # type: ignore[arg-type]
+    assert kube.templates == [] and book.get("confirmation") is None
+    assert book.cond("Confirmed")["reason"] == "Superseded" and kube.config_maps == ["chat-recommendation"]
+
+
+def test_a_failed_timer_pass_is_retried_by_the_timer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A drift pass that failed after its observation became the baseline: the next drift check
+    sees no drift, so the timer itself runs the pass again once tick() waited out the backoff."""
+    calls: list[str] = []
+
+    async def record(body: dict[str, Any], kube: Any, settings: Any, *, trigger: str, reason: str,
+                     force: bool = False) -> str:
+        calls.append(trigger)
+        return "Recommended"
+
+    monkeypatch.setattr(reconcile, "reconcile", record)
+    body = {**BODY, "status": {"phase": "Recommended", "retries": 2, "lastTuneTime": reconcile.now_iso()}}
+    assert asyncio.run(reconcile._tick(body, "u-1", "Recommended", object(), reconcile.Settings())) == "Recommended"  # type: ignore[arg-type]
+    assert calls == ["retry"]
