@@ -337,6 +337,9 @@ def _add_replicas(top: list[Estimate], w: WorkloadShape, slo: SLO, max_gpus: int
             more.meets_slo = _simulated_slo_ok(more, slo)
             best = more
             if more.meets_slo:
+                # The replay met the SLO at the rate each of these replicas got: its capacity is at
+                # least that (the copy carries the capacity the failed replica count was cut to).
+                more.max_rate_slo = max(more.max_rate_slo, w.rate / replicas)
                 more.notes.append(f"{replicas} replicas: stage 1's {e.replicas} missed the SLO in simulation")
                 break
             more.max_rate_slo = min(more.max_rate_slo, w.rate / replicas)

@@ -400,6 +400,8 @@ def test_stage2_gives_a_candidate_that_misses_the_slo_in_simulation_more_replica
     for e in result.ranked[:10]:
         if e.stage == 2 and not e.meets_slo and not e.notes:
             assert e.max_rate_slo <= 12 / e.replicas + 1e-9
+        if e.meets_slo:  # serving the workload within the SLO is a capacity of at least its rate
+            assert e.max_rate_slo * e.replicas >= 12 - 1e-9 and e.per_gpu_at_slo(256) > 0, e.notes
 
 
 def test_an_slo_nothing_meets_ranks_the_closest_first_and_prints_no_infinity(tmp_path: Path) -> None:
