@@ -143,7 +143,8 @@ GEMM_N0 = 384.0
 # other clients on its rank, not its own (sim.benchmark.closed_loop), which moves t_ttft and burst.
 # 2026-12-03.3: vLLM's prefill attention at the FP8 rate on Blackwell with an FP8 KV cache
 # (catalog.engines.prefill_attention_dtype), which moves e_attn and the prefill share.
-STEP_MODEL_REVISION = "2026-12-03.3"
+# 2026-12-03.4: pipeline stages keep min(pp, sequences) micro-batches in flight (step_time).
+STEP_MODEL_REVISION = "2026-12-03.4"
 
 # Block-scaled FP8 GEMMs (catalog.models.ModelSpec.fp8_scales: a scale per 128 x 128 weight block,
 # applied inside the main loop) run at this multiple of the GPU's BF16 rate, where a per-tensor
@@ -444,8 +445,15 @@ def step_time(p: StepParams, c: LayoutCost, n_dec: ArrayLike, ctx_dec: ArrayLike
     latency a decode token sees). `n_dec`, `n_pref` are per dp rank."""
     n_dec = np.asarray(n_dec, dtype=float)
     n_pref = np.asarray(n_pref, dtype=float)
-    tokens = n_dec + n_pref
     lay = c.layout
+    # Pipeline stages keep micro-batches in flight (vLLM V1 schedules up to pp batches at once,
+    # SGLang its pp micro-batches): the running sequences split into m = min(pp, sequences)
+    # micro-batches, each passes every stage, and a sequence's step is one micro-batch's pass,
+    # pp stage-times of its share. Weights are read once per micro-batch per stage; the KV and the
+    # token-proportional work of the batch spread over the stages working at once. A lone request
+    # (m = 1) runs the stages one after another, as without pipelining.
+    m = np.clip(n_dec, 1.0, lay.pp) if lay.pp > 1 else 1.0
+    tokens = (n_dec + n_pref) / m  # per micro-batch
     bw_w = c.peak_bw * p.e_bw
     host = p.t_fixed + p.t_seq * n_dec
     t_dense = roof(c.dense_bytes / bw_w, c.dense_flops_per_token * tokens /
@@ -462,8 +470,8 @@ def step_time(p: StepParams, c: LayoutCost, n_dec: ArrayLike, ctx_dec: ArrayLike
         t_moe = roof(experts_here * c.expert_bytes / bw_w,
                      tok_here * c.expert_flops_per_token /
                      (c.gemm_flops_moe * p.e_flops * gemm_shape(per_expert, c.expert_width)))
-    t_attn = n_dec * c.kv_read_bytes(ctx_dec) / (c.peak_bw * p.e_kv) + \
-        n_pref * c.prefill_attn_flops(ctx_pref) / (c.peak_flops_attn * p.e_attn)
+    t_attn = (n_dec * c.kv_read_bytes(ctx_dec) / (c.peak_bw * p.e_kv) +
+              n_pref * c.prefill_attn_flops(ctx_pref) / (c.peak_flops_attn * p.e_attn)) / m
     t_comm = p.comm_scale * c.comm_time(tokens)
     gpu_part = (t_dense + t_moe + t_attn + t_comm) * lay.pp
     if lay.pp > 1:
@@ -482,9 +490,13 @@ def gpu_part_time(p: StepParams, c: LayoutCost, n_dec: ArrayLike, ctx_dec: Array
 def roofline_floor(c: LayoutCost, n_dec: ArrayLike, ctx_dec: ArrayLike, n_pref: ArrayLike = 0.0,
                    ctx_pref: ArrayLike = 0.0) -> ArrayLike:
     """The fastest the step could physically be: weights and decode KV at full HBM bandwidth or
-    dense GEMMs at peak FLOP/s, whichever is slower; no host cost, no collectives, no experts."""
+    dense GEMMs at peak FLOP/s, whichever is slower; no host cost, no collectives, no experts.
+    Under pipeline stages, per micro-batch pass as step_time splits it (every stage reads its
+    weights for each micro-batch, and the batch's KV and FLOPs spread over the stages)."""
     n_dec = np.asarray(n_dec, dtype=float)
-    tokens = n_dec + np.asarray(n_pref, dtype=float)
-    mem = c.dense_bytes / c.peak_bw + n_dec * c.kv_read_bytes(ctx_dec) / c.peak_bw
+    pp = c.layout.pp
+    m = np.clip(n_dec, 1.0, pp) if pp > 1 else 1.0
+    tokens = (n_dec + np.asarray(n_pref, dtype=float)) / m
+    mem = c.dense_bytes / c.peak_bw + n_dec / m * c.kv_read_bytes(ctx_dec) / c.peak_bw
     comp = c.dense_flops_per_token * tokens / c.peak_flops_dense
-    return np.maximum(mem, comp) * c.layout.pp
+    return np.maximum(mem, comp) * pp

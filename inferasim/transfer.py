@@ -74,14 +74,6 @@ def reduce_to_node(layout: Layout, gpu: GPU) -> Layout:
     return Layout(tp=tp, pp=1, dp=dp, moe_ep=ep)
 
 
-def pipeline_bubble(pp: int, micro_batches: int) -> float:
-    """Share of a pipeline's time lost to fill and drain with `micro_batches` in flight
-    (GPipe-style schedule): (pp - 1) / (micro_batches + pp - 1)."""
-    if pp <= 1:
-        return 0.0
-    return (pp - 1) / (max(micro_batches, 1) + pp - 1)
-
-
 def replica_split(concurrency: int, replicas: int) -> list[int]:
     """Clients per replica under round-robin routing (the first ones get the remainder)."""
     if replicas < 1:
