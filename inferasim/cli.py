@@ -971,6 +971,12 @@ def _tune_table(result: Any) -> str:
                       f"({rec['gpus']} GPUs), max_num_seqs {rec['max_num_seqs']}, "
                       f"max_num_batched_tokens {rec['max_num_batched_tokens']}: {how}"
                       + ("" if rec["anchor"] else "  [unanchored: measurement-free, rank within engine]")]
+        w = result.spec.workload.static
+        if w is not None and w.kind == "multi-turn" and rec["replicas"] > 1:
+            lines.append(f"note: {rec['replicas']} replicas keep the sessions' prefix reuse only behind session-affine "
+                         "(prefix-aware) routing, as priced; behind a plain Service each turn lands on a random "
+                         "replica and keeps about 1/replicas of it (`inferasim simulate --router rr` shows the "
+                         "difference)")
         engines = sorted({e["engine"] for e in d["shortlist"] if not e["anchor"]})
         if not rec["anchor"] and len(engines) > 1:
             # Measurement-free defaults rank layouts within one engine; between engines they differ by

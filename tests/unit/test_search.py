@@ -462,3 +462,33 @@ def test_a_replay_slower_than_the_estimate_lowers_the_slo_capacity_never_raises_
     assert same.max_rate_slo == faster.max_rate_slo == before.max_rate_slo
     assert 2.0 / slower.replicas <= slower.max_rate_slo < before.max_rate_slo
     assert "SLO capacity" in slower.notes[-1]
+
+
+def test_stage2_replays_multi_turn_sessions_with_the_routing_stage1_assumes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stage 1 prices each replica with the sessions' whole prefix reuse: stage 2 replays a
+    multi-turn workload on several replicas with session-affine (prefix) routing, which keeps it,
+    not round-robin, which split the sessions and read as a slower replay; one replica, or requests
+    without sessions, stay round-robin."""
+    import inferasim.sim.api as api
+    from inferasim.search.tune import _simulate_one
+    from inferasim.search.workload import shape_of
+    from inferasim.spec import StaticWorkload
+
+    seen: list[str] = []
+
+    def fake(*args: object, router: str = "rr", **kwargs: object) -> object:
+        seen.append(router)
+        raise RuntimeError("stop")
+
+    monkeypatch.setattr(api, "simulate_workload", fake)
+    model, gpu = get_model("meta-llama/Llama-3.1-8B"), get_gpu("H100")
+    fitted = unanchored("vllm", model, gpu, "bf16", Layout(tp=1))
+    multi = shape_of(StaticWorkload(kind="multi-turn", sessions_per_second=1.0, turns=4, user_tokens_per_turn=100))
+    poisson = shape_of(StaticWorkload(kind="poisson", request_rate=2.0))
+    cand = Candidate(engine="vllm", precision="bf16", layout=Layout(tp=1), max_num_seqs=64, max_batched_tokens=2048)
+    for w, replicas in ((multi, 2), (multi, 1), (poisson, 2)):
+        e = operate(estimate_group(fitted, [cand], w)[0], w, SLO(), max_gpus=8)
+        e.replicas = replicas
+        with pytest.raises(RuntimeError):
+            _simulate_one(e, w)
+    assert seen == ["prefix", "rr", "rr"]
