@@ -191,7 +191,10 @@ def _simulate_one(e: Estimate, w: WorkloadShape) -> dict[str, Any] | None:
     from inferasim.sim.collector import paused_collector
 
     c = e.candidate
-    if c.disagg is not None or not math.isfinite(e.tpot) or w.source is None:
+    d = c.disagg
+    # The simulator's prefill and decode pools share one layout: a disaggregated candidate whose
+    # pools differ keeps its stage-1 estimate.
+    if (d is not None and d.prefill != d.decode) or not math.isfinite(e.tpot) or w.source is None:
         return None
     src = w.source
     if src.kind == "closed":
@@ -203,11 +206,14 @@ def _simulate_one(e: Estimate, w: WorkloadShape) -> dict[str, Any] | None:
     # keeps it only where its turns return to the replica holding its KV. Replayed with that
     # (session-affine, prefix-aware) routing, as stage 1 assumes: round-robin split the sessions
     # (hit 0.76 -> 0.51 at 2 replicas) and the gap read as a slower replay. The table notes it.
-    router = "prefix" if src.kind == "multi-turn" and e.replicas > 1 else "rr"
+    router = "prefix" if src.kind == "multi-turn" and (e.replicas > 1 or d is not None) else "rr"
+    # A disaggregated candidate: its replicas x (prefill workers, decode workers) pools.
+    pools = None if d is None else (d.prefill_workers * e.replicas, d.decode_workers * e.replicas)
     with paused_collector():
-        report = simulate_workload(e.fitted, c.layout, src, replicas=e.replicas, max_num_seqs=c.max_num_seqs,
+        report = simulate_workload(e.fitted, c.layout if d is None else d.decode, src,
+                                   replicas=e.replicas if d is None else 1, max_num_seqs=c.max_num_seqs,
                                    max_batched_tokens=c.max_batched_tokens,
-                                   mixed=None if c.chunked_prefill else False, seed=1, router=router)
+                                   mixed=None if c.chunked_prefill else False, seed=1, router=router, disagg=pools)
         d = report.as_dict(series=False)
         del report
     return d

@@ -492,3 +492,29 @@ def test_stage2_replays_multi_turn_sessions_with_the_routing_stage1_assumes(monk
         with pytest.raises(RuntimeError):
             _simulate_one(e, w)
     assert seen == ["prefix", "rr", "rr"]
+
+
+def test_stage2_replays_a_disaggregated_candidate_whose_pools_share_a_layout() -> None:
+    """The simulator's prefill and decode pools share one layout: such a candidate is replayed in
+    stage 2 (its closed-form TTFT was 4-5x the replay's), one with two layouts keeps its estimate."""
+    from inferasim.search.space import Disagg
+    from inferasim.search.tune import _simulate_one
+
+    model, gpu = get_model("meta-llama/Llama-3.1-70B"), get_gpu("H100")
+    fitted = unanchored("vllm", model, gpu, "fp8", Layout(tp=2))
+    w = WorkloadShape(isl=2048, osl=256, hit=0.0, rate=4.0, concurrency=None, kind="poisson")
+    from inferasim.spec import StaticWorkload
+
+    w = replace(w, source=StaticWorkload(kind="poisson", request_rate=4.0, input_tokens=2048, output_tokens=256,
+                                         num_requests=200))
+    from inferasim.search.estimate import estimate_disagg
+
+    for d, replayed in ((Disagg(2, Layout(tp=2), 1, Layout(tp=2)), True), (Disagg(1, Layout(tp=4), 1, Layout(tp=2)),
+                                                                           False)):
+        cand = Candidate(engine="vllm", precision="fp8", layout=d.decode, max_num_seqs=64, max_batched_tokens=8192,
+                         disagg=d)
+        e = operate(estimate_disagg(fitted, cand, w), w, SLO(), max_gpus=16)
+        out = _simulate_one(e, w)
+        assert (out is not None) == replayed
+        if out is not None:
+            assert out["completed"] + out["dropped"] == out["requests"] == 200 and out["ttft"]["p90"] > 0
