@@ -518,3 +518,24 @@ def test_stage2_replays_a_disaggregated_candidate_whose_pools_share_a_layout() -
         assert (out is not None) == replayed
         if out is not None:
             assert out["completed"] + out["dropped"] == out["requests"] == 200 and out["ttft"]["p90"] > 0
+
+
+def test_disaggregated_estimates_carry_no_benchmark_wave() -> None:
+    """tune's workloads are not lock-stepped benchmarks: the disaggregated estimate, like the
+    colocated one, is the same whatever wave share the anchor fitted."""
+    from dataclasses import replace as dc_replace
+
+    from inferasim.search.estimate import estimate_disagg
+    from inferasim.search.space import Disagg
+
+    model, gpu = get_model("meta-llama/Llama-3.1-70B"), get_gpu("H100")
+    base = unanchored("vllm", model, gpu, "fp8", Layout(tp=2))
+    w = WorkloadShape(isl=2048, osl=512, hit=0.0, rate=8.0, concurrency=None, kind="poisson")
+    d = Disagg(3, Layout(tp=2), 1, Layout(tp=2))
+    cand = Candidate(engine="vllm", precision="fp8", layout=d.decode, max_num_seqs=64, max_batched_tokens=16384,
+                     disagg=d)
+    out = []
+    for burst in (0.0, 0.9):
+        fitted = dc_replace(base, fit=dc_replace(base.fit, params=dc_replace(base.params, burst=burst)))
+        out.append(estimate_disagg(fitted, cand, w).curve_ttft)
+    np.testing.assert_allclose(out[0], out[1], rtol=1e-12)
