@@ -539,3 +539,31 @@ def test_disaggregated_estimates_carry_no_benchmark_wave() -> None:
         fitted = dc_replace(base, fit=dc_replace(base.fit, params=dc_replace(base.params, burst=burst)))
         out.append(estimate_disagg(fitted, cand, w).curve_ttft)
     np.testing.assert_allclose(out[0], out[1], rtol=1e-12)
+
+
+def test_a_replay_within_the_slo_at_the_whole_rate_outweighs_stage1s_capacity_notes() -> None:
+    """Stage 1 said the replicas cannot serve the rate ("needs N replicas"); the replay served it
+    within the SLO dropping nothing: the note goes and the capacity is at least that rate. A replay
+    over the SLO, or one that dropped requests, keeps stage 1's verdict."""
+    from inferasim.search.tune import _copy, _trust_the_replay
+
+    model, gpu = get_model("meta-llama/Llama-3.1-70B"), get_gpu("H100")
+    fitted = unanchored("vllm", model, gpu, "fp8", Layout(tp=4))
+    w = WorkloadShape(isl=1024, osl=256, hit=0.0, rate=6.0, concurrency=None, kind="poisson")
+    slo = SLO(ttft_p90_ms=2000, itl_p90_ms=60)
+    cand = Candidate(engine="vllm", precision="fp8", layout=Layout(tp=4), max_num_seqs=256, max_batched_tokens=2048)
+    base = operate(estimate_group(fitted, [cand], w)[0], w, slo, max_gpus=8)
+
+    def replayed(itl_ms: float, dropped: bool = False) -> Estimate:
+        e = _copy(base)
+        e.stage, e.replicas, e.max_rate_slo = 2, 1, 2.0
+        e.notes = ["needs 3 replicas for 6.00 req/s; the budget allows 1"] + (["5 of 200 requests dropped"] if dropped
+                                                                              else [])
+        e.ttft_p90, e.itl_p90 = 0.5, itl_ms / 1e3
+        _trust_the_replay(e, w, slo)
+        return e
+
+    ok = replayed(40.0)
+    assert ok.max_rate_slo == 6.0 and not any("needs" in n for n in ok.notes) and "replay served" in ok.notes[-1]
+    for e in (replayed(80.0), replayed(40.0, dropped=True)):
+        assert e.max_rate_slo == 2.0 and any("needs" in n for n in e.notes)
