@@ -117,14 +117,19 @@ def disagg_point(fitted: FittedAnchor, prefill_layout: Layout, prefill_workers: 
     own = float(np.ceil(isl / chunk)) * float(step_time(prm, pc, 0.0, 0.0, min(chunk, isl), isl / 2.0))
     xfer = kv_transfer_time(model, gpu, isl, same_domain=gpu.scale_up.domain >= 8 * gpu.gpus_per_node)
     ttft = own + xfer
-    x = concurrency / (ttft + (osl - 1) * tpot)
+    # The prefill pool admits at most this many requests per second: past it, requests queue for
+    # prefill (in TTFT, through `admission` below), whatever the decode pool could take. The M/D/1
+    # wait alone, its utilisation capped, let the rate run past the pool (with no wave term to slow
+    # it, a P1+D4 pool of 70B on MI355X read 62 req/s where its one prefill GPU holds about 20).
+    x_cap = pws * rate / max(isl, 1)
+    x = min(concurrency / (ttft + (osl - 1) * tpot), x_cap)
     for _ in range(30):
         u = min(x * isl / (pws * rate), 0.95)
         steady = own + u * own / (2 * (1 - u))
         wave = (min(concurrency, cap * dws) / pws * isl / rate + isl / rate) / 2.0
         ttft = xfer + (1 - prm.burst) * steady + prm.burst * max(wave, steady)
         service = ttft + (osl - 1) * tpot
-        x_new = min(concurrency, cap * dws) / service
+        x_new = min(min(concurrency, cap * dws) / service, x_cap)
         x = 0.5 * x + 0.5 * x_new
     admission = max(concurrency / x - (ttft + (osl - 1) * tpot), 0.0)
     # The serial front end, as sim.benchmark.closed_loop prices it: each prefill worker has its own

@@ -567,3 +567,29 @@ def test_a_replay_within_the_slo_at_the_whole_rate_outweighs_stage1s_capacity_no
     assert ok.max_rate_slo == 6.0 and not any("needs" in n for n in ok.notes) and "replay served" in ok.notes[-1]
     for e in (replayed(80.0), replayed(40.0, dropped=True)):
         assert e.max_rate_slo == 2.0 and any("needs" in n for n in e.notes)
+
+
+def test_a_disaggregated_pool_serves_no_more_requests_than_its_prefill_workers_prefill() -> None:
+    """Past the prefill pool's throughput requests queue for prefill: the estimate's rate stops there
+    (a P1+D4 pool read 62 req/s where its one prefill GPU holds about 20) and TTFT takes the queue."""
+    from inferasim.search.estimate import estimate_disagg
+    from inferasim.search.space import Disagg
+    from inferasim.sim.benchmark import engine_sched
+    from inferasim.steptime import step_time
+
+    model, gpu = get_model("meta-llama/Llama-3.1-70B"), get_gpu("MI355X")
+    fitted = unanchored("vllm", model, gpu, "fp8", Layout(tp=1))
+    p = replace(fitted.params, burst=0.0)
+    w = WorkloadShape(isl=3050, osl=400, hit=0.76, rate=8.0, concurrency=None, kind="poisson")
+    new = int(w.isl * (1 - w.hit))
+    for prefill_workers in (1, 2):
+        d = Disagg(prefill_workers, Layout(tp=1), 4, Layout(tp=1))
+        cand = Candidate(engine="vllm", precision="fp8", layout=d.decode, max_num_seqs=64, max_batched_tokens=16384,
+                         disagg=d)
+        est = estimate_disagg(fitted, cand, w)
+        cost = layout_cost(model, gpu, Layout(tp=1), "fp8", fitted.kv_dtype, "vllm")
+        sched = engine_sched("vllm", model, gpu, Layout(tp=1), "fp8", "", fitted.kv_dtype)
+        chunk = float(max(min(sched.max_batched_tokens, 16384), 1024))
+        tokens_per_s = chunk / float(step_time(p, cost, 0.0, 0.0, chunk, new / 2.0))
+        assert est.curve_rate.max() <= prefill_workers * tokens_per_s / new * (1 + 1e-9)
+        assert np.all(np.diff(est.curve_ttft) >= -1e-9)  # the queue lands in TTFT as clients grow
