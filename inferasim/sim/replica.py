@@ -46,8 +46,10 @@ class StepModel:
         self.at_f = pp / (c.peak_flops_attn * p.e_attn)
         self.kv_lin, self.kv_state, self.kv_win = c.kv_coeff_full, c.state_bytes, tuple(c.kv_windows)
         self.at_lin, self.at_win = c.attn_flops_coeff, tuple(c.attn_windows)
+        self.pp = pp
         self.nmax = 0
         self.base: list[float] = []
+        self._frac: dict[float, float] = {}  # pipeline micro-batch shares that are not whole tokens
         self._build(max(int(max_tokens), 1024))
         self.exact = self._check()
 
@@ -72,18 +74,32 @@ class StepModel:
             out += coeff * (ctx if ctx < window else window)
         return out
 
+    def _micro(self, n_dec: float) -> float:
+        """Pipeline micro-batches in flight (steptime.step_time): min(pp, sequences), at least 1."""
+        return 1.0 if self.pp == 1 else min(max(float(n_dec), 1.0), float(self.pp))
+
+    def _base(self, tokens: float) -> float:
+        """step_time of `tokens` prefill tokens alone (the per-micro-batch part of a step)."""
+        whole = int(tokens)
+        if whole == tokens:
+            if whole > self.nmax:
+                self._build(max(whole, 2 * self.nmax))
+            return self.base[whole]
+        got = self._frac.get(tokens)
+        if got is None:
+            got = self._frac[tokens] = float(step_time(self.p, self.c, 0.0, 0.0, tokens, 0.0))
+        return got
+
     def _fast(self, n_dec: int, ctx_dec: float, n_pref: int, ctx_pref: float) -> float:
-        tok = n_dec + n_pref
-        if tok > self.nmax:
-            self._build(max(tok, 2 * self.nmax))
-        t = self.base[tok] + self.t_seq * n_dec
+        m = self._micro(n_dec)
+        t = self._base((n_dec + n_pref) / m if m != 1.0 else n_dec + n_pref) + self.t_seq * n_dec
         if n_dec:
-            t += n_dec * self.kvb(ctx_dec) * self.kv_f
+            t += n_dec * self.kvb(ctx_dec) * self.kv_f / m
         if n_pref:
             a = self.at_lin * ctx_pref
             for coeff, window in self.at_win:
                 a += coeff * (ctx_pref if ctx_pref < window else window)
-            t += n_pref * a * self.at_f
+            t += n_pref * a * self.at_f / m
         return t
 
     def __call__(self, n_dec: int, ctx_dec: float, n_pref: int = 0, ctx_pref: float = 0.0) -> float:
@@ -94,21 +110,19 @@ class StepModel:
     def decode_line(self, n: int) -> tuple[float, float]:
         """(a, b): a decode step of n sequences of mean context ctx takes a + b * kvb(ctx), the
         same operations, in the same order, as `decode_run` (exact mode only)."""
-        if n > self.nmax:
-            self._build(max(n, 2 * self.nmax))
-        return self.base[n] + self.t_seq * n, n * self.kv_f
+        m = self._micro(n)
+        return self._base(n / m if m != 1.0 else n) + self.t_seq * n, n * self.kv_f / m
 
     def decode_run(self, n: int, ctx1: float, k: int) -> np.ndarray:
         """Times of k decode steps of n sequences whose mean context starts at ctx1."""
         ctx = ctx1 + np.arange(k, dtype=float)
         if not self.exact:
             return np.asarray(step_time(self.p, self.c, n, ctx), dtype=float)
-        if n > self.nmax:
-            self._build(max(n, 2 * self.nmax))
+        a, b = self.decode_line(n)
         kvb = self.kv_lin * ctx + self.kv_state
         for coeff, window in self.kv_win:
             kvb = kvb + coeff * np.minimum(ctx, window)
-        return (self.base[n] + self.t_seq * n) + (n * self.kv_f) * kvb
+        return a + b * kvb
 
 
 class Replica:

@@ -73,9 +73,7 @@ def test_step_model_is_step_time() -> None:
     for lay in (Layout(tp=1), Layout(tp=2, pp=2)):
         p, c = StepParams(), layout_cost(MODEL, GPU, lay)
         sm = StepModel(p, c, 4096)
-        # Pipeline micro-batches price a batch's share per pass (tokens / m): not a table of whole
-        # token counts, so the model falls back to step_time itself there.
-        assert sm.exact == (lay.pp == 1)
+        assert sm.exact
         for args in ((5, 300.0, 0, 0.0), (64, 5000.5, 1000, 400.0), (0, 0.0, 20000, 9000.0)):
             assert sm(*args) == pytest.approx(float(step_time(p, c, *args)), rel=1e-12)
         np.testing.assert_allclose(sm.decode_run(7, 100.5, 50),
