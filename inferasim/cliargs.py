@@ -124,7 +124,8 @@ def note_carried(fitted: FittedAnchor) -> None:
     """A note on stderr when the anchor was measured on a sibling GPU (the same die) and carried to
     the one asked for: its efficiencies, the target's peaks and memory; a harvest there confirms it."""
     if fitted.measured_on:
-        print(f"note: no anchor on {fitted.gpu.name}; the {fitted.measured_on} anchor {fitted.anchor_id.split('@')[0]} "
+        measured = fitted.anchor_id.removesuffix(f"@{fitted.measured_on}")  # carry_to_gpu's suffix
+        print(f"note: no anchor on {fitted.gpu.name}; the {fitted.measured_on} anchor {measured} "
               f"is carried to it (the same die: its fitted efficiencies and host costs at {fitted.gpu.name}'s "
               "bandwidth, FLOP/s and memory; a wider interval); harvest one on "
               f"{fitted.gpu.name} to confirm", file=sys.stderr)
@@ -139,7 +140,7 @@ def note_poor_anchor(fitted: FittedAnchor) -> None:
     fit = fitted.fit
     if fit.rms_log_error <= DEFAULT_MAX_RMS_LOG_ERROR:
         return
-    worst = ", ".join(f"{m} {v:.0%}" for m, v in sorted(fit.per_metric_mape.items()) if v == v)
+    worst = ", ".join(f"{m} {v:.0%}" for m, v in sorted(fit.per_metric_mape.items()) if math.isfinite(v))
     print(f"note: anchor {fitted.anchor_id} fits its own {fit.n_points} point(s) poorly (rms log error "
           f"{fit.rms_log_error:.2f}, above the {DEFAULT_MAX_RMS_LOG_ERROR:g} a harvest accepts"
           + (f"; mean errors {worst}" if worst else "") + "): its predictions carry that error; harvest the kernel "
