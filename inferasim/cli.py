@@ -919,7 +919,7 @@ def _tune_table(result: Any) -> str:
              f"{d['space']['candidates']} candidates scored, {d['space']['pruned']} pruned; "
              f"stage 1 {d['timings_s']['stage1']:.2f} s ({d['timings_s']['candidates_per_s']:,.0f} candidates/s), "
              f"stage 2 {d['timings_s']['stage2']:.2f} s", ""]
-    from inferasim.search.estimate import BLOCKING_NOTES
+    from inferasim.search.estimate import blocking_notes
     from inferasim.search.tune import slo_miss
 
     rows, misses = [], []
@@ -933,7 +933,7 @@ def _tune_table(result: Any) -> str:
         if not e["meets_slo"]:
             # The percentiles shown may all be inside the SLO when what fails is the budget (more
             # replicas needed than it allows) or the rate: say which.
-            why = [n for n in est.notes if any(w in n for w in BLOCKING_NOTES)]
+            why = blocking_notes(est)
             term = slo_miss(est, result.spec.objective.slo)
             text = "; ".join(why) + (f" ({term})" if why and term else term)
             misses.append(f"#{i} misses the SLO: {text or 'requests dropped in the simulation'}")

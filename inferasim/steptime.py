@@ -400,8 +400,7 @@ def _layout_cost(model: ModelSpec, gpu: GPU, layout: Layout, precision: str, kv_
     def gemm_rate(dtype: str, peak: float) -> float:
         return min(peak, BLOCK_FP8_RATE * gpu.peak_flops("bf16")) if block_fp8 and dtype == "fp8" else peak
 
-    mla = any(la.attention.kind == "mla" for la in model.layers)
-    attn_dtype = prefill_attention_dtype(engine, gpu.vendor, "fp4" in gpu.flops, kv_dtype, mla)
+    attn_dtype = prefill_attention_dtype(engine, gpu.vendor, "fp4" in gpu.flops, kv_dtype, model.uses_mla)
     return LayoutCost(
         model=model, gpu=gpu, layout=layout, precision=precision, kv_dtype=kv_dtype,
         dense_bytes=dense_bytes, dense_flops_per_token=dense_flops,
@@ -439,6 +438,16 @@ def busiest_rank_factor(tokens_routed: ArrayLike, ranks: int, skew: float) -> Ar
     return 1.0 + np.minimum(statistical, ranks - 1.0) + skew * math.log2(ranks) / 3.0
 
 
+def micro_batches(n_dec: ArrayLike, pp: int) -> ArrayLike:
+    """Pipeline micro-batches in flight for `n_dec` running sequences: min(pp, sequences), at
+    least one (see step_time). Plain Python for a scalar: the simulator asks once per step."""
+    if pp <= 1:
+        return 1.0
+    if isinstance(n_dec, int | float):
+        return min(max(float(n_dec), 1.0), float(pp))
+    return np.clip(n_dec, 1.0, pp)
+
+
 def step_time(p: StepParams, c: LayoutCost, n_dec: ArrayLike, ctx_dec: ArrayLike,
               n_pref: ArrayLike = 0.0, ctx_pref: ArrayLike = 0.0) -> ArrayLike:
     """Seconds of one iteration on one attention-dp rank of one replica (all pp stages: the
@@ -452,7 +461,7 @@ def step_time(p: StepParams, c: LayoutCost, n_dec: ArrayLike, ctx_dec: ArrayLike
     # pp stage-times of its share. Weights are read once per micro-batch per stage; the KV and the
     # token-proportional work of the batch spread over the stages working at once. A lone request
     # (m = 1) runs the stages one after another, as without pipelining.
-    m = np.clip(n_dec, 1.0, lay.pp) if lay.pp > 1 else 1.0
+    m = micro_batches(n_dec, lay.pp)
     tokens = (n_dec + n_pref) / m  # per micro-batch
     bw_w = c.peak_bw * p.e_bw
     host = p.t_fixed + p.t_seq * n_dec
@@ -494,9 +503,8 @@ def roofline_floor(c: LayoutCost, n_dec: ArrayLike, ctx_dec: ArrayLike, n_pref: 
     Under pipeline stages, per micro-batch pass as step_time splits it (every stage reads its
     weights for each micro-batch, and the batch's KV and FLOPs spread over the stages)."""
     n_dec = np.asarray(n_dec, dtype=float)
-    pp = c.layout.pp
-    m = np.clip(n_dec, 1.0, pp) if pp > 1 else 1.0
+    m = micro_batches(n_dec, c.layout.pp)
     tokens = (n_dec + np.asarray(n_pref, dtype=float)) / m
     mem = c.dense_bytes / c.peak_bw + n_dec / m * c.kv_read_bytes(ctx_dec) / c.peak_bw
     comp = c.dense_flops_per_token * tokens / c.peak_flops_dense
-    return np.maximum(mem, comp) * pp
+    return np.maximum(mem, comp) * c.layout.pp

@@ -188,6 +188,11 @@ def operate(e: Estimate, w: WorkloadShape, slo: SLO, max_gpus: int) -> Estimate:
 BLOCKING_NOTES = ("exceeds", "needs", "no request rate")
 
 
+def blocking_notes(e: Estimate, words: tuple[str, ...] = BLOCKING_NOTES) -> list[str]:
+    """The notes of `e` that say it cannot serve the workload (holding any of `words`)."""
+    return [n for n in e.notes if any(word in n for word in words)]
+
+
 def blocked(e: Estimate, more: tuple[str, ...] = ()) -> bool:
     """Whether a note of `e` says it cannot serve the workload (BLOCKING_NOTES, or `more`)."""
-    return any(word in n for n in e.notes for word in BLOCKING_NOTES + more)
+    return bool(blocking_notes(e, BLOCKING_NOTES + more))

@@ -18,7 +18,15 @@ from inferasim.catalog.models import ModelSpec, context_error, get_model, resolv
 from inferasim.harvest.plan import engine_startup_s, harvest_gpu_hours
 from inferasim.predictor import FittedAnchor, benchmark_kv_dtype, carry_to_gpu, fitted_from_anchor, unanchored
 from inferasim.render import priced_precision, weight_class
-from inferasim.search.estimate import BLOCKING_NOTES, Estimate, blocked, estimate_disagg, estimate_group, operate
+from inferasim.search.estimate import (
+    Estimate,
+    blocked,
+    blocking_notes,
+    estimate_disagg,
+    estimate_group,
+    operate,
+    slo_ok,
+)
 from inferasim.search.select import (
     ParetoPoint,
     cost_per_million_tokens,
@@ -160,9 +168,13 @@ def _anchor_for(store: AnchorStore, engine: str, model: ModelSpec, gpu: GPU, pre
         if same_model and same_gpu and _weights(ks.precision, ks.model, model) == _weights(precision, model.name,
                                                                                             model):
             hits.append(a)
-    if not hits:
-        return None
-    return max(hits, key=lambda a: (-method_rank(a), len(a.points), a.kernel_set.engine_version))
+    return max(hits, key=_anchor_rank) if hits else None
+
+
+def _anchor_rank(a: Anchor) -> tuple[int, int, str]:
+    """Which of several anchors of one kernel set predictions use (the higher): measured on purpose
+    before live traffic, then more points, then the newest engine version."""
+    return -method_rank(a), len(a.points), a.kernel_set.engine_version
 
 
 def anchored_fit(store: AnchorStore, engine: str, model: ModelSpec, gpu: GPU, precision: str,
@@ -178,7 +190,7 @@ def anchored_fit(store: AnchorStore, engine: str, model: ModelSpec, gpu: GPU, pr
              if (a := _anchor_for(store, engine, model, get_gpu(name), precision, kv_dtype)) is not None]
     if not found:
         return None
-    best = max(found, key=lambda a: (-method_rank(a), len(a.points), a.kernel_set.engine_version))
+    best = max(found, key=_anchor_rank)
     return carry_to_gpu(fitted_from_anchor(best), gpu), best
 
 
@@ -191,10 +203,10 @@ def _simulate_one(e: Estimate, w: WorkloadShape) -> dict[str, Any] | None:
     from inferasim.sim.collector import paused_collector
 
     c = e.candidate
-    d = c.disagg
+    split = c.disagg
     # The simulator's prefill and decode pools share one layout: a disaggregated candidate whose
     # pools differ keeps its stage-1 estimate.
-    if (d is not None and d.prefill != d.decode) or not math.isfinite(e.tpot) or w.source is None:
+    if (split is not None and split.prefill != split.decode) or not math.isfinite(e.tpot) or w.source is None:
         return None
     src = w.source
     if src.kind == "closed":
@@ -206,12 +218,12 @@ def _simulate_one(e: Estimate, w: WorkloadShape) -> dict[str, Any] | None:
     # keeps it only where its turns return to the replica holding its KV. Replayed with that
     # (session-affine, prefix-aware) routing, as stage 1 assumes: round-robin split the sessions
     # (hit 0.76 -> 0.51 at 2 replicas) and the gap read as a slower replay. The table notes it.
-    router = "prefix" if src.kind == "multi-turn" and (e.replicas > 1 or d is not None) else "rr"
+    router = "prefix" if src.kind == "multi-turn" and (e.replicas > 1 or split is not None) else "rr"
     # A disaggregated candidate: its replicas x (prefill workers, decode workers) pools.
-    pools = None if d is None else (d.prefill_workers * e.replicas, d.decode_workers * e.replicas)
+    pools = None if split is None else (split.prefill_workers * e.replicas, split.decode_workers * e.replicas)
     with paused_collector():
-        report = simulate_workload(e.fitted, c.layout if d is None else d.decode, src,
-                                   replicas=e.replicas if d is None else 1, max_num_seqs=c.max_num_seqs,
+        report = simulate_workload(e.fitted, c.layout if split is None else split.decode, src,
+                                   replicas=e.replicas if split is None else 1, max_num_seqs=c.max_num_seqs,
                                    max_batched_tokens=c.max_batched_tokens,
                                    mixed=None if c.chunked_prefill else False, seed=1, router=router, disagg=pools)
         d = report.as_dict(series=False)
@@ -311,11 +323,15 @@ def slo_miss(e: Estimate, slo: SLO) -> str:
             f"{name} unbounded (the workload's rate exceeds what the budget serves)")
 
 
+def _replay_within_slo(e: Estimate, slo: SLO) -> bool:
+    """Stage 2's simulated p90s within the SLO's p90 terms."""
+    return (slo.ttft_p90_ms is None or e.ttft_p90 * 1e3 <= slo.ttft_p90_ms) and \
+        (slo.itl_p90_ms is None or e.itl_p90 * 1e3 <= slo.itl_p90_ms)
+
+
 def _simulated_slo_ok(e: Estimate, slo: SLO) -> bool:
     """The SLO on stage 2's simulated percentiles (and no budget, capacity or drop note)."""
-    ok = (slo.ttft_p90_ms is None or e.ttft_p90 * 1e3 <= slo.ttft_p90_ms) and \
-        (slo.itl_p90_ms is None or e.itl_p90 * 1e3 <= slo.itl_p90_ms)
-    return bool(ok) and not blocked(e, ("dropped",))
+    return _replay_within_slo(e, slo) and not blocked(e, ("dropped",))
 
 
 def _add_replicas(top: list[Estimate], w: WorkloadShape, slo: SLO, max_gpus: int) -> list[Estimate]:
@@ -364,15 +380,12 @@ def _trust_the_replay(e: Estimate, w: WorkloadShape, slo: SLO) -> None:
     notes go, and the SLO capacity is at least the rate each replica served. Without this a
     disaggregated candidate the replay showed within the SLO at 4 req/s stayed "SLO no: needs 3
     replicas" from a closed form the replay had just contradicted."""
-    if e.stage != 2 or w.rate is None or any(word in n for n in e.notes for word in ("dropped", "completed no")):
-        capacity_notes = False
-    else:
-        capacity_notes = any(any(word in n for word in BLOCKING_NOTES) for n in e.notes)
-    latency_ok = (slo.ttft_p90_ms is None or e.ttft_p90 * 1e3 <= slo.ttft_p90_ms) and \
-        (slo.itl_p90_ms is None or e.itl_p90 * 1e3 <= slo.itl_p90_ms)
-    if not (capacity_notes and latency_ok and w.rate is not None):
+    if e.stage != 2 or w.rate is None or not _replay_within_slo(e, slo):
         return
-    e.notes = [n for n in e.notes if not any(word in n for word in BLOCKING_NOTES)]
+    capacity = blocking_notes(e)
+    if not capacity or blocking_notes(e, ("dropped", "completed no")):
+        return
+    e.notes = [n for n in e.notes if n not in capacity]
     e.max_rate_slo = max(e.max_rate_slo, w.rate / e.replicas)
     e.notes.append(f"the replay served {w.rate:.2f} req/s on {e.replicas} replica(s) within the SLO: stage 1's "
                    "capacity estimate was low")
@@ -394,8 +407,6 @@ def _recalibrate_capacity(before: Estimate, after: Estimate, w: WorkloadShape, s
     k_ttft, k_itl = (max(f, 1.0) for f in factors)
     if k_ttft == 1.0 and k_itl == 1.0:
         return
-    from inferasim.search.estimate import slo_ok
-
     ok = slo_ok(after.curve_ttft * k_ttft, after.curve_tpot * k_itl, slo)
     scaled = float(after.curve_rate[ok].max()) if ok.any() else 0.0
     # The replay itself met the SLO at the rate each replica got: the capacity is at least that.

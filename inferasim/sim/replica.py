@@ -30,7 +30,7 @@ import numpy as np
 from inferasim.sim.benchmark import EngineSched
 from inferasim.sim.engines import Core, SimRequest, core_class
 from inferasim.sim.front import FrontEnd
-from inferasim.steptime import LayoutCost, StepParams, step_time
+from inferasim.steptime import LayoutCost, StepParams, micro_batches, step_time
 
 INF = math.inf
 
@@ -74,10 +74,6 @@ class StepModel:
             out += coeff * (ctx if ctx < window else window)
         return out
 
-    def _micro(self, n_dec: float) -> float:
-        """Pipeline micro-batches in flight (steptime.step_time): min(pp, sequences), at least 1."""
-        return 1.0 if self.pp == 1 else min(max(float(n_dec), 1.0), float(self.pp))
-
     def _base(self, tokens: float) -> float:
         """step_time of `tokens` prefill tokens alone (the per-micro-batch part of a step)."""
         whole = int(tokens)
@@ -91,8 +87,8 @@ class StepModel:
         return got
 
     def _fast(self, n_dec: int, ctx_dec: float, n_pref: int, ctx_pref: float) -> float:
-        m = self._micro(n_dec)
-        t = self._base((n_dec + n_pref) / m if m != 1.0 else n_dec + n_pref) + self.t_seq * n_dec
+        m = micro_batches(n_dec, self.pp)
+        t = self._base((n_dec + n_pref) / m) + self.t_seq * n_dec
         if n_dec:
             t += n_dec * self.kvb(ctx_dec) * self.kv_f / m
         if n_pref:
@@ -110,8 +106,8 @@ class StepModel:
     def decode_line(self, n: int) -> tuple[float, float]:
         """(a, b): a decode step of n sequences of mean context ctx takes a + b * kvb(ctx), the
         same operations, in the same order, as `decode_run` (exact mode only)."""
-        m = self._micro(n)
-        return self._base(n / m if m != 1.0 else n) + self.t_seq * n, n * self.kv_f / m
+        m = micro_batches(n, self.pp)
+        return self._base(n / m) + self.t_seq * n, n * self.kv_f / m
 
     def decode_run(self, n: int, ctx1: float, k: int) -> np.ndarray:
         """Times of k decode steps of n sequences whose mean context starts at ctx1."""

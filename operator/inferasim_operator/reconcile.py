@@ -1181,7 +1181,7 @@ async def _tick(body: dict[str, Any], uid: str, phase: str, kube: Kube, settings
     return "steady"
 
 
-async def _missing_now_available(missing: list[dict[str, Any]], kube: Kube, uid: str = "") -> bool:
+async def _missing_now_available(missing: list[dict[str, Any]], kube: Kube, uid: str) -> bool:
     """Whether a ServingAnchor for one of the missing kernel sets arrived that no earlier pass of this
     tuning was re-tuned for. Anchors are read as the search reads them (an object that fails
     validation, say one written by a newer operator, is skipped there too), and each anchor
