@@ -387,6 +387,39 @@ _MI355X = GPU(
     tdp_watts=1400,  # AMD Instinct MI355X datasheet: 1400 W peak board power (liquid cooled)
 )
 
+_MI350X = GPU(
+    name="MI350X",
+    vendor="amd",
+    # AMD Instinct MI350X product page (amd.com, 2025): 288 GB HBM3E, 8 TB/s; the same CDNA 4
+    # package as the MI355X, air-cooled at 1000 W with a 2.2 GHz peak engine clock instead of
+    # 2.4 GHz (AMD, Hot Chips 2025), hence 2.2/2.4 of the MI355X's matrix rates.
+    hbm_bytes=288 * _HBM_GB,
+    hbm_bandwidth=8.0 * _TB,
+    # AMD Instinct MI350X product page, dense: FP32 144.2 TF, FP16/BF16 2306.9 TF (2.3 PF),
+    # FP8 4613.7 TF (4.6 PF), INT8 4613.7 TOPS, MXFP6 and MXFP4 9227.5 TF (9.2 PF); the 8-GPU
+    # platform is listed at 18.5 PF FP16. No TF32 matrix path (CDNA 4), as on the MI355X.
+    flops={
+        "fp32": 144.2 * _T,
+        "bf16": 2306.9 * _T,
+        "fp16": 2306.9 * _T,
+        "fp8": 4613.7 * _T,
+        "int8": 4613.7 * _T,
+        "fp6": 9227.5 * _T,
+        "fp4": 9227.5 * _T,
+    },
+    # Same 4th-generation Infinity Fabric as the MI355X: 7 links x 153.6 GB/s = 1075.2 GB/s.
+    scale_up=_xgmi(1075.2e9),
+    scale_out=_POLLARA_400,  # AMD MI350 series platform with Pensando Pollara 400, one per GPU
+    host_link=_PCIE5_X16,  # AMD Instinct MI350X product page: PCIe Gen5 x16, 128 GB/s
+    gpus_per_node=8,  # AMD Instinct MI350X Platform: 8 OAM GPUs
+    resource_name="amd.com/gpu",
+    # Not confirmed from a labelled node: the MI355X's pattern. Placement also matches the device id
+    # (render.AMD_DEVICE_IDS, 0x75a0 from vLLM's rocm.py), which the labeller emits by default.
+    product_label="AMD_Instinct_MI350_OAM",
+    aliases=("mi350x", "mi350", "MI350X_OAM", "AMD_Instinct_MI350X", "AMD_Instinct_MI350X_OAM"),
+    tdp_watts=1000,  # AMD, Hot Chips 2025: MI350X 1000 W total board power (air-cooled)
+)
+
 # Hopper dense rates, NVIDIA H100 / H200 Tensor Core GPU datasheets (SXM column; datasheets list
 # sparse figures, dense = half): FP32 67 TF, TF32 989 TF sparse -> 494.5, BF16/FP16 1979 sparse
 # -> 989.5, FP8 3958 sparse -> 1979, INT8 3958 TOPS sparse -> 1979. Hopper has no fp6/fp4.
@@ -617,6 +650,7 @@ _GH200 = GPU(
 _CATALOG: tuple[GPU, ...] = (
     _MI300X,
     _MI325X,
+    _MI350X,
     _MI355X,
     _H100,
     _H200,
@@ -639,9 +673,12 @@ _VENDOR_TOKENS: dict[str, str] = {"nvidia": "nvidia", "amd": "amd", "instinct": 
 # canonical name -> (model tokens, qualifier tokens that still denote this exact SKU).
 # Qualifiers naming a different SKU (pcie, nvl, 40gb, 144gb, ...) are deliberately absent.
 _NAME_RULES: dict[str, tuple[frozenset[str], frozenset[str]]] = {
-    "MI300X": (frozenset({"mi300x"}), frozenset({"oam", "vf", "192gb", "hbm3"})),
-    "MI325X": (frozenset({"mi325x", "mi325"}), frozenset({"oam", "vf", "256gb", "hbm3e"})),
-    "MI355X": (frozenset({"mi355x", "mi355"}), frozenset({"oam", "vf", "288gb", "hbm3e"})),
+    # Data sets that name every system "<gpu>_sxm" (shared/data/aic-silicon's convention) may write
+    # an Instinct part so too; its only form factor is OAM, so "sxm" names no other variant.
+    "MI300X": (frozenset({"mi300x"}), frozenset({"oam", "sxm", "vf", "192gb", "hbm3"})),
+    "MI325X": (frozenset({"mi325x", "mi325"}), frozenset({"oam", "sxm", "vf", "256gb", "hbm3e"})),
+    "MI350X": (frozenset({"mi350x", "mi350"}), frozenset({"oam", "sxm", "vf", "288gb", "hbm3e"})),
+    "MI355X": (frozenset({"mi355x", "mi355"}), frozenset({"oam", "sxm", "vf", "288gb", "hbm3e"})),
     "H100": (frozenset({"h100"}), frozenset({"sxm", "sxm5", "80gb", "hbm3"})),
     "H200": (frozenset({"h200"}), frozenset({"sxm", "sxm5", "141gb", "hbm3e"})),
     "B200": (frozenset({"b200"}), frozenset({"sxm", "sxm6", "180gb", "hbm3e"})),
@@ -734,13 +771,15 @@ def list_gpus() -> list[GPU]:
 # anchor's efficiencies and host costs measured on one carry to the others (predictor.carry_to_gpu),
 # priced at the target's own peaks, bandwidth and memory. H200 and GH200 are the H100's GH100 die
 # with HBM3e (GH200 beside a Grace CPU); GB200 is B200's die in a Grace rack, GB300 B300's; MI325X
-# is MI300X's CDNA3 die with HBM3e. B300 (Blackwell Ultra) changes the tensor cores and is not
-# B200's sibling, nor is MI355X (CDNA4) MI300X's.
+# is MI300X's CDNA3 die with HBM3e; MI350X is MI355X's CDNA4 package, air-cooled at lower clocks.
+# B300 (Blackwell Ultra) changes the tensor cores and is not B200's sibling, nor is MI355X (CDNA4)
+# MI300X's.
 _SIBLINGS: tuple[tuple[str, ...], ...] = (
     ("H100", "H200", "GH200"),
     ("B200", "GB200"),
     ("B300", "GB300"),
     ("MI300X", "MI325X"),
+    ("MI350X", "MI355X"),
 )
 
 

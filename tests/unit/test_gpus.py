@@ -13,14 +13,16 @@ from inferasim.catalog.gpus import (
     normalize_gpu_name,
 )
 
-CANONICAL = ["MI300X", "MI325X", "MI355X", "H100", "H200", "B200", "B300", "GB200", "GB300", "A100", "GH200"]
+CANONICAL = ["MI300X", "MI325X", "MI350X", "MI355X", "H100", "H200", "B200", "B300", "GB200", "GB300", "A100", "GH200"]
 
 # Forms seen in the wild (node labels, data sets, nvidia-smi / rocm-smi, vLLM device names).
 WILD_FORMS: dict[str, list[str]] = {
-    "MI300X": ["mi300x", "AMD_Instinct_MI300X_OAM", "AMD Instinct MI300X", "amd-instinct-mi300x"],
+    "MI300X": ["mi300x", "AMD_Instinct_MI300X_OAM", "AMD Instinct MI300X", "amd-instinct-mi300x", "mi300x_sxm"],
     "MI325X": ["mi325x", "AMD_Instinct_MI325_OAM", "AMD_Instinct_MI325X"],
+    "MI350X": ["mi350x", "AMD_Instinct_MI350X", "AMD Instinct MI350X OAM", "mi350x_sxm"],
     "MI355X": [
         "mi355x",
+        "mi355x_sxm",
         "MI355X",
         "AMD_Instinct_MI355X",
         "AMD_Instinct_MI355_OAM",
@@ -41,7 +43,7 @@ UNKNOWN_NAMES = [
     "mi250",
     "mi250x",
     "mi300",  # ambiguous (MI300A is an APU)
-    "mi350x",  # lower-power sibling of MI355X, different figures
+    "mi350p",  # the MI350 series' PCIe card: other clocks and power than the OAM parts
     "h100_pcie",
     "NVIDIA-H100-NVL",
     "h200_nvl",
@@ -278,6 +280,14 @@ def test_published_figures() -> None:
     assert mi355x.hbm_gb == pytest.approx(288)
     assert mi355x.hbm_bandwidth == pytest.approx(8e12)
     assert mi355x.tdp_watts == 1400
+
+    # MI350X: MI355X's package at a 2.2 GHz peak clock instead of 2.4 GHz, and 1000 W.
+    mi350x = get_gpu("mi350x")
+    assert (mi350x.hbm_gb, mi350x.hbm_bandwidth, mi350x.tdp_watts) == (pytest.approx(288), pytest.approx(8e12), 1000)
+    for dtype in ("bf16", "fp8", "fp4"):
+        assert mi350x.peak_flops(dtype) == pytest.approx(mi355x.peak_flops(dtype) * 2.2 / 2.4, rel=2e-3)
+    assert mi350x.peak_flops("bf16") == pytest.approx(2306.9e12)
+    assert mi350x.scale_up.bandwidth == mi355x.scale_up.bandwidth
 
     mi300x = get_gpu("mi300x")
     assert mi300x.hbm_gb == pytest.approx(192)

@@ -310,7 +310,8 @@ def test_an_anchor_carries_to_a_sibling_gpu_at_its_own_bandwidth_and_memory() ->
     from inferasim.predictor import carry_to_gpu
     from inferasim.search.tune import anchored_fit
 
-    assert set(siblings(get_gpu("H200"))) == {"H100", "GH200"} and siblings(get_gpu("MI355X")) == ()
+    assert set(siblings(get_gpu("H200"))) == {"H100", "GH200"} and siblings(get_gpu("MI355X")) == ("MI350X",)
+    assert siblings(get_gpu("B300")) == ("GB300",) and "MI300X" not in siblings(get_gpu("MI355X"))
     store = AnchorStore(REPO / "anchors")
     model = get_model("openai/gpt-oss-120b")
     h100, h200 = get_gpu("H100"), get_gpu("H200")
