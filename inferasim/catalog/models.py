@@ -894,10 +894,20 @@ MODEL_ALIASES: dict[str, str] = {
     "deepseek-ai/DeepSeek-R1-0528": "deepseek-ai/DeepSeek-R1",
     "deepseek-ai/DeepSeek-V3.1": "deepseek-ai/DeepSeek-V3",
     "moonshotai/Kimi-K2-Thinking": "moonshotai/Kimi-K2.5",
+    # Distilled into Llama-3.3-70B-Instruct, whose architecture is Llama-3.1-70B's (the R1 model card).
+    "deepseek-ai/DeepSeek-R1-Distill-Llama-70B": "meta-llama/Meta-Llama-3.1-70B",
 }
 
+# Checkpoint suffixes: tuning, precision and quantizer spellings that keep the architecture. The
+# quantizers' own checkpoints are the ones public benchmarks serve: AMD's "-FP8-KV" (FP8 weights and
+# KV scales, amd/Llama-3.1-70B-Instruct-FP8-KV) and "-MXFP4-Preview" (amd/DeepSeek-R1-0528-MXFP4-
+# Preview), NVIDIA's "-FP4" (nvidia/DeepSeek-R1-FP4), AWQ/GPTQ and compressed-tensors "-W4A16".
 _SUFFIXES = ("-instruct", "-hf", "-base", "-chat", "-it", "-fp8", "-nvfp4", "-bf16", "-thinking",
-             "-fp8-dynamic", "-v0.1", "-instruct-2507", "-instruct-fp8")
+             "-fp8-dynamic", "-v0.1", "-instruct-2507", "-instruct-fp8", "-fp8-kv", "-fp4", "-mxfp4",
+             "-preview", "-exp", "-awq", "-gptq-int4", "-int4", "-w4a16", "-w8a8")
+# A release date closing the name (DeepSeek-R1-0528, Kimi-K2-Instruct-0905, DeepSeek-V3-0324): a
+# retrained checkpoint of the same architecture. Sizes never end a name as four bare digits.
+_RELEASE_DATE = re.compile(r"-\d{4}$")
 
 
 def _canon(name: str) -> str:
@@ -911,6 +921,9 @@ def _canon(name: str) -> str:
             if s.endswith(suf):
                 s = s[: -len(suf)]
                 changed = True
+        dated = _RELEASE_DATE.sub("", s)
+        if dated != s and dated:
+            s, changed = dated, True
     return re.sub(r"[_\s]", "-", s)
 
 

@@ -135,6 +135,18 @@ def test_names_aliases_and_paths(tmp_path) -> None:
     assert resolve_model_name("meta-llama/Llama-3.1-70B-Instruct") == "meta-llama/Meta-Llama-3.1-70B"
     with pytest.raises(UnknownModelError, match="config.json"):
         resolve_model_name("acme/NotAModel-3B")
+    # The quantizers' checkpoints that public benchmarks serve name the same architecture.
+    for spelling, arch in [("amd/Llama-3.1-70B-Instruct-FP8-KV", "meta-llama/Meta-Llama-3.1-70B"),
+                           ("amd/Llama-3.3-70B-Instruct-FP8-KV", "meta-llama/Meta-Llama-3.1-70B"),
+                           ("amd/DeepSeek-R1-0528-MXFP4-Preview", "deepseek-ai/DeepSeek-R1"),
+                           ("nvidia/DeepSeek-R1-FP4", "deepseek-ai/DeepSeek-R1"),
+                           ("moonshotai/Kimi-K2-Instruct-0905", "moonshotai/Kimi-K2-Instruct"),
+                           ("deepseek-ai/DeepSeek-V3.2-Exp", "deepseek-ai/DeepSeek-V3.2"),
+                           ("amd/Mixtral-8x7B-Instruct-v0.1-FP8-KV", "mistralai/Mixtral-8x7B-v0.1")]:
+        assert resolve_model_name(spelling) == arch, spelling
+    # A release date goes, and what is left must still name a catalogued model (no size is guessed).
+    with pytest.raises(UnknownModelError):
+        resolve_model_name("acme/Llama-3.1-0528")
     cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
            "intermediate_size": 14336, "num_attention_heads": 32, "num_key_value_heads": 8,
            "num_hidden_layers": 32, "vocab_size": 128256, "max_position_embeddings": 131072}
