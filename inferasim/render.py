@@ -834,9 +834,11 @@ def gpu_node_label(gpu: GPU) -> tuple[str, str]:
 
 
 # amd.com/gpu.device-id values of the ROCm node labeller per GPU (notes section 6, K, and the
-# device names of vLLM's rocm.py: 0x74a1/0x74b5 MI300X, 0x74a5/0x74b9 MI325X, 0x75a0 MI350X,
-# 0x75a3 MI355X). Rendering selects by them; deployment.read_deployment reads them back.
-AMD_DEVICE_IDS: dict[str, tuple[str, ...]] = {"MI300X": ("74a1", "74b5"), "MI325X": ("74a5", "74b9"),
+# device names of vLLM's rocm.py: 0x7408 MI250X, 0x740c MI250X or MI250 (one id for both: read back
+# as MI250, which comes later), 0x74a1/0x74b5 MI300X, 0x74a5/0x74b9 MI325X, 0x75a0 MI350X, 0x75a3
+# MI355X). Rendering selects by them; deployment.read_deployment reads them back.
+AMD_DEVICE_IDS: dict[str, tuple[str, ...]] = {"MI250X": ("7408", "740c"), "MI250": ("740c",),
+                                              "MI300X": ("74a1", "74b5"), "MI325X": ("74a5", "74b9"),
                                               "MI350X": ("75a0",), "MI355X": ("75a3",)}
 
 

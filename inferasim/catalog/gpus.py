@@ -302,6 +302,62 @@ def _xgmi(aggregate_bidirectional: float) -> Link:
 # Catalog
 # ---------------------------------------------------------------------------------------------
 
+# CDNA 2 (MI250, MI250X): one OAM package holds two graphics compute dies (GCDs), and ROCm shows
+# each GCD as a device of its own (ROCm docs, "AMD Instinct MI250 microarchitecture"): an engine's
+# tp counts GCDs, and 4 packages make a node of 8. So these entries are one GCD, half a package.
+_MI250 = GPU(
+    name="MI250",
+    vendor="amd",
+    # AMD Instinct MI250 datasheet: 128 GB HBM2e, 3.2768 TB/s per package; ROCm docs: 1.6 TB/s per
+    # GCD. Half of each per GCD.
+    hbm_bytes=64 * _HBM_GB,
+    hbm_bandwidth=1.6384 * _TB,
+    # AMD Instinct MI250 datasheet, per package: FP16/BF16 362.1 TF, INT8 362.1 TOPS, FP32 matrix
+    # 90.5 TF; half per GCD. CDNA 2 has no FP8: fp8 and fp4 fall back to the bf16 rate.
+    flops={
+        "fp32": 45.25 * _T,
+        "bf16": 181.05 * _T,
+        "fp16": 181.05 * _T,
+        "int8": 181.05 * _T,
+    },
+    # ROCm docs: a GCD drives up to 8 Infinity Fabric links of 50 GB/s per direction (25 GT/s x 16),
+    # four of them to its sibling GCD in the package; the 8-GCD node is not fully connected. An
+    # all-reduce over the node sees about 3 links' worth per direction: 300 GB/s aggregate.
+    scale_up=_xgmi(300e9),
+    scale_out=_IB_HDR_200,  # MI250 systems of its time: 200 Gb/s HDR InfiniBand
+    host_link=_PCIE4_X16,  # AMD Instinct MI250 datasheet: PCIe Gen4 x16
+    gpus_per_node=8,  # 4 OAM packages x 2 GCDs
+    resource_name="amd.com/gpu",
+    # Not confirmed from a labelled node; placement also matches the device id (render.AMD_DEVICE_IDS).
+    product_label="AMD_Instinct_MI250",
+    aliases=("mi250", "MI250_OAM", "AMD_Instinct_MI250", "AMD Instinct MI250", "mi250_gcd"),
+    tdp_watts=250,  # AMD Instinct MI250 datasheet: 500 W per package, two GCDs
+)
+
+_MI250X = GPU(
+    name="MI250X",
+    vendor="amd",
+    # AMD Instinct MI250X datasheet: 128 GB HBM2e, 3.2768 TB/s per package; per GCD half.
+    hbm_bytes=64 * _HBM_GB,
+    hbm_bandwidth=1.6384 * _TB,
+    # AMD Instinct MI250X datasheet, per package: FP16/BF16 383 TF, INT8 383 TOPS, FP32 matrix
+    # 95.7 TF (220 CUs against MI250's 208); half per GCD.
+    flops={
+        "fp32": 47.85 * _T,
+        "bf16": 191.5 * _T,
+        "fp16": 191.5 * _T,
+        "int8": 191.5 * _T,
+    },
+    scale_up=_xgmi(300e9),  # as MI250 (the X adds Infinity Fabric links to the host CPU, not to GPUs)
+    scale_out=_IB_HDR_200,
+    host_link=_PCIE4_X16,
+    gpus_per_node=8,  # 4 OAM packages x 2 GCDs
+    resource_name="amd.com/gpu",
+    product_label="AMD_Instinct_MI250X",  # not confirmed from a labelled node (see MI250)
+    aliases=("mi250x", "MI250X_OAM", "AMD_Instinct_MI250X", "AMD Instinct MI250X", "mi250x_gcd"),
+    tdp_watts=280,  # AMD Instinct MI250X datasheet: 560 W per package, two GCDs
+)
+
 _MI300X = GPU(
     name="MI300X",
     vendor="amd",
@@ -648,6 +704,8 @@ _GH200 = GPU(
 )
 
 _CATALOG: tuple[GPU, ...] = (
+    _MI250,
+    _MI250X,
     _MI300X,
     _MI325X,
     _MI350X,
@@ -675,6 +733,8 @@ _VENDOR_TOKENS: dict[str, str] = {"nvidia": "nvidia", "amd": "amd", "instinct": 
 _NAME_RULES: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     # Data sets that name every system "<gpu>_sxm" (shared/data/aic-silicon's convention) may write
     # an Instinct part so too; its only form factor is OAM, so "sxm" names no other variant.
+    "MI250": (frozenset({"mi250"}), frozenset({"oam", "sxm", "gcd", "64gb", "128gb", "hbm2e"})),
+    "MI250X": (frozenset({"mi250x"}), frozenset({"oam", "sxm", "gcd", "64gb", "128gb", "hbm2e"})),
     "MI300X": (frozenset({"mi300x"}), frozenset({"oam", "sxm", "vf", "192gb", "hbm3"})),
     "MI325X": (frozenset({"mi325x", "mi325"}), frozenset({"oam", "sxm", "vf", "256gb", "hbm3e"})),
     "MI350X": (frozenset({"mi350x", "mi350"}), frozenset({"oam", "sxm", "vf", "288gb", "hbm3e"})),
@@ -778,6 +838,7 @@ _SIBLINGS: tuple[tuple[str, ...], ...] = (
     ("H100", "H200", "GH200"),
     ("B200", "GB200"),
     ("B300", "GB300"),
+    ("MI250", "MI250X"),
     ("MI300X", "MI325X"),
     ("MI350X", "MI355X"),
 )

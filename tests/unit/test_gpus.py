@@ -13,12 +13,15 @@ from inferasim.catalog.gpus import (
     normalize_gpu_name,
 )
 
-CANONICAL = ["MI300X", "MI325X", "MI350X", "MI355X", "H100", "H200", "B200", "B300", "GB200", "GB300", "A100", "GH200"]
+CANONICAL = ["MI250", "MI250X", "MI300X", "MI325X", "MI350X", "MI355X",
+             "H100", "H200", "B200", "B300", "GB200", "GB300", "A100", "GH200"]
 
 # Forms seen in the wild (node labels, data sets, nvidia-smi / rocm-smi, vLLM device names).
 WILD_FORMS: dict[str, list[str]] = {
     "MI300X": ["mi300x", "AMD_Instinct_MI300X_OAM", "AMD Instinct MI300X", "amd-instinct-mi300x", "mi300x_sxm"],
     "MI325X": ["mi325x", "AMD_Instinct_MI325_OAM", "AMD_Instinct_MI325X"],
+    "MI250": ["mi250", "AMD Instinct MI250", "mi250_oam", "MI250-GCD"],
+    "MI250X": ["mi250x", "AMD_Instinct_MI250X"],
     "MI350X": ["mi350x", "AMD_Instinct_MI350X", "AMD Instinct MI350X OAM", "mi350x_sxm"],
     "MI355X": [
         "mi355x",
@@ -40,8 +43,7 @@ WILD_FORMS: dict[str, list[str]] = {
 
 UNKNOWN_NAMES = [
     "h20",
-    "mi250",
-    "mi250x",
+    "mi210",  # one CDNA 2 GCD on a PCIe card: other clocks and memory than an MI250 GCD
     "mi300",  # ambiguous (MI300A is an APU)
     "mi350p",  # the MI350 series' PCIe card: other clocks and power than the OAM parts
     "h100_pcie",
@@ -280,6 +282,12 @@ def test_published_figures() -> None:
     assert mi355x.hbm_gb == pytest.approx(288)
     assert mi355x.hbm_bandwidth == pytest.approx(8e12)
     assert mi355x.tdp_watts == 1400
+
+    # MI250: one GCD, the device ROCm (and an engine's tp) counts: half the package's figures.
+    mi250 = get_gpu("mi250")
+    assert (mi250.hbm_gb, mi250.hbm_bandwidth, mi250.gpus_per_node) == (pytest.approx(64), pytest.approx(1.6384e12), 8)
+    assert mi250.peak_flops("bf16") == pytest.approx(362.1e12 / 2) and mi250.peak_flops("fp8") == mi250.flops["bf16"]
+    assert get_gpu("mi250x").peak_flops("fp16") == pytest.approx(383e12 / 2)
 
     # MI350X: MI355X's package at a 2.2 GHz peak clock instead of 2.4 GHz, and 1000 W.
     mi350x = get_gpu("mi350x")
