@@ -74,14 +74,21 @@ def _doublings_outside(value: int, measured: tuple[int, int]) -> float:
 
 
 def to_layout(row_layout: RowLayout) -> Layout:
-    try:
-        return Layout(tp=row_layout.tp, pp=row_layout.pp, dp=row_layout.dp, moe_tp=row_layout.moe_tp,
-                      moe_ep=row_layout.moe_ep)
-    except LayoutError:
-        # moe_tp x moe_ep must cover tp x dp; a row that says otherwise keeps its ep.
-        return Layout(tp=row_layout.tp, pp=row_layout.pp, dp=row_layout.dp, moe_ep=row_layout.moe_ep) \
-            if (row_layout.tp * row_layout.dp) % row_layout.moe_ep == 0 else \
-            Layout(tp=row_layout.tp, pp=row_layout.pp, dp=row_layout.dp)
+    """The deployment a row's layout fields price. The engines spread a MoE layer's experts over
+    every GPU of the attention ranks (moe_tp x moe_ep = tp x dp); a row whose MoE fields say
+    otherwise (left empty, which reads as 1, or 0) keeps its ep and takes moe_tp from it, or, where
+    its ep does not divide tp x dp either, both are derived (ep 1). Priced as written, an MoE model
+    at tp 8 with empty MoE fields held every expert on every GPU: DeepSeek-R1 "did not fit" 8 MI355X
+    and gpt-oss-120b's TPOT read 2.7x high."""
+    width = row_layout.tp * row_layout.dp
+    if row_layout.moe_tp * row_layout.moe_ep == width:
+        try:
+            return Layout(tp=row_layout.tp, pp=row_layout.pp, dp=row_layout.dp, moe_tp=row_layout.moe_tp,
+                          moe_ep=row_layout.moe_ep)
+        except LayoutError:
+            pass
+    ep = row_layout.moe_ep if row_layout.moe_ep >= 1 and width % row_layout.moe_ep == 0 else 1
+    return Layout(tp=row_layout.tp, pp=row_layout.pp, dp=row_layout.dp, moe_ep=ep)
 
 
 def engine_layout(engine: str, row_layout: RowLayout, gpus_per_node: int = 8) -> Layout:

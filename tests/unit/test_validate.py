@@ -598,6 +598,19 @@ def test_anchored_predictor_prices_squared_width_rows_as_the_deployment_that_ran
     assert squared.layout != plain.layout and pred.deployment(squared) == pred.deployment(plain)
 
 
+def test_moe_fields_that_do_not_cover_the_ranks_are_derived_for_pricing() -> None:
+    """Empty MoE fields read as 1 in the row's layout key (DESIGN section 7), but the engines spread
+    the experts over every GPU of the attention ranks, and that is what is priced."""
+    from inferasim.predictor import to_layout
+    from inferasim.validate import Layout as RowLayout
+
+    assert to_layout(RowLayout(tp=8, moe_tp=1, moe_ep=1)) == to_layout(RowLayout(tp=8, moe_tp=8, moe_ep=1))
+    assert to_layout(RowLayout(tp=8, moe_tp=1, moe_ep=1)).moe_width == 8
+    assert to_layout(RowLayout(tp=4, dp=2, moe_tp=1, moe_ep=8)).moe_ep == 8  # consistent: as written
+    assert to_layout(RowLayout(tp=8, moe_tp=1, moe_ep=4)) == to_layout(RowLayout(tp=8, moe_tp=2, moe_ep=4))
+    assert to_layout(RowLayout(tp=4, moe_tp=1, moe_ep=3)).moe_width == 4  # ep 3 cannot split 4 GPUs
+
+
 def test_throughput_formula_on_hand_computed_row(tmp_path: Path) -> None:
     (row,) = rows_of(tmp_path, [rec(tp=2, dp=2, isl=1000, osl=101, c=32, ttft=200.0, tpot=8.0)])
     # 32 * 1000 / (200 + 100 * 8) * 101 / 4 = 32000 / 1000 * 101 / 4 = 808
