@@ -16,10 +16,11 @@ import numpy as np
 from inferasim.anchors import Anchor, BenchPoint, FitReport, KernelSet, LayoutModel, Provenance
 from inferasim.catalog.engines import UnknownEngineError, normalize_engine
 from inferasim.catalog.gpus import GPU, UnknownGPUError, get_gpu, siblings
-from inferasim.catalog.models import ModelConfigError, ModelSpec, UnknownModelError, get_model
+from inferasim.catalog.models import ModelConfigError, ModelSpec, UnknownModelError, get_model, normalize_precision
 from inferasim.fit import FitPoint, FitResult, fit_params, predict_points
 from inferasim.layout import Layout, LayoutError
 from inferasim.memory import layout_problems
+from inferasim.render import priced_precision
 from inferasim.sim.benchmark import engine_sched
 from inferasim.steptime import STEP_MODEL_REVISION, StepParams, default_params, layout_cost, step_time
 from inferasim.transfer import disagg_point
@@ -129,9 +130,24 @@ def benchmark_kv_dtype(precision: str) -> str:
 
     Quantized (fp8 / fp4) runs use an fp8 KV cache: with it, the concurrency at which the dev
     data's TTFT explodes (the KV pool filling up) matches the memory model on H100 and B200
-    alike; with a 16-bit cache it would saturate at half the concurrency it does."""
-    p = (precision or "").lower()
+    alike; with a 16-bit cache it would saturate at half the concurrency it does. Any spelling of
+    those precisions counts (fp8_block, fp8_e4m3fn, nvfp4 ...)."""
+    try:
+        p = normalize_precision(precision)
+    except ValueError:
+        p = (precision or "").strip().lower()
     return "fp8" if p in ("fp8", "fp4", "nvfp4", "mxfp4") else "auto"
+
+
+def row_precision(row: BenchRow, model: ModelSpec) -> str:
+    """The precision a row's deployment is priced at: its precision cell normalised, or where the
+    cell is empty (auto), the weight format of the checkpoint its model_path names
+    (render.priced_precision): amd/Llama-3.1-70B-Instruct-FP8-KV is fp8 although the catalog prices
+    it by the BF16 Llama-3.1-70B config. A spelling nothing knows is left for layout_cost to name."""
+    try:
+        return priced_precision(row.precision or "auto", row.model_path, model)
+    except ValueError:
+        return row.precision
 
 
 def clients(row: BenchRow) -> int:
@@ -293,7 +309,7 @@ def fit_anchor_rows(rows: list[BenchRow]) -> FittedAnchor:
     first = rows[0]
     engine, model, gpu = resolve(first)
     layout = engine_layout(engine, first.layout, gpu.gpus_per_node)
-    precision = first.precision or "auto"
+    precision = row_precision(first, model)
     kv_dtype = benchmark_kv_dtype(precision)
     try:
         cost = layout_cost(model, gpu, layout, precision, kv_dtype, engine)
@@ -336,7 +352,16 @@ class AnchoredPredictor:
 
 def kernel_set_of(row: BenchRow) -> KernelSet:
     return KernelSet(engine=row.backend, engine_version=row.backend_version, model=row.model_path,
-                     gpu=row.system, precision=row.precision, kv_dtype=benchmark_kv_dtype(row.precision))
+                     gpu=row.system, precision=row.precision, kv_dtype=_row_kv_dtype(row))
+
+
+def _row_kv_dtype(row: BenchRow) -> str:
+    """The KV dtype fit_anchor_rows prices a row's kernel set at (its precision, or where the cell
+    is empty, its checkpoint's)."""
+    try:
+        return benchmark_kv_dtype(row_precision(row, get_model(row.model_path)))
+    except (UnknownModelError, ModelConfigError):
+        return benchmark_kv_dtype(row.precision)
 
 
 def anchor_from_rows(rows: list[BenchRow], source: str, notes: str = "") -> Anchor:
@@ -398,7 +423,10 @@ def fitted_from_anchor(anchor: Anchor) -> FittedAnchor:
     except (UnknownEngineError, UnknownModelError, ModelConfigError, UnknownGPUError) as exc:
         raise CannotPredict(f"anchor {anchor.id}: {exc}") from None
     layout = anchor.layout.to_layout()
-    precision = ks.precision or "auto"
+    try:
+        precision = priced_precision(ks.precision or "auto", ks.model, model)
+    except ValueError:
+        precision = ks.precision or "auto"
     kv_dtype = ks.kv_dtype
     points = fit_points(anchor.points)
     stale = stale_params(anchor)

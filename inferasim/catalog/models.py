@@ -59,7 +59,20 @@ PRECISION_ALIASES: dict[str, str] = {
     "fp8_e4m3": "fp8",
     "e4m3": "fp8",
     "fp8_block": "fp8",
+    "block_fp8": "fp8",
+    # torch / HF dtype names of the OCP and AMD (fnuz) e4m3 flavours, vLLM's dynamic per-token
+    # scheme, AMD Quark's per-token-per-channel FP8 and SGLang's --quantization w8a8_fp8.
+    "fp8_e4m3fn": "fp8",
+    "fp8_e4m3fnuz": "fp8",
+    "float8_e4m3fn": "fp8",
+    "float8_e4m3fnuz": "fp8",
+    "e4m3fnuz": "fp8",
+    "fp8_dynamic": "fp8",
+    "ptpc_fp8": "fp8",
+    "w8a8_fp8": "fp8",
     "w8a8": "fp8",
+    "w8a8_int8": "int8",
+    "none": "auto",
     "int8": "int8",
     "fp4": "fp4",
     "nvfp4": "fp4",
@@ -912,7 +925,8 @@ _RELEASE_DATE = re.compile(r"-\d{4}$")
 
 def _canon(name: str) -> str:
     s = name.strip().lower()
-    s = s.split("/", 1)[-1]
+    # The name, not its org or folders: "org/Name", a local "/models/Name/" and "Name" alike.
+    s = s.rstrip("/").rsplit("/", 1)[-1]
     s = s.removeprefix("meta-")
     changed = True
     while changed:

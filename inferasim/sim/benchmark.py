@@ -100,7 +100,8 @@ def _version_tuple(version: str) -> tuple[int, ...]:
     """Leading numeric release of `version` ("0.19.0" -> (0, 19, 0)); () for a build named
     otherwise ("nightly-5b8c30d", "main"), which callers read as current, not as old."""
     parts = []
-    for piece in version.replace("-", ".").split("."):
+    # A leading "v" (v0.6.1, as image tags write it) is not part of the release.
+    for piece in version.strip().lower().removeprefix("v").replace("-", ".").split("."):
         if piece.isdigit():
             parts.append(int(piece))
         else:

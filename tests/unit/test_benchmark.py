@@ -356,3 +356,11 @@ def test_poisson_arrivals_wait_for_a_slot_when_the_kv_pool_holds_few_requests() 
     cap = open_loop(StepParams(), cost, sched, np.array([16384.0]), np.array([128.0]), np.array([1e-3])).capacity[0]
     r = open_loop(StepParams(), cost, sched, np.full(2, 16384.0), np.full(2, 128.0), np.array([0.1, 0.7]) * cap)
     assert r.stable.all() and r.ttft[1] > 1.5 * r.ttft[0]
+
+
+def test_engine_version_reads_its_leading_release() -> None:
+    """vLLM before 0.7 schedules prefill apart (V0); the release is read with or without a "v"."""
+    from inferasim.sim.benchmark import _version_tuple
+
+    assert _version_tuple("v0.6.1") == _version_tuple("0.6.1") == (0, 6, 1)
+    assert _version_tuple("0.9.2+rocm700") == (0, 9) and _version_tuple("nightly-5b8c30d") == ()

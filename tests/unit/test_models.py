@@ -144,6 +144,9 @@ def test_names_aliases_and_paths(tmp_path) -> None:
                            ("deepseek-ai/DeepSeek-V3.2-Exp", "deepseek-ai/DeepSeek-V3.2"),
                            ("amd/Mixtral-8x7B-Instruct-v0.1-FP8-KV", "mistralai/Mixtral-8x7B-v0.1")]:
         assert resolve_model_name(spelling) == arch, spelling
+    # A local checkpoint folder or a trailing slash names the model by its last component.
+    assert resolve_model_name("/models/Llama-3.3-70B-Instruct") == "meta-llama/Meta-Llama-3.1-70B"
+    assert resolve_model_name("meta-llama/Llama-3.1-70B-Instruct/") == "meta-llama/Meta-Llama-3.1-70B"
     # A release date goes, and what is left must still name a catalogued model (no size is guessed).
     with pytest.raises(UnknownModelError):
         resolve_model_name("acme/Llama-3.1-0528")
@@ -234,3 +237,15 @@ def test_a_config_without_a_context_length_is_refused_by_name() -> None:
     with pytest.raises(ModelConfigError, match="no max_position_embeddings .*add max_position_embeddings"):
         model_from_config(cfg)
     assert model_from_config({**cfg, "n_positions": 1024}).max_context == 1024  # GPT-2's name for it
+
+
+@pytest.mark.parametrize(("spelling", "canonical"), [
+    ("float8_e4m3fnuz", "fp8"), ("FP8_E4M3FN", "fp8"), ("ptpc_fp8", "fp8"), ("w8a8_fp8", "fp8"),
+    ("fp8_dynamic", "fp8"), ("w8a8_int8", "int8"), ("none", "auto"), ("NVFP4", "fp4"), ("mxfp4", "mxfp4"),
+])
+def test_precision_spellings_of_engines_and_data_sets(spelling: str, canonical: str) -> None:
+    from inferasim.catalog.models import normalize_precision
+
+    assert normalize_precision(spelling) == canonical
+    with pytest.raises(ValueError, match="accepted"):
+        normalize_precision("fp7")

@@ -343,3 +343,28 @@ def test_an_anchor_carries_to_a_sibling_gpu_at_its_own_bandwidth_and_memory() ->
     rec = result.entry(result.recommendation)
     assert rec["anchor"].endswith("@H100") and rec["extrapolated"] is not None
     assert [m["gpu"] for m in result.missing_anchors] == ["H200"]
+
+
+def test_a_row_is_priced_at_its_checkpoints_precision_when_the_cell_is_empty() -> None:
+    """An empty precision cell reads the checkpoint the row names: AMD's -FP8-KV Llama is FP8
+    weights with an FP8 KV cache, though the catalog prices it by the BF16 Llama-3.1-70B config;
+    every spelling of a quantised precision gets the FP8 KV cache the benchmarks run."""
+    from inferasim.catalog.models import get_model
+    from inferasim.predictor import benchmark_kv_dtype, row_precision
+    from inferasim.validate import BenchRow
+    from inferasim.validate import Layout as RowLayout
+
+    def row(model: str, precision: str) -> BenchRow:
+        return BenchRow(id="r", backend="vllm", backend_version="0.10.1", model_path=model, system="mi300x",
+                        precision=precision, mode="agg", scenario="closed", isl=1024, osl=1024, concurrency=8,
+                        layout=RowLayout(), prefill=None, decode=None, ttft_ms=None, tpot_ms=None,
+                        batch_latency_s=None, throughput_tok_s=None)
+
+    llama = get_model("meta-llama/Llama-3.1-70B")
+    assert row_precision(row("amd/Llama-3.1-70B-Instruct-FP8-KV", ""), llama) == "fp8"
+    assert row_precision(row("meta-llama/Llama-3.1-70B-Instruct", ""), llama) == "bf16"
+    assert row_precision(row("amd/Llama-3.1-70B-Instruct-FP8-KV", "fp16"), llama) == "fp16"  # the cell wins
+    for spelling in ("fp8", "fp8_block", "FP8_E4M3", "nvfp4", "mxfp4"):
+        assert benchmark_kv_dtype(spelling) == "fp8", spelling
+    for spelling in ("", "bf16", "fp16", "int4", "no-such-precision"):
+        assert benchmark_kv_dtype(spelling) == "auto", spelling
