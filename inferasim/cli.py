@@ -300,12 +300,18 @@ def _refuse_over_context(model: ModelSpec, flag: str, tokens: int | None, conseq
                          f"(max_position_embeddings): {consequence}; give at most {model.max_context}")
 
 
-def _load_rows_noted(path: str) -> list[Any]:
-    """validate.load_rows, its notes (a measured column absent) on stderr."""
+def _load_rows_noted(path: str, unreadable: list[Any] | None = None) -> list[Any]:
+    """validate.load_rows, its notes (a measured column absent) on stderr. With an `unreadable`
+    list, cells it cannot read are listed there (and counted on stderr) instead of stopping."""
     notes: list[str] = []
-    rows = load_rows(path, notes)
+    rows = load_rows(path, notes, unreadable)
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
+    if unreadable:
+        out = sum(1 for u in unreadable if not u.kept)
+        print(f"note: {path}: {len(unreadable)} cell(s) could not be read ({out} row(s) left out, "
+              f"{len(unreadable) - out} scored without the value); summary.json lists each under 'unreadable', "
+              f"e.g. {unreadable[0].reason}", file=sys.stderr)
     return rows
 
 
@@ -534,9 +540,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
     for name in ("predictions.csv", "summary.json"):
         if (Path(args.out) / name).is_dir():
             raise UsageError(f"--out {args.out}: {name} there is a folder; give another --out")
-    rows = _load_rows_noted(args.data)
+    # One cell nobody can read must not cost the whole run: such cells are listed, not fatal.
+    unreadable: list[Any] = []
+    rows = _load_rows_noted(args.data, unreadable)
     result = run_validation(rows, AnchoredPredictor(), rule=args.anchor_rule, split_by=split_by,
-                            progress=_progress)
+                            progress=_progress, unreadable=unreadable)
     out = Path(args.out)
     write_outputs(result, out)
     s = result.summary
@@ -549,8 +557,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if c["scored_agg"] + c["scored_disagg"] == 0:
         # Nothing scored is a failed check, not a perfect one: say why (the counts show where rows went).
         print(f"inferasim validate: no row was scored: {c['rows']} rows read, {c['excluded_engine']} of an engine "
-              f"validate does not score, {c['excluded_mode']} of another mode, {c['anchor_rows']} anchor rows; "
-              "scoring needs at least two layouts or length pairs of one kernel set", file=sys.stderr)
+              f"validate does not score, {c['excluded_mode']} of another mode, {c['anchor_rows']} anchor rows, "
+              f"{c.get('unreadable_rows', 0)} unreadable; scoring needs at least two layouts or length pairs of one "
+              "kernel set", file=sys.stderr)
         return 1
     return 0
 

@@ -203,23 +203,59 @@ Deployment = Callable[[BenchRow], Hashable]
 # loading
 
 
+class CellError(ValueError):
+    """A cell load_rows cannot read: the message names the file, row, line, column and what is
+    accepted; the fields let a lenient reader list it."""
+
+    def __init__(self, message: str, column: str, value: str) -> None:
+        super().__init__(message)
+        self.column = column
+        self.value = value
+
+
+@dataclass(frozen=True)
+class Unreadable:
+    """A cell load_rows could not read in lenient mode: its row left out (`kept` False: a field the
+    row cannot be placed without) or kept without that measurement (`kept` True)."""
+
+    id: str
+    line: int
+    column: str
+    value: str
+    reason: str
+    kept: bool
+    target: bool  # the row is one validate scores (agg/disagg of vllm, sglang or atom)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "line": self.line, "column": self.column, "value": self.value,
+                "reason": self.reason, "row": "scored without this value" if self.kept else "left out"}
+
+
 def _cell(raw: dict[str, str], col: str) -> str:
     value = raw.get(col)
     return "" if value is None else value.strip()
 
 
 class _RowReader:
-    def __init__(self, path: Path, rownum: int, line: int, raw: dict[str, str]) -> None:
+    def __init__(self, path: Path, rownum: int, line: int, raw: dict[str, str],
+                 skipped: list[Unreadable] | None = None) -> None:
         self.path = path
         self.rownum = rownum
         self.line = line
         self.raw = raw
+        # Lenient mode (a list): a measured cell it cannot read is listed here and the row kept.
+        self.skipped = skipped
 
-    def error(self, col: str, value: str, accepted: str) -> ValueError:
-        return ValueError(
+    def error(self, col: str, value: str, accepted: str) -> CellError:
+        return CellError(
             f"{self.path}: row {self.rownum} (line {self.line}), column '{col}': "
-            f"cannot read {value!r}; accepted: {accepted}"
+            f"cannot read {value!r}; accepted: {accepted}",
+            col, value,
         )
+
+    def unreadable(self, exc: CellError, kept: bool) -> Unreadable:
+        return Unreadable(id=_cell(self.raw, "id") or str(self.rownum), line=self.line, column=exc.column,
+                          value=exc.value, reason=str(exc), kept=kept, target=_raw_is_target(self.raw))
 
     def integer(self, col: str, *, empty: int | None, minimum: int, accepted: str) -> int | None:
         text = _cell(self.raw, col)
@@ -247,14 +283,19 @@ class _RowReader:
             text = _cell(self.raw, col)
             if text == "":
                 continue
+            accepted = "a positive number, or empty (or NaN) when not measured"
             try:
                 number = float(text)
             except ValueError:
-                raise self.error(col, text, "a positive number, or empty (or NaN) when not measured") from None
+                number = math.inf  # refused below, with the cell as written
             if math.isnan(number):
                 return None  # NaN is how data frames write a missing value
             if number <= 0 or math.isinf(number):
-                raise self.error(col, text, "a positive number, or empty (or NaN) when not measured")
+                exc = self.error(col, text, accepted)
+                if self.skipped is None:
+                    raise exc
+                self.skipped.append(self.unreadable(exc, kept=True))
+                return None
             return number
         return None
 
@@ -292,7 +333,7 @@ def _concurrency(reader: _RowReader, mode: str) -> int:
 def _parse_row(reader: _RowReader) -> BenchRow:
     raw = reader.raw
     mode = _cell(raw, "mode").lower()
-    scenario = _cell(raw, "scenario").lower() or "closed"
+    scenario = _cell(raw, "scenario").lower().replace("_", "-").removesuffix("-loop") or "closed"
     if scenario not in SCENARIOS:
         raise reader.error("scenario", scenario, f"one of {', '.join(SCENARIOS)} (empty reads as closed)")
     isl = reader.integer("isl", empty=None, minimum=1, accepted="a positive integer")
@@ -325,12 +366,20 @@ def _parse_row(reader: _RowReader) -> BenchRow:
     )
 
 
-def load_rows(path: str | Path, notes: list[str] | None = None) -> list[BenchRow]:
+def _raw_is_target(raw: dict[str, str]) -> bool:
+    return _cell(raw, "mode").lower() in MODES and _cell(raw, "backend").lower() in TARGET_ENGINES
+
+
+def load_rows(path: str | Path, notes: list[str] | None = None,
+              unreadable: list[Unreadable] | None = None) -> list[BenchRow]:
     """Read a CSV of measured runs (schema of shared/data/aic-silicon/silicon_dev.csv).
 
     Raises ValueError naming the file, the row and the column on anything it cannot read, and
     when no measured column is there at all; appends to `notes` a line per measured metric whose
-    column is absent (that metric is not scored).
+    column is absent (that metric is not scored). Given an `unreadable` list, a cell it cannot
+    read is listed there instead: a row without a readable isl, osl, concurrency, layout or
+    scenario is left out, one with an unreadable measurement is kept without it. A file it cannot
+    read as a whole (no header, a missing column, not CSV) raises either way.
     """
     path = Path(path)
     try:
@@ -373,7 +422,13 @@ def load_rows(path: str | Path, notes: list[str] | None = None) -> list[BenchRow
                     raise ValueError(f"{path}: row {rownum} (line {reader.line_num}) has {cells} cells where the "
                                      f"header names {len(header)} columns")
                 raw = dict(record)  # every cell present: the count was checked above
-                rows.append(_parse_row(_RowReader(path, rownum, reader.line_num, raw)))
+                row_reader = _RowReader(path, rownum, reader.line_num, raw, unreadable)
+                try:
+                    rows.append(_parse_row(row_reader))
+                except CellError as exc:
+                    if unreadable is None:
+                        raise
+                    unreadable.append(row_reader.unreadable(exc, kept=False))
         except UnicodeDecodeError as exc:
             raise ValueError(f"{path}: not UTF-8 text ({exc.reason})") from None
         except csv.Error as exc:
@@ -775,8 +830,11 @@ def run_validation(
     rule: str = "min-gpus",
     split_by: Sequence[str] = (),
     progress: Callable[[int, int], None] | None = None,
+    unreadable: Sequence[Unreadable] = (),
 ) -> ValidationResult:
-    """Run the protocol of DESIGN.md section 7 with `predictor` on `rows`."""
+    """Run the protocol of DESIGN.md section 7 with `predictor` on `rows`. `unreadable`: what a
+    lenient load_rows could not read; rows it left out that validate would have scored count as
+    unpredicted, with the cell that stopped them as the reason, and every entry is listed."""
     _check_rule(rule)
     splits = _check_splits(split_by)
     filtered = filter_rows(rows)
@@ -838,7 +896,14 @@ def run_validation(
             1 for r in results if r.reason.startswith(("predictor error", "fit failed: predictor error"))
         ),
     }
-    summary = _section(results, n_anchor, len(filtered), len(rows), len(anchors), excluded)
+    left_out = [u for u in unreadable if not u.kept]
+    excluded["unreadable_rows"] = len(left_out)
+    summary = _section(results, n_anchor, len(filtered), len(rows) + len(left_out), len(anchors), excluded)
+    # A row the file did not let us read is one the tool could not predict: counted, with its cell.
+    lost = [{"id": u.id, "reason": f"unreadable: {u.reason}"} for u in left_out if u.target]
+    summary["unpredicted"] = {"n": summary["unpredicted"]["n"] + len(lost),
+                              "rows": summary["unpredicted"]["rows"] + lost}
+    summary["unreadable"] = [u.as_dict() for u in unreadable]
     summary["unusable_anchors"] = unusable
     summary["splits"] = {}
     for split in splits:

@@ -183,15 +183,26 @@ def test_validate_refuses_bad_outputs_and_values_before_scoring(tmp_path) -> Non
     r = run("validate", str(tmp_path / "head.csv"), "--out", str(tmp_path / "o1"))
     assert r.returncode == 1 and "no row was scored" in r.stderr
     pool_tp = header.index("prefill_tp_size")
-    disagg = next(i for i, ln in enumerate(lines) if ",disagg," in ln and ln.split(",")[pool_tp])
-    for col, value, says, at in (("silicon_tpot_ms", "0", "a positive number", 1),
-                                 ("tp_size", "0", "a positive integer", 1),
-                                 ("prefill_tp_size", "0", "a positive integer", disagg)):
+    disagg = next(i for i, ln in enumerate(lines) if ",disagg," in ln and ln.split(",")[pool_tp]
+                  and ln.split(",")[header.index("backend")] in ("vllm", "sglang"))
+    # A cell it cannot read is listed, not fatal: the rest of the file is still scored. A row that
+    # cannot be placed without it is left out (and counted unpredicted), a measurement is dropped.
+    for col, value, says, at, kept in (("silicon_tpot_ms", "0", "a positive number", 1, True),
+                                       ("silicon_ttft_ms", "N/A", "a positive number", 1, True),
+                                       ("tp_size", "0", "a positive integer", 1, False),
+                                       ("isl", "1k", "a positive integer", 1, False),
+                                       ("prefill_tp_size", "0", "a positive integer", disagg, False)):
         row = lines[at].split(",")
         row[header.index(col)] = value
-        (tmp_path / "bad.csv").write_text(lines[0] + "\n" + ",".join(row) + "\n")
+        (tmp_path / "bad.csv").write_text(lines[0] + "\n" + ",".join(row) + "\n" + "\n".join(lines[2:40]) + "\n")
         r = run("validate", str(tmp_path / "bad.csv"), "--out", str(tmp_path / "o2"))
-        assert r.returncode == 2 and f"column '{col}'" in r.stderr and says in r.stderr, r.stderr
+        assert r.returncode in (0, 1) and "could not be read" in r.stderr and "Traceback" not in r.stderr, r.stderr
+        summary = json.loads((tmp_path / "o2" / "summary.json").read_text())
+        (entry,) = summary["unreadable"]
+        assert entry["column"] == col and entry["value"] == value and says in entry["reason"]
+        assert entry["row"] == ("scored without this value" if kept else "left out")
+        lost = [u for u in summary["unpredicted"]["rows"] if u["reason"].startswith("unreadable")]
+        assert len(lost) == (0 if kept else 1) and summary["counts"]["rows"] == 39, col
 
 
 def test_tune_checks_outputs_first_and_fails_when_nothing_meets_the_slo(tmp_path) -> None:
