@@ -336,6 +336,19 @@ class AnchoredPredictor:
     def fit(self, kernel_key: tuple[str, ...], anchor_rows: list[BenchRow]) -> FittedAnchor:
         return fit_anchor_rows(anchor_rows)
 
+    def unanchored(self, kernel_key: tuple[str, ...], row: BenchRow) -> FittedAnchor:
+        """A kernel set without an anchor of its own (disaggregated rows only), priced from the
+        GPU family's defaults (`unanchored`): flagged, with the wide measurement-free interval."""
+        engine, model, gpu = resolve(row)
+        precision = row_precision(row, model)
+        pool = row.decode or row.prefill
+        layout = engine_layout(engine, pool.layout if pool is not None else row.layout, gpu.gpus_per_node)
+        try:
+            layout_cost(model, gpu, layout, precision, benchmark_kv_dtype(precision), engine)
+        except ValueError as exc:
+            raise CannotPredict(str(exc)) from None
+        return unanchored(engine, model, gpu, precision, layout, row.backend_version, benchmark_kv_dtype(precision))
+
     def deployment(self, row: BenchRow) -> Layout | RowLayout:
         """The layout this predictor prices for `row` (engine_layout: a squared-width row is the
         deployment that ran); the columns as written where the row names no known engine/GPU."""

@@ -785,7 +785,7 @@ def _check_splits(split_by: Sequence[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(split_by))
 
 
-def _predict_row(fitted: FittedKernel, row: BenchRow, anchor: AnchorChoice) -> RowResult:
+def _predict_row(fitted: FittedKernel, row: BenchRow, anchor: AnchorChoice | None) -> RowResult:
     measured = metric_values(row, row.ttft_ms, row.tpot_ms, row.batch_latency_s, row.throughput_tok_s)
     if row.mode == "disagg" and row.prefill is None and row.decode is None:
         return RowResult(row, "unpredicted", "disagg row without prefill/decode pool layout", measured)
@@ -820,7 +820,7 @@ def _predict_row(fitted: FittedKernel, row: BenchRow, anchor: AnchorChoice) -> R
         predicted,
         _intervals(row, pred),
         bool(pred.extrapolated),
-        pred.anchor or anchor.describe(),
+        pred.anchor or (anchor.describe() if anchor is not None else "measurement-free"),
     )
 
 
@@ -845,15 +845,29 @@ def run_validation(
     deployment: Deployment | None = getattr(predictor, "deployment", None)
 
     fitted: dict[KernelKey, FittedKernel | str] = {}
+    # A kernel set with disaggregated rows only has no aggregated anchor. DESIGN section 7 counts a
+    # row unpredicted only where no architecture is known: a predictor that can price one
+    # measurement-free (`unanchored(kernel_key, row)`) does, flagged (reach "no anchor").
+    measurement_free: Callable[[KernelKey, BenchRow], FittedKernel] | None = getattr(predictor, "unanchored", None)
+    free: dict[KernelKey, FittedKernel | str] = {}
+    no_anchor = "no aggregated anchor for this kernel set (no agg row of the same backend, version, model, system " \
+                "and precision)"
     results: list[RowResult] = []
     for done, row in enumerate(targets, start=1):
         key = row.kernel_key
         anchor = anchors.get(key)
         if anchor is None:
             measured = metric_values(row, row.ttft_ms, row.tpot_ms, row.batch_latency_s, row.throughput_tok_s)
-            reason = "no aggregated anchor for this kernel set (no agg row of the same backend, version, "
-            reason += "model, system and precision)"
-            results.append(RowResult(row, "unpredicted", reason, measured))
+            if measurement_free is not None and key not in free:
+                try:
+                    free[key] = measurement_free(key, row)
+                except Exception as exc:  # reported per row
+                    free[key] = f"{no_anchor}, and none measurement-free: {_reason(exc)}"
+            kernel = free.get(key, no_anchor)
+            if isinstance(kernel, str):
+                results.append(RowResult(row, "unpredicted", kernel, measured))
+            else:
+                results.append(_predict_row(kernel, row, None))
         else:
             if key not in fitted:
                 try:

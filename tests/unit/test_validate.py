@@ -529,6 +529,32 @@ def test_disagg_rows_need_an_agg_anchor(tmp_path: Path) -> None:
     assert d1.measured["throughput_per_gpu"] == pytest.approx(16 * 1000 / (100 + 127 * 10) * 128 / 6)
 
 
+def test_a_kernel_set_without_an_agg_anchor_is_priced_measurement_free_where_the_predictor_can(
+        tmp_path: Path) -> None:
+    """DESIGN section 7: unpredicted only where no architecture is known. A predictor with an
+    `unanchored(kernel_key, row)` prices the disaggregated rows of a kernel set that has no
+    aggregated row, flagged (reach "no anchor"); where it refuses, the reason names both."""
+    pools = {"prefill_num_workers": 1, "prefill_tp_size": 2, "decode_num_workers": 2, "decode_tp_size": 2}
+    rows = rows_of(tmp_path, [rec(tp=1, rid="a"), rec(tp=2, rid="b"),
+                              rec(mode="disagg", tp="", c=16, model="m/NoAgg", rid="d2", **pools),
+                              rec(mode="disagg", tp="", c=16, model="m/Unknown", rid="d3", **pools)])
+
+    class Free(DoublePredictor):
+        def unanchored(self, kernel_key: tuple[str, ...], row: BenchRow) -> _Kernel:
+            if kernel_key[2] == "m/Unknown":
+                raise CannotPredict("unknown architecture m/Unknown")
+            return _Kernel(tpot_110, self.truth, self.seen)
+
+    result = run_validation(rows, Free(rows, fn=oracle), split_by=("reach",))
+    s = result.summary
+    assert s["disagg"]["tpot"]["n"] == 1 and s["disagg"]["tpot"]["median_ape"] == pytest.approx(0.1)
+    (lost,) = s["unpredicted"]["rows"]
+    assert lost["id"] == "d3" and "no aggregated anchor" in lost["reason"] and "m/Unknown" in lost["reason"]
+    d2 = next(r for r in result.results if r.row.id == "d2")
+    assert d2.status == "ok" and d2.reach == "no anchor" and d2.anchor == "measurement-free"
+    assert s["splits"]["reach"]["no anchor"]["disagg"]["tpot"]["n"] == 1
+
+
 def test_reach_split_names_what_each_prediction_carries(tmp_path: Path) -> None:
     pools = {"prefill_num_workers": 1, "prefill_tp_size": 2, "decode_num_workers": 2, "decode_tp_size": 2}
     # Per model the anchor is tp1 at 512x256 (smallest isl + osl), at both concurrencies.
