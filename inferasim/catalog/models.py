@@ -909,6 +909,14 @@ MODEL_ALIASES: dict[str, str] = {
     "moonshotai/Kimi-K2-Thinking": "moonshotai/Kimi-K2.5",
     # Distilled into Llama-3.3-70B-Instruct, whose architecture is Llama-3.1-70B's (the R1 model card).
     "deepseek-ai/DeepSeek-R1-Distill-Llama-70B": "meta-llama/Meta-Llama-3.1-70B",
+    # One architecture class, MiniMaxM2ForCausalLM (model_type minimax_m2, as M2.5's and M2.7's
+    # configs in shared/data/model-configs name it): 230B total, 10B active since M2.
+    "MiniMaxAI/MiniMax-M2": "MiniMaxAI/MiniMax-M2.5",
+    "MiniMaxAI/MiniMax-M2.1": "MiniMaxAI/MiniMax-M2.5",
+    # Qwen2.5 kept Qwen2's 7B and 72B shapes (Qwen2.5 technical report, arXiv 2412.15115, table 1:
+    # 28 layers, 28/4 heads for 7B; 80 layers, 64/8 heads for 72B).
+    "Qwen/Qwen2.5-7B": "Qwen/Qwen2-7B",
+    "Qwen/Qwen2.5-72B": "Qwen/Qwen2-72B",
 }
 
 # Checkpoint suffixes: tuning, precision and quantizer spellings that keep the architecture. The

@@ -142,7 +142,9 @@ def test_names_aliases_and_paths(tmp_path) -> None:
                            ("nvidia/DeepSeek-R1-FP4", "deepseek-ai/DeepSeek-R1"),
                            ("moonshotai/Kimi-K2-Instruct-0905", "moonshotai/Kimi-K2-Instruct"),
                            ("deepseek-ai/DeepSeek-V3.2-Exp", "deepseek-ai/DeepSeek-V3.2"),
-                           ("amd/Mixtral-8x7B-Instruct-v0.1-FP8-KV", "mistralai/Mixtral-8x7B-v0.1")]:
+                           ("amd/Mixtral-8x7B-Instruct-v0.1-FP8-KV", "mistralai/Mixtral-8x7B-v0.1"),
+                           ("MiniMaxAI/MiniMax-M2.1", "MiniMaxAI/MiniMax-M2.5"),
+                           ("Qwen/Qwen2.5-72B-Instruct", "Qwen/Qwen2-72B")]:
         assert resolve_model_name(spelling) == arch, spelling
     # A local checkpoint folder or a trailing slash names the model by its last component.
     assert resolve_model_name("/models/Llama-3.3-70B-Instruct") == "meta-llama/Meta-Llama-3.1-70B"
