@@ -26,6 +26,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from inferasim.catalog.engines import UnknownEngineError, normalize_engine
+
 __all__ = [
     "ANCHOR_RULES",
     "METRICS",
@@ -332,7 +334,7 @@ def _concurrency(reader: _RowReader, mode: str) -> int:
 
 def _parse_row(reader: _RowReader) -> BenchRow:
     raw = reader.raw
-    mode = _cell(raw, "mode").lower()
+    mode = _mode(_cell(raw, "mode"))
     scenario = _cell(raw, "scenario").lower().replace("_", "-").removesuffix("-loop") or "closed"
     if scenario not in SCENARIOS:
         raise reader.error("scenario", scenario, f"one of {', '.join(SCENARIOS)} (empty reads as closed)")
@@ -367,7 +369,12 @@ def _parse_row(reader: _RowReader) -> BenchRow:
 
 
 def _raw_is_target(raw: dict[str, str]) -> bool:
-    return _cell(raw, "mode").lower() in MODES and _cell(raw, "backend").lower() in TARGET_ENGINES
+    return _mode(_cell(raw, "mode")) in MODES and _target_engine(_cell(raw, "backend"))
+
+
+def _mode(text: str) -> str:
+    mode = text.strip().lower()
+    return {"aggregated": "agg", "disaggregated": "disagg"}.get(mode, mode)
 
 
 def load_rows(path: str | Path, notes: list[str] | None = None,
@@ -451,8 +458,17 @@ class AnchorChoice:
         return f"{self.layout}@{self.isl}x{self.osl}"
 
 
+def _target_engine(backend: str) -> bool:
+    """vLLM, SGLang or ATOM under any of their names (vllm-rocm, sglang-rocm, atom-dev ...); the
+    kernel set still keys on the backend as written."""
+    try:
+        return normalize_engine(backend) in TARGET_ENGINES
+    except UnknownEngineError:
+        return False
+
+
 def _is_target(row: BenchRow) -> bool:
-    return row.mode in MODES and row.backend.strip().lower() in TARGET_ENGINES
+    return row.mode in MODES and _target_engine(row.backend)
 
 
 def filter_rows(rows: Sequence[BenchRow]) -> list[BenchRow]:

@@ -367,6 +367,17 @@ def test_trtllm_and_other_modes_filtered_before_anchors(tmp_path: Path) -> None:
     assert all(r.row.backend != "trtllm" for r in result.results)
 
 
+def test_engines_and_modes_under_their_other_names_are_scored(tmp_path: Path) -> None:
+    """vllm-rocm is vLLM and "aggregated" is agg; the kernel set keys on the backend as written."""
+    rows = rows_of(tmp_path, [rec(tp=1, backend="vllm-rocm", mode="aggregated", rid="r1"),
+                              rec(tp=2, backend="vllm-rocm", mode="Aggregated", rid="r2"),
+                              rec(tp=1, backend="tensorrt-llm", rid="t1")])
+    assert [r.mode for r in rows] == ["agg", "agg", "agg"]
+    result = run_validation(rows, DoublePredictor(rows))
+    assert [r.row.id for r in result.results] == ["r2"] and result.summary["counts"]["filtered"] == 2
+    assert next(iter(result.anchors))[0] == "vllm-rocm"
+
+
 def test_unknown_rule_and_split_key(tmp_path: Path) -> None:
     rows = rows_of(tmp_path, [rec()])
     with pytest.raises(ValueError, match="min-gpus"):
