@@ -138,17 +138,27 @@ class KernelSet(BaseModel):
         `NVIDIA-H100-80GB-HBM3`, or `meta-llama/Llama-3.1-70B` and `...Meta-Llama-3.1-70B`,
         compare equal. Names the catalogs do not know compare as given."""
         from inferasim.catalog.gpus import UnknownGPUError, normalize_gpu_name
-        from inferasim.catalog.models import UnknownModelError, resolve_model_name
+        from inferasim.catalog.models import ModelConfigError, UnknownModelError, get_model, resolve_model_name
+        from inferasim.render import priced_precision
 
         try:
             gpu = normalize_gpu_name(self.gpu)
         except UnknownGPUError:
             gpu = self.gpu
+        precision = self.precision.lower()
         try:
             model = resolve_model_name(self.model)
         except UnknownModelError:
             model = self.model
-        return (self.engine, self.engine_version, model, gpu, self.precision.lower(), self.kv_dtype,
+        else:
+            # The weights that run: an empty precision is the checkpoint's own format, so that
+            # nvidia/DeepSeek-R1-FP4 (which prices as DeepSeek-R1's architecture) at "" is fp4, not
+            # the FP8 of deepseek-ai/DeepSeek-R1 at "".
+            try:
+                precision = priced_precision(self.precision or "auto", self.model, get_model(model))
+            except (ModelConfigError, ValueError):
+                pass
+        return (self.engine, self.engine_version, model, gpu, precision, self.kv_dtype,
                 self.attention_backend, self.graph_mode, self.spec_method)
 
     def same_kernels(self, other: KernelSet) -> bool:

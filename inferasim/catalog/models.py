@@ -952,12 +952,17 @@ def _canon(name: str) -> str:
 @cache
 def _canon_index() -> dict[str, str]:
     index: dict[str, str] = {}
-    # Prefer the authors' own (non-derivative) config for each canonical name.
-    for hf_id in sorted(_catalog_files(), key=lambda n: (n.startswith(("nvidia/", "sgl-project/")), n)):
+    # Prefer the authors' own configs, then the aliases (which name authors' configs too), and only
+    # then a quantizer's derivative: "DeepSeek-V3.1" is deepseek-ai's model (alias DeepSeek-V3), not
+    # nvidia/DeepSeek-V3.1-NVFP4, whose weights are half the bytes.
+    derivative = ("nvidia/", "sgl-project/")
+    for hf_id in sorted(n for n in _catalog_files() if not n.startswith(derivative)):
         index.setdefault(_canon(hf_id), hf_id)
     for alias, target in MODEL_ALIASES.items():
         if target in _catalog_files():
             index.setdefault(_canon(alias), target)
+    for hf_id in sorted(n for n in _catalog_files() if n.startswith(derivative)):
+        index.setdefault(_canon(hf_id), hf_id)
     return index
 
 
@@ -977,6 +982,12 @@ def resolve_model_name(name: str) -> str:
     lower = {k.lower(): k for k in files}
     if candidate.lower() in lower:
         return lower[candidate.lower()]
+    # An alias's checkpoint in a local folder or under another org (/models/Kimi-K2-Thinking): the
+    # alias holds, before any suffix is dropped (dropping "-Thinking" would name Kimi-K2-Instruct).
+    leaf = candidate.rstrip("/").rsplit("/", 1)[-1].lower()
+    by_leaf = {k.rsplit("/", 1)[-1].lower(): t for k, t in MODEL_ALIASES.items() if t in files}
+    if leaf in by_leaf:
+        return by_leaf[leaf]
     hit = _canon_index().get(_canon(candidate))
     if hit:
         return hit

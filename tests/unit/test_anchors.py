@@ -69,7 +69,7 @@ def test_kernel_set_key_is_stable_and_short() -> None:
     [
         ("engine", "sglang"),
         ("engine_version", "0.19.0"),
-        ("model", "MiniMaxAI/MiniMax-M2"),
+        ("model", "Qwen/Qwen3-32B"),
         ("gpu", "b200_sxm"),
         ("precision", "fp4"),
         ("kv_dtype", "fp8"),
@@ -490,3 +490,19 @@ def test_a_failed_write_leaves_the_previous_anchor_active(tmp_path: Path, monkey
     monkeypatch.undo()
     assert load_anchor(path) == first and AnchorStore(folder).all() == [first]
     assert not (folder / "replaced").exists() and [p.name for p in folder.iterdir()] == [path.name]
+
+
+def test_an_empty_precision_compares_as_the_checkpoints_own_format() -> None:
+    """nvidia/DeepSeek-R1-FP4 prices by DeepSeek-R1's architecture, but at "" it is an FP4 kernel
+    set, not the FP8 one deepseek-ai/DeepSeek-R1 at "" names; a 16-bit model at "" is its bf16."""
+    from inferasim.anchors import KernelSet
+
+    def ks(model: str, precision: str) -> KernelSet:
+        return KernelSet(engine="sglang", engine_version="0.5.9", model=model, gpu="b200_sxm",
+                         precision=precision, kv_dtype="fp8")
+
+    assert not ks("nvidia/DeepSeek-R1-FP4", "").same_kernels(ks("deepseek-ai/DeepSeek-R1", ""))
+    assert ks("nvidia/DeepSeek-R1-FP4", "").same_kernels(ks("deepseek-ai/DeepSeek-R1", "fp4"))
+    assert ks("deepseek-ai/DeepSeek-R1", "").same_kernels(ks("deepseek-ai/DeepSeek-R1", "fp8"))
+    assert ks("Qwen/Qwen3-32B", "").same_kernels(ks("Qwen/Qwen3-32B", "bf16"))
+    assert not ks("Qwen/Qwen3-32B", "fp16").same_kernels(ks("Qwen/Qwen3-32B", "bf16"))

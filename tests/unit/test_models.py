@@ -149,6 +149,10 @@ def test_names_aliases_and_paths(tmp_path) -> None:
     # A local checkpoint folder or a trailing slash names the model by its last component.
     assert resolve_model_name("/models/Llama-3.3-70B-Instruct") == "meta-llama/Meta-Llama-3.1-70B"
     assert resolve_model_name("meta-llama/Llama-3.1-70B-Instruct/") == "meta-llama/Meta-Llama-3.1-70B"
+    assert resolve_model_name("/models/Kimi-K2-Thinking") == resolve_model_name("moonshotai/Kimi-K2-Thinking")
+    # A name the authors and a quantizer share is the authors' model: DeepSeek-V3.1 is not NVIDIA's
+    # NVFP4 checkpoint of it (half the weight bytes).
+    assert resolve_model_name("/models/DeepSeek-V3.1/") == resolve_model_name("deepseek-ai/DeepSeek-V3.1")
     # A release date goes, and what is left must still name a catalogued model (no size is guessed).
     with pytest.raises(UnknownModelError):
         resolve_model_name("acme/Llama-3.1-0528")
