@@ -341,8 +341,10 @@ def cmd_predict(args: argparse.Namespace) -> int:
     note_multi_node(gpu, layout)
     note_checkpoint_precision(engine, args.model, args.precision)
     from inferasim.predictor import benchmark_kv_dtype
+    from inferasim.render import priced_precision
 
-    kv_dtype = args.kv_cache_dtype or benchmark_kv_dtype(args.precision)
+    # The checkpoint's format where --precision is auto (amd/...-FP8-KV runs an fp8 KV cache).
+    kv_dtype = args.kv_cache_dtype or benchmark_kv_dtype(priced_precision(args.precision, args.model, model))
     if args.anchor:
         fitted = fitted_from_anchor(load_anchor(args.anchor))
         anchored = True
@@ -358,7 +360,6 @@ def cmd_predict(args: argparse.Namespace) -> int:
                 # No version asked: the anchor tune, simulate and advise use for this kernel set (any
                 # version; measured on purpose first, then the most points, then the newest), so
                 # that predict and tune give one number for one deployment.
-                from inferasim.render import priced_precision
                 from inferasim.search.tune import anchored_fit
 
                 found = anchored_fit(store, engine, model, gpu, priced_precision(args.precision, args.model, model),
@@ -506,18 +507,23 @@ def _validation_text(s: dict[str, Any], data: str, rule: str) -> str:
                    f"atom), {counts.get('excluded_mode', 0)} of other modes (only agg, disagg)")
     for u in s.get("unusable_anchors") or []:
         out.append(f"unusable anchor {u['kernel_set']} ({len(u['rows'])} anchor rows): {u['reason']}")
-    d = s.get("disagg") or {}
-    if any((d.get(k) or {}).get("n") for k in ("tpot", "ttft")):
-        out.append("disaggregated: " + ", ".join(f"{k} median {pct((d.get(k) or {}).get('median_ape'))}"
-                                                for k in ("tpot", "ttft", "throughput_per_gpu")))
+    for key, label in (("disagg", "disaggregated"),
+                       ("measurement_free", "disaggregated without an aggregated anchor (measurement-free)")):
+        d = s.get(key) or {}
+        if any((d.get(k) or {}).get("n") for k in ("tpot", "ttft")):
+            n = max((d.get(k) or {}).get("n") or 0 for k in ("tpot", "ttft"))
+            out.append(f"{label}, {n} rows: " + ", ".join(f"{k} median {pct((d.get(k) or {}).get('median_ape'))}"
+                                                         for k in ("tpot", "ttft", "throughput_per_gpu")))
     for split, per_value in (s.get("splits") or {}).items():
         split_rows = []
         for value, sec in per_value.items():
             counts = sec.get("counts") or {}
-            # A group of disaggregated rows only (reach "disagg") shows its disaggregated figures.
-            agg = bool(counts.get("scored_agg")) or not counts.get("scored_disagg")
-            block = sec if agg else sec.get("disagg") or {}
-            split_rows.append((value, counts.get("scored_agg" if agg else "scored_disagg", 0),
+            # A group of disaggregated rows only (reach "disagg", or "no anchor": measurement-free)
+            # shows its disaggregated figures.
+            kind = "agg" if counts.get("scored_agg") else "disagg" if counts.get("scored_disagg") else \
+                "measurement_free" if counts.get("scored_measurement_free") else "agg"
+            block = sec if kind == "agg" else sec.get(kind) or {}
+            split_rows.append((value, counts.get(f"scored_{kind}", 0),
                                *(pct((block.get(k) or {}).get("median_ape"))
                                  for k in ("tpot", "ttft", "throughput_per_gpu")),
                                pct(sec.get("anchor_share")), (sec.get("unpredicted") or {}).get("n", 0)))

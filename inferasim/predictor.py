@@ -204,7 +204,7 @@ class FittedAnchor:
         parts = [base]
         by_metric = TRANSFER_SPREADS.get(self.engine, _MIXED_SPREADS)
         spread = by_metric.get(metric, by_metric["tpot"])  # offline batch latency, throughput: as TPOT
-        if layout != self.layout:
+        if layout != self.layout and self.isl_range[1] > 0:  # measurement-free: no layout of its own
             doublings = abs(math.log2(layout.gpus / self.layout.gpus))
             parts.append(spread.layout * (1.0 + spread.layout_per_doubling * doublings))
         if self.measured_on:
@@ -260,11 +260,22 @@ class FittedAnchor:
                               [FitPoint(isl=isl, osl=osl, concurrency=concurrency, scenario=scenario)])
         return {k: float(v[0]) for k, v in pred.items()}
 
+    def _require_fit(self, layout: Layout, what: str = "") -> None:
+        """Refuse a deployment the memory model cannot hold (no KV cache left after the weights):
+        the row's layout fields then do not say how it ran, and a price would be noise."""
+        sched = engine_sched(self.engine, self.model, self.gpu, layout, self.precision, self.engine_version,
+                             self.kv_dtype)
+        if sched.kv_tokens <= 0:
+            raise CannotPredict(f"{self.model.name} does not fit {self.gpu.name} at {what}{layout.label()} by the "
+                                "memory model")
+
     def predict(self, row: BenchRow) -> RowPrediction:
         extrapolated = self._extrapolation(clients(row), row.isl, row.osl)
         if row.mode == "disagg":
             if row.prefill is None or row.decode is None:
                 raise CannotPredict("disaggregated row lacks its prefill or decode pool layout")
+            self._require_fit(to_layout(row.prefill.layout), "the prefill pool's ")
+            self._require_fit(to_layout(row.decode.layout), "the decode pool's ")
             d = disagg_point(self, to_layout(row.prefill.layout), row.prefill.workers,
                              to_layout(row.decode.layout), row.decode.workers, row.isl, row.osl,
                              row.concurrency)
@@ -276,6 +287,7 @@ class FittedAnchor:
                           "tpot": (d["tpot"] * 1e3 * math.exp(-s_tpot), d["tpot"] * 1e3 * math.exp(s_tpot))},
                 extrapolated=True, anchor=self.anchor_id)
         layout = engine_layout(self.engine, row.layout, self.gpu.gpus_per_node)
+        self._require_fit(layout)
         pred = self.predict_layout(layout, row.isl, row.osl, clients(row), row.scenario)
 
         def band(metric: str, v: float | None, scale: float = 1.0) -> tuple[float, float] | None:
@@ -341,13 +353,12 @@ class AnchoredPredictor:
         GPU family's defaults (`unanchored`): flagged, with the wide measurement-free interval."""
         engine, model, gpu = resolve(row)
         precision = row_precision(row, model)
-        pool = row.decode or row.prefill
-        layout = engine_layout(engine, pool.layout if pool is not None else row.layout, gpu.gpus_per_node)
-        try:
-            layout_cost(model, gpu, layout, precision, benchmark_kv_dtype(precision), engine)
+        kv_dtype = benchmark_kv_dtype(precision)
+        try:  # the kernel set's own refusals (a precision nothing prices); each row's layout is checked in predict
+            layout_cost(model, gpu, Layout(), precision, kv_dtype, engine)
         except ValueError as exc:
             raise CannotPredict(str(exc)) from None
-        return unanchored(engine, model, gpu, precision, layout, row.backend_version, benchmark_kv_dtype(precision))
+        return unanchored(engine, model, gpu, precision, Layout(), row.backend_version, kv_dtype)
 
     def deployment(self, row: BenchRow) -> Layout | RowLayout:
         """The layout this predictor prices for `row` (engine_layout: a squared-width row is the

@@ -337,7 +337,8 @@ def _parse_row(reader: _RowReader) -> BenchRow:
     mode = _mode(_cell(raw, "mode"))
     scenario = _cell(raw, "scenario").lower().replace("_", "-").removesuffix("-loop") or "closed"
     if scenario not in SCENARIOS:
-        raise reader.error("scenario", scenario, f"one of {', '.join(SCENARIOS)} (empty reads as closed)")
+        raise reader.error("scenario", _cell(raw, "scenario"), f"one of {', '.join(SCENARIOS)} (empty reads as "
+                           "closed)")
     isl = reader.integer("isl", empty=None, minimum=1, accepted="a positive integer")
     osl = reader.integer("osl", empty=None, minimum=1, accepted="a positive integer")
     if isl is None:
@@ -722,7 +723,10 @@ def _section(
     extra_counts: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     agg = [r for r in results if r.row.mode == "agg"]
-    disagg = [r for r in results if r.row.mode == "disagg"]
+    # Disaggregated rows carried from their kernel set's aggregated anchor; those of a kernel set
+    # without one, priced measurement-free, are scored apart again ("measurement_free").
+    disagg = [r for r in results if r.row.mode == "disagg" and r.reach != REACH_NONE]
+    free = [r for r in results if r.row.mode == "disagg" and r.reach == REACH_NONE]
     unpredicted = [r for r in results if r.status == "unpredicted"]
     unmeasured = [r for r in results if r.status == "unmeasured"]
     section: dict[str, Any] = _metrics_block(agg)
@@ -739,12 +743,14 @@ def _section(
         "anchor_rows": anchor_rows,
         "scored_agg": sum(1 for r in agg if r.status == "ok"),
         "scored_disagg": sum(1 for r in disagg if r.status == "ok"),
+        "scored_measurement_free": sum(1 for r in free if r.status == "ok"),
         "kernel_sets": kernel_sets,
     }
     counts.update(extra_counts or {})
     section["counts"] = counts
     section["interval_coverage"] = interval_coverage(agg)
     section["disagg"] = _metrics_block(disagg)
+    section["measurement_free"] = _metrics_block(free)
     return section
 
 
@@ -877,8 +883,10 @@ def run_validation(
             if measurement_free is not None and key not in free:
                 try:
                     free[key] = measurement_free(key, row)
-                except Exception as exc:  # reported per row
-                    free[key] = f"{no_anchor}, and none measurement-free: {_reason(exc)}"
+                except CannotPredict as exc:
+                    free[key] = f"{no_anchor}, and none measurement-free: {exc}"
+                except Exception as exc:  # a defect of the predictor: counted as unpredicted_errors
+                    free[key] = _reason(exc)
             kernel = free.get(key, no_anchor)
             if isinstance(kernel, str):
                 results.append(RowResult(row, "unpredicted", kernel, measured))

@@ -472,7 +472,8 @@ _MI350X = GPU(
     # Not confirmed from a labelled node: the MI355X's pattern. Placement also matches the device id
     # (render.AMD_DEVICE_IDS, 0x75a0 from vLLM's rocm.py), which the labeller emits by default.
     product_label="AMD_Instinct_MI350_OAM",
-    aliases=("mi350x", "mi350", "MI350X_OAM", "AMD_Instinct_MI350X", "AMD_Instinct_MI350X_OAM"),
+    # Not "mi350": the MI350 series names both the MI350X and the MI355X.
+    aliases=("mi350x", "MI350X_OAM", "AMD_Instinct_MI350X", "AMD_Instinct_MI350X_OAM"),
     tdp_watts=1000,  # AMD, Hot Chips 2025: MI350X 1000 W total board power (air-cooled)
 )
 
@@ -737,7 +738,7 @@ _NAME_RULES: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     "MI250X": (frozenset({"mi250x"}), frozenset({"oam", "sxm", "gcd", "64gb", "128gb", "hbm2e"})),
     "MI300X": (frozenset({"mi300x"}), frozenset({"oam", "sxm", "vf", "192gb", "hbm3"})),
     "MI325X": (frozenset({"mi325x", "mi325"}), frozenset({"oam", "sxm", "vf", "256gb", "hbm3e"})),
-    "MI350X": (frozenset({"mi350x", "mi350"}), frozenset({"oam", "sxm", "vf", "288gb", "hbm3e"})),
+    "MI350X": (frozenset({"mi350x"}), frozenset({"oam", "sxm", "vf", "288gb", "hbm3e"})),
     "MI355X": (frozenset({"mi355x", "mi355"}), frozenset({"oam", "sxm", "vf", "288gb", "hbm3e"})),
     "H100": (frozenset({"h100"}), frozenset({"sxm", "sxm5", "80gb", "hbm3"})),
     "H200": (frozenset({"h200"}), frozenset({"sxm", "sxm5", "141gb", "hbm3e"})),

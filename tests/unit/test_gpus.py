@@ -46,6 +46,7 @@ UNKNOWN_NAMES = [
     "mi210",  # one CDNA 2 GCD on a PCIe card: other clocks and memory than an MI250 GCD
     "mi300",  # ambiguous (MI300A is an APU)
     "mi350p",  # the MI350 series' PCIe card: other clocks and power than the OAM parts
+    "mi350",  # the series: MI350X or MI355X
     "h100_pcie",
     "NVIDIA-H100-NVL",
     "h200_nvl",

@@ -558,12 +558,14 @@ def test_a_kernel_set_without_an_agg_anchor_is_priced_measurement_free_where_the
 
     result = run_validation(rows, Free(rows, fn=oracle), split_by=("reach",))
     s = result.summary
-    assert s["disagg"]["tpot"]["n"] == 1 and s["disagg"]["tpot"]["median_ape"] == pytest.approx(0.1)
+    # Scored apart from the disaggregated rows carried from an aggregated anchor.
+    assert s["measurement_free"]["tpot"]["n"] == 1 and s["measurement_free"]["tpot"]["median_ape"] == pytest.approx(0.1)
+    assert s["disagg"]["tpot"]["n"] == 0 and s["counts"]["scored_measurement_free"] == 1
     (lost,) = s["unpredicted"]["rows"]
     assert lost["id"] == "d3" and "no aggregated anchor" in lost["reason"] and "m/Unknown" in lost["reason"]
     d2 = next(r for r in result.results if r.row.id == "d2")
     assert d2.status == "ok" and d2.reach == "no anchor" and d2.anchor == "measurement-free"
-    assert s["splits"]["reach"]["no anchor"]["disagg"]["tpot"]["n"] == 1
+    assert s["splits"]["reach"]["no anchor"]["measurement_free"]["tpot"]["n"] == 1
 
 
 def test_reach_split_names_what_each_prediction_carries(tmp_path: Path) -> None:
