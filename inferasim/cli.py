@@ -370,7 +370,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
         except NoCompatibleAnchor as exc:
             if args.require_anchor:
                 raise UsageError(str(exc)) from None
-            fitted = unanchored(engine, model, gpu, args.precision, layout, args.engine_version, kv_dtype)
+            fitted = unanchored(engine, model, gpu, priced_precision(args.precision, args.model, model), layout,
+                                args.engine_version, kv_dtype)
             anchored = False
             print(f"note: {exc}; predicting measurement-free (rank within one engine only)", file=sys.stderr)
     # Checked at what the prediction will run: an anchor's precision and KV dtype may differ from

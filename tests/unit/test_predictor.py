@@ -130,6 +130,13 @@ def test_predict_cli_uses_shipped_anchor_and_flags_unanchored() -> None:
     r = subprocess.run(base + ["--gpu", "MI355X", "--tp", "4", "--require-anchor"], capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 2 and "nearest" in r.stderr
+    # --precision auto reads the checkpoint the name gives: AMD's FP8-KV Llama runs FP8 weights and
+    # an FP8 KV cache (priced at the BF16 config's 16 bits, 64 clients of 9k tokens did not fit).
+    amd = [sys.executable, "-m", "inferasim.cli", "predict", "--model", "amd/Llama-3.3-70B-Instruct-FP8-KV",
+           "--engine", "vllm", "--gpu", "mi300x", "--tp", "1", "--isl", "1024", "--osl", "8192", "-o", "json"]
+    r = subprocess.run(amd + ["--concurrency", "64"], capture_output=True, text=True, timeout=120)
+    d = json.loads(r.stdout)
+    assert d["precision"] == "fp8" and "running_per_replica" not in d, r.stderr
 
 
 def test_predict_cli_holds_a_request_rate_against_the_anchor_sweep_by_requests_in_flight() -> None:
