@@ -26,7 +26,7 @@ names. A name with a qualifier that denotes a *different* SKU (``h100_pcie``, ``
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 __all__ = [
     "DTYPES",
@@ -334,28 +334,16 @@ _MI250 = GPU(
     tdp_watts=250,  # AMD Instinct MI250 datasheet: 500 W per package, two GCDs
 )
 
-_MI250X = GPU(
+# MI250X: the same package with 220 CUs against the MI250's 208 (the X also links Infinity Fabric to
+# the host CPU, not to more GPUs): AMD Instinct MI250X datasheet, per package FP16/BF16 383 TF,
+# INT8 383 TOPS, FP32 matrix 95.7 TF, 560 W; half of each per GCD, memory and links as the MI250's.
+_MI250X = replace(
+    _MI250,
     name="MI250X",
-    vendor="amd",
-    # AMD Instinct MI250X datasheet: 128 GB HBM2e, 3.2768 TB/s per package; per GCD half.
-    hbm_bytes=64 * _HBM_GB,
-    hbm_bandwidth=1.6384 * _TB,
-    # AMD Instinct MI250X datasheet, per package: FP16/BF16 383 TF, INT8 383 TOPS, FP32 matrix
-    # 95.7 TF (220 CUs against MI250's 208); half per GCD.
-    flops={
-        "fp32": 47.85 * _T,
-        "bf16": 191.5 * _T,
-        "fp16": 191.5 * _T,
-        "int8": 191.5 * _T,
-    },
-    scale_up=_xgmi(300e9),  # as MI250 (the X adds Infinity Fabric links to the host CPU, not to GPUs)
-    scale_out=_IB_HDR_200,
-    host_link=_PCIE4_X16,
-    gpus_per_node=8,  # 4 OAM packages x 2 GCDs
-    resource_name="amd.com/gpu",
+    flops={"fp32": 47.85 * _T, "bf16": 191.5 * _T, "fp16": 191.5 * _T, "int8": 191.5 * _T},
     product_label="AMD_Instinct_MI250X",  # not confirmed from a labelled node (see MI250)
     aliases=("mi250x", "MI250X_OAM", "AMD_Instinct_MI250X", "AMD Instinct MI250X", "mi250x_gcd"),
-    tdp_watts=280,  # AMD Instinct MI250X datasheet: 560 W per package, two GCDs
+    tdp_watts=280,
 )
 
 _MI300X = GPU(
