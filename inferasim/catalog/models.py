@@ -69,6 +69,7 @@ PRECISION_ALIASES: dict[str, str] = {
     "e4m3fnuz": "fp8",
     "fp8_dynamic": "fp8",
     "ptpc_fp8": "fp8",
+    "fp8_ptpc": "fp8",
     "w8a8_fp8": "fp8",
     "w8a8": "fp8",
     "w8a8_int8": "int8",
@@ -94,7 +95,7 @@ class UnknownModelError(ValueError):
 
 
 def normalize_precision(precision: str) -> str:
-    key = (precision or "").strip().lower()
+    key = (precision or "").strip().lower().replace("-", "_")
     if key not in PRECISION_ALIASES:
         raise ValueError(
             f"unknown precision {precision!r}; accepted: {', '.join(sorted(set(PRECISION_ALIASES) - {''}))}"
@@ -966,6 +967,18 @@ def _canon_index() -> dict[str, str]:
     return index
 
 
+def _squeeze(canon: str) -> str:
+    return re.sub(r"[-_.]", "", canon)
+
+
+@cache
+def _squeezed_index() -> dict[str, str]:
+    targets: dict[str, set[str]] = {}
+    for canon, hf_id in _canon_index().items():
+        targets.setdefault(_squeeze(canon), set()).add(hf_id)
+    return {key: next(iter(ids)) for key, ids in targets.items() if len(ids) == 1}
+
+
 def known_models() -> list[str]:
     return sorted(_catalog_files())
 
@@ -991,6 +1004,11 @@ def resolve_model_name(name: str) -> str:
     hit = _canon_index().get(_canon(candidate))
     if hit:
         return hit
+    # Separators written another way (llama3.3-70b, Qwen3_32B, gpt_oss_120b): the same name once
+    # "-", "_" and "." are dropped, where that names one model only.
+    squeezed = _squeezed_index().get(_squeeze(_canon(candidate)))
+    if squeezed:
+        return squeezed
     close = difflib.get_close_matches(candidate, list(files), n=3, cutoff=0.5)
     hint = f"; did you mean {', '.join(close)}?" if close else ""
     raise UnknownModelError(

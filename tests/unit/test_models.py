@@ -144,6 +144,8 @@ def test_names_aliases_and_paths(tmp_path) -> None:
                            ("deepseek-ai/DeepSeek-V3.2-Exp", "deepseek-ai/DeepSeek-V3.2"),
                            ("amd/Mixtral-8x7B-Instruct-v0.1-FP8-KV", "mistralai/Mixtral-8x7B-v0.1"),
                            ("MiniMaxAI/MiniMax-M2.1", "MiniMaxAI/MiniMax-M2.5"),
+                           ("llama3.3-70b", "meta-llama/Meta-Llama-3.1-70B"),  # separators written otherwise
+                           ("gpt_oss_120b", "openai/gpt-oss-120b"),
                            ("Qwen/Qwen2.5-72B-Instruct", "Qwen/Qwen2-72B")]:
         assert resolve_model_name(spelling) == arch, spelling
     # A local checkpoint folder or a trailing slash names the model by its last component.
@@ -248,6 +250,7 @@ def test_a_config_without_a_context_length_is_refused_by_name() -> None:
 @pytest.mark.parametrize(("spelling", "canonical"), [
     ("float8_e4m3fnuz", "fp8"), ("FP8_E4M3FN", "fp8"), ("ptpc_fp8", "fp8"), ("w8a8_fp8", "fp8"),
     ("fp8_dynamic", "fp8"), ("w8a8_int8", "int8"), ("none", "auto"), ("NVFP4", "fp4"), ("mxfp4", "mxfp4"),
+    ("fp8-ptpc", "fp8"), ("FP8-Block", "fp8"),
 ])
 def test_precision_spellings_of_engines_and_data_sets(spelling: str, canonical: str) -> None:
     from inferasim.catalog.models import normalize_precision
