@@ -161,7 +161,13 @@ def note_gpu_precision(gpu: GPU, model: ModelSpec, precision: str) -> None:
     missing = sorted(d for d in dtypes if d in ("fp4", "fp8") and d not in gpu.flops)
     if missing:
         kinds = " or ".join(m.upper() for m in missing)
-        shown = model.checkpoint_format if normalize_precision(precision) == "auto" else precision
+        # The checkpoint's own name for its format (nvfp4) where the precision is that format.
+        own = model.checkpoint_format
+        try:
+            same = normalize_precision(precision) in ("auto", normalize_precision(own))
+        except ValueError:
+            same = False
+        shown = own if same else precision
         print(f"note: {gpu.name} has no {kinds} tensor cores: {shown} weights are priced dequantised into BF16 "
               "GEMMs (vLLM's Marlin kernels); an engine without such a kernel for this checkpoint format will not "
               "load it there", file=sys.stderr)
