@@ -336,6 +336,9 @@ def _parse_row(reader: _RowReader) -> BenchRow:
     raw = reader.raw
     mode = _mode(_cell(raw, "mode"))
     scenario = _cell(raw, "scenario").lower().replace("_", "-").removesuffix("-loop") or "closed"
+    # A serving benchmark ("online", "serving") in this schema is a closed loop: the row gives its
+    # clients (batch_size), and there is no column for an arrival rate.
+    scenario = {"online": "closed", "serving": "closed"}.get(scenario, scenario)
     if scenario not in SCENARIOS:
         raise reader.error("scenario", _cell(raw, "scenario"), f"one of {', '.join(SCENARIOS)} (empty reads as "
                            "closed)")

@@ -367,6 +367,14 @@ def test_trtllm_and_other_modes_filtered_before_anchors(tmp_path: Path) -> None:
     assert all(r.row.backend != "trtllm" for r in result.results)
 
 
+def test_scenario_spellings_of_a_closed_loop(tmp_path: Path) -> None:
+    spellings = ("", "closed", "Closed-Loop", "closed_loop", "online", "serving")
+    rows = rows_of(tmp_path, [rec(tp=1, rid=f"r{i}", scenario=sc) for i, sc in enumerate(spellings)])
+    assert {r.scenario for r in rows} == {"closed"}
+    with pytest.raises(ValueError, match="column 'scenario': cannot read 'poisson'"):
+        rows_of(tmp_path, [rec(tp=1, rid="x", scenario="poisson")])
+
+
 def test_engines_and_modes_under_their_other_names_are_scored(tmp_path: Path) -> None:
     """vllm-rocm is vLLM and "aggregated" is agg; the kernel set keys on the backend as written."""
     rows = rows_of(tmp_path, [rec(tp=1, backend="vllm-rocm", mode="aggregated", rid="r1"),
