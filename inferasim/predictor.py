@@ -24,7 +24,7 @@ from inferasim.render import priced_precision
 from inferasim.sim.benchmark import engine_sched
 from inferasim.steptime import STEP_MODEL_REVISION, StepParams, default_params, layout_cost, step_time
 from inferasim.transfer import disagg_point
-from inferasim.validate import BenchRow, CannotPredict, RowPrediction
+from inferasim.validate import BenchRow, CannotPredict, RowPrediction, recorded_clients
 from inferasim.validate import Layout as RowLayout
 
 # Interval: +-z x (fit rms in log space, widened off the anchor's layout and lengths).
@@ -157,9 +157,10 @@ def clients(row: BenchRow) -> int:
     row with attention data parallelism is the batch of one attention-DP rank: on every such row
     that also records the run's client count in `silicon_data_source` ("silicon_concurrency=N"),
     N = batch_size x attention_dp_size (vLLM, SGLang and TRT-LLM rows alike). The benchmark
-    therefore ran batch_size x dp clients."""
+    therefore ran batch_size x dp clients. Where a row records N, N is what ran, whichever way its
+    batch_size was written (all 1752 dev rows that record it agree with batch_size x dp)."""
     if row.mode == "agg" and row.scenario != "offline":
-        return row.concurrency * max(row.layout.dp, 1)
+        return recorded_clients(row) or row.concurrency * max(row.layout.dp, 1)
     return row.concurrency
 
 

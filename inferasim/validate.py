@@ -302,6 +302,12 @@ class _RowReader:
         return None
 
 
+def recorded_clients(row: BenchRow) -> int | None:
+    """The client count a row's `silicon_data_source` records ("silicon_concurrency=N"), if any."""
+    found = _CONCURRENCY_IN_SOURCE.search(_cell(row.raw, "silicon_data_source"))
+    return int(found.group(1)) if found and int(found.group(1)) > 0 else None
+
+
 def _pool(reader: _RowReader, prefix: str) -> PoolLayout | None:
     cols = [f"{prefix}_{c}" for c in ("num_workers", "batch_size", *LAYOUT_COLUMNS)]
     if all(_cell(reader.raw, c) == "" for c in cols):

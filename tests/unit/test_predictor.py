@@ -375,3 +375,21 @@ def test_a_row_is_priced_at_its_checkpoints_precision_when_the_cell_is_empty() -
         assert benchmark_kv_dtype(spelling) == "fp8", spelling
     for spelling in ("", "bf16", "fp16", "int4", "no-such-precision"):
         assert benchmark_kv_dtype(spelling) == "auto", spelling
+
+
+def test_a_recorded_client_count_is_what_ran_whichever_way_batch_size_was_written() -> None:
+    """batch_size of an attention-dp row is per rank in the silicon schema (clients = batch x dp);
+    a row whose source note records the run's clients is held to that count."""
+    from inferasim.validate import BenchRow
+    from inferasim.validate import Layout as RowLayout
+
+    def row(batch: int, note: str) -> BenchRow:
+        return BenchRow(id="r", backend="sglang", backend_version="0.5.9", model_path="deepseek-ai/DeepSeek-R1",
+                        system="mi355x", precision="fp8", mode="agg", scenario="closed", isl=1024, osl=1024,
+                        concurrency=batch, layout=RowLayout(tp=1, dp=8, moe_tp=1, moe_ep=8), prefill=None,
+                        decode=None, ttft_ms=None, tpot_ms=None, batch_latency_s=None, throughput_tok_s=None,
+                        raw={"silicon_data_source": note})
+
+    assert clients(row(8, "")) == 64  # per rank, no note: batch x dp
+    assert clients(row(8, "model=DeepSeek-R1; silicon_concurrency=64")) == 64
+    assert clients(row(64, "source=amd; silicon_concurrency=64")) == 64  # written as the total
