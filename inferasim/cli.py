@@ -344,7 +344,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
     from inferasim.render import priced_precision
 
     # The checkpoint's format where --precision is auto (amd/...-FP8-KV runs an fp8 KV cache).
-    kv_dtype = args.kv_cache_dtype or benchmark_kv_dtype(priced_precision(args.precision, args.model, model))
+    precision = priced_precision(args.precision, args.model, model)
+    kv_dtype = args.kv_cache_dtype or benchmark_kv_dtype(precision)
     if args.anchor:
         fitted = fitted_from_anchor(load_anchor(args.anchor))
         anchored = True
@@ -362,16 +363,14 @@ def cmd_predict(args: argparse.Namespace) -> int:
                 # that predict and tune give one number for one deployment.
                 from inferasim.search.tune import anchored_fit
 
-                found = anchored_fit(store, engine, model, gpu, priced_precision(args.precision, args.model, model),
-                                     kv_dtype=args.kv_cache_dtype)
+                found = anchored_fit(store, engine, model, gpu, precision, kv_dtype=args.kv_cache_dtype)
                 fitted = found[0] if found is not None else fitted_from_anchor(store.find(ks, layout))
                 note_carried(fitted)
             anchored = True
         except NoCompatibleAnchor as exc:
             if args.require_anchor:
                 raise UsageError(str(exc)) from None
-            fitted = unanchored(engine, model, gpu, priced_precision(args.precision, args.model, model), layout,
-                                args.engine_version, kv_dtype)
+            fitted = unanchored(engine, model, gpu, precision, layout, args.engine_version, kv_dtype)
             anchored = False
             print(f"note: {exc}; predicting measurement-free (rank within one engine only)", file=sys.stderr)
     # Checked at what the prediction will run: an anchor's precision and KV dtype may differ from

@@ -139,15 +139,21 @@ def benchmark_kv_dtype(precision: str) -> str:
     return "fp8" if p in ("fp8", "fp4", "nvfp4", "mxfp4") else "auto"
 
 
+def _priced(precision: str, model_id: str, model: ModelSpec) -> str:
+    """render.priced_precision of a precision as written (empty reads as auto); a spelling nothing
+    knows is returned as written, for layout_cost to name in its refusal."""
+    try:
+        return priced_precision(precision or "auto", model_id, model)
+    except ValueError:
+        return precision or "auto"
+
+
 def row_precision(row: BenchRow, model: ModelSpec) -> str:
     """The precision a row's deployment is priced at: its precision cell normalised, or where the
-    cell is empty (auto), the weight format of the checkpoint its model_path names
-    (render.priced_precision): amd/Llama-3.1-70B-Instruct-FP8-KV is fp8 although the catalog prices
-    it by the BF16 Llama-3.1-70B config. A spelling nothing knows is left for layout_cost to name."""
-    try:
-        return priced_precision(row.precision or "auto", row.model_path, model)
-    except ValueError:
-        return row.precision
+    cell is empty (auto), the weight format of the checkpoint its model_path names:
+    amd/Llama-3.1-70B-Instruct-FP8-KV is fp8 although the catalog prices it by the BF16
+    Llama-3.1-70B config."""
+    return _priced(row.precision, row.model_path, model)
 
 
 def clients(row: BenchRow) -> int:
@@ -275,13 +281,13 @@ class FittedAnchor:
         if row.mode == "disagg":
             if row.prefill is None or row.decode is None:
                 raise CannotPredict("disaggregated row lacks its prefill or decode pool layout")
-            self._require_fit(to_layout(row.prefill.layout), "the prefill pool's ")
-            self._require_fit(to_layout(row.decode.layout), "the decode pool's ")
-            d = disagg_point(self, to_layout(row.prefill.layout), row.prefill.workers,
-                             to_layout(row.decode.layout), row.decode.workers, row.isl, row.osl,
+            prefill, decode = to_layout(row.prefill.layout), to_layout(row.decode.layout)
+            self._require_fit(prefill, "the prefill pool's ")
+            self._require_fit(decode, "the decode pool's ")
+            d = disagg_point(self, prefill, row.prefill.workers, decode, row.decode.workers, row.isl, row.osl,
                              row.concurrency)
-            s_ttft = self._spread(True, to_layout(row.decode.layout), row.isl, row.osl, "ttft")
-            s_tpot = self._spread(True, to_layout(row.decode.layout), row.isl, row.osl, "tpot")
+            s_ttft = self._spread(True, decode, row.isl, row.osl, "ttft")
+            s_tpot = self._spread(True, decode, row.isl, row.osl, "tpot")
             return RowPrediction(
                 ttft_ms=d["ttft"] * 1e3, tpot_ms=d["tpot"] * 1e3,
                 interval={"ttft": (d["ttft"] * 1e3 * math.exp(-s_ttft), d["ttft"] * 1e3 * math.exp(s_ttft)),
@@ -448,10 +454,7 @@ def fitted_from_anchor(anchor: Anchor) -> FittedAnchor:
     except (UnknownEngineError, UnknownModelError, ModelConfigError, UnknownGPUError) as exc:
         raise CannotPredict(f"anchor {anchor.id}: {exc}") from None
     layout = anchor.layout.to_layout()
-    try:
-        precision = priced_precision(ks.precision or "auto", ks.model, model)
-    except ValueError:
-        precision = ks.precision or "auto"
+    precision = _priced(ks.precision, ks.model, model)
     kv_dtype = ks.kv_dtype
     points = fit_points(anchor.points)
     stale = stale_params(anchor)

@@ -967,6 +967,12 @@ def _canon_index() -> dict[str, str]:
     return index
 
 
+@cache
+def _alias_by_leaf() -> dict[str, str]:
+    """Each alias's name without its org (kimi-k2-thinking), lower-cased, to its catalog target."""
+    return {k.rsplit("/", 1)[-1].lower(): t for k, t in MODEL_ALIASES.items() if t in _catalog_files()}
+
+
 def _squeeze(canon: str) -> str:
     return re.sub(r"[-_.]", "", canon)
 
@@ -997,10 +1003,9 @@ def resolve_model_name(name: str) -> str:
         return lower[candidate.lower()]
     # An alias's checkpoint in a local folder or under another org (/models/Kimi-K2-Thinking): the
     # alias holds, before any suffix is dropped (dropping "-Thinking" would name Kimi-K2-Instruct).
-    leaf = candidate.rstrip("/").rsplit("/", 1)[-1].lower()
-    by_leaf = {k.rsplit("/", 1)[-1].lower(): t for k, t in MODEL_ALIASES.items() if t in files}
-    if leaf in by_leaf:
-        return by_leaf[leaf]
+    by_leaf = _alias_by_leaf().get(candidate.rstrip("/").rsplit("/", 1)[-1].lower())
+    if by_leaf:
+        return by_leaf
     hit = _canon_index().get(_canon(candidate))
     if hit:
         return hit
