@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from inferasim.catalog.engines import prefill_attention_dtype
+from inferasim.catalog.engines import prefill_attention_dtype, sparse_mla_kernel
 from inferasim.catalog.gpus import GPU
 from inferasim.catalog.models import WEIGHT_FORMAT_BYTES, ModelSpec, normalize_precision
 from inferasim.layout import Layout
@@ -144,7 +144,9 @@ GEMM_N0 = 384.0
 # 2026-12-03.3: vLLM's prefill attention at the FP8 rate on Blackwell with an FP8 KV cache
 # (catalog.engines.prefill_attention_dtype), which moves e_attn and the prefill share.
 # 2026-12-03.4: pipeline stages keep min(pp, sequences) micro-batches in flight (step_time).
-STEP_MODEL_REVISION = "2026-12-03.4"
+# 2026-12-03.5: DeepSeek sparse attention (GLM-5, DeepSeek-V3.2): decode reads the latent of the
+# top-k keys only; prefill past the engine's dense limit runs the padded sparse MLA kernel.
+STEP_MODEL_REVISION = "2026-12-03.5"
 
 # Block-scaled FP8 GEMMs (catalog.models.ModelSpec.fp8_scales: a scale per 128 x 128 weight block,
 # applied inside the main loop) run at this multiple of the GPU's BF16 rate, where a per-tensor
@@ -170,6 +172,12 @@ BLOCK_FP8_RATE = 1.0
 # vLLM DP+EP rows of shared/data/aic-silicon (MiniMax-M2.5, Kimi-K2.5) put it near 60 us per
 # collective per MoE layer at 4-16 ranks; the law scales it with log2(ranks).
 A2A_LATENCY = 30e-6
+
+# Share of the BF16 peak FlashMLA's sparse prefill kernel reaches on the heads it computes
+# (deepseek-ai/FlashMLA README: up to 640 TFLOPS on H800 SXM5, 1450 TFLOPS on B200, both about
+# 0.64 of the dense BF16 peak). A fixed figure: an anchor at prompts within the top-k never runs
+# the kernel, so no fit can see it. Padded heads count as computed (catalog.engines.sparse_mla_kernel).
+SPARSE_MLA_EFFICIENCY = 0.64
 
 
 def default_params(gpu: GPU, engine: str = "vllm") -> StepParams:
@@ -283,6 +291,21 @@ class LayoutCost:
     expert_width: float = 1e9  # output columns per GPU of one routed expert's up GEMM (under moe_tp)
     act_bytes: float = 2.0  # activation element size on the wire
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # DeepSeek sparse attention (DSA; catalog.engines.sparse_mla_kernel), zero for other models.
+    # Prefill of a sequence longer than `dsa_dense_upto` drops a DSA layer's dense attention
+    # (`dsa_dense_coeff` of attn_flops_coeff) for the indexer scoring every earlier token
+    # (`dsa_index_flops` per token of context, FP8 math priced at the attention dtype's time) and
+    # the sparse MLA kernel over `dsa_topk` keys (`dsa_sparse_flops` per token per key, on the
+    # padded heads, at SPARSE_MLA_EFFICIENCY of `peak_flops_sparse`). Decode reads the latent of
+    # the top-k keys only (`kv_sparse` bytes per token, at most `dsa_topk` of them) and the index
+    # keys of every token (in kv_coeff_full); the cache still holds every token's latent.
+    dsa_topk: int = 0
+    dsa_dense_upto: int = 0
+    dsa_dense_coeff: float = 0.0
+    dsa_sparse_flops: float = 0.0
+    dsa_index_flops: float = 0.0
+    peak_flops_sparse: float = 1.0
+    kv_sparse: float = 0.0
 
     # -- pieces of the step ------------------------------------------------------------------
     def kv_read_bytes(self, ctx: ArrayLike) -> ArrayLike:
@@ -291,6 +314,8 @@ class LayoutCost:
         out = self.kv_coeff_full * ctx + self.state_bytes
         for coeff, window in self.kv_windows:
             out = out + coeff * np.minimum(ctx, window)
+        if self.kv_sparse:
+            out = out + self.kv_sparse * np.minimum(ctx, self.dsa_topk)
         return out
 
     def prefill_attn_flops(self, ctx: ArrayLike) -> ArrayLike:
@@ -299,7 +324,29 @@ class LayoutCost:
         out = self.attn_flops_coeff * ctx
         for coeff, window in self.attn_windows:
             out = out + coeff * np.minimum(ctx, window)
+        if self.dsa_topk:
+            out = out + np.where(self.sparse_prefill(ctx), (self.dsa_index_flops - self.dsa_dense_coeff) * ctx, 0.0)
         return out
+
+    def sparse_prefill(self, ctx: ArrayLike) -> ArrayLike:
+        """Whether prefill tokens at mean visible context `ctx` take the DSA sparse path. The engine
+        decides per batch by its longest sequence; 2 x ctx (a whole prompt's length) stands for it."""
+        return 2.0 * np.asarray(ctx, dtype=float) > self.dsa_dense_upto
+
+    def sparse_prefill_time(self, ctx: ArrayLike) -> ArrayLike:
+        """Seconds of the sparse MLA kernel per prefill token at mean visible context `ctx` (0 off
+        the sparse path). Every query walks all top-k slots, masked or not, so a prompt shorter
+        than k pays for k."""
+        if not self.dsa_topk:
+            return np.zeros_like(np.asarray(ctx, dtype=float))
+        t = self.dsa_sparse_flops * self.dsa_topk / (self.peak_flops_sparse * SPARSE_MLA_EFFICIENCY)
+        return np.where(self.sparse_prefill(ctx), t, 0.0)
+
+    def kv_stored_bytes(self, ctx: ArrayLike) -> ArrayLike:
+        """KV bytes one sequence of `ctx` tokens holds on one GPU (what a host reload moves). Equal to
+        kv_read_bytes except for DSA layers, which store every token's latent but read k."""
+        ctx = np.asarray(ctx, dtype=float)
+        return self.kv_read_bytes(ctx) + self.kv_sparse * np.maximum(ctx - self.dsa_topk, 0.0)
 
     def comm_time(self, tokens: ArrayLike) -> ArrayLike:
         """Collectives of one step for `tokens` tokens on this dp rank: two all-reduces per layer
@@ -353,6 +400,8 @@ def _layout_cost(model: ModelSpec, gpu: GPU, layout: Layout, precision: str, kv_
     attn_full = 0.0
     attn_win: dict[int, float] = {}
     state = 0.0
+    pad_heads, dense_upto = sparse_mla_kernel(engine, gpu.vendor, "fp4" in gpu.flops, model.dsa_topk)
+    dsa_dense, dsa_sparse, dsa_index, kv_sparse = 0.0, 0.0, 0.0, 0.0
     for la in model.layers:
         a = la.attention
         heads_here = a.n_heads / tp if a.n_heads >= tp else min(a.n_heads, 1)
@@ -364,6 +413,17 @@ def _layout_cost(model: ModelSpec, gpu: GPU, layout: Layout, precision: str, kv_
         if a.kind == "mla":
             kv = a.kv_elems_per_token * kvb  # latent replicated on every tp rank
             fl = 2.0 * heads_here * (a.qk_head_dim + a.v_head_dim)
+            if a.index_topk:
+                # Absorbed form: scores over latent + rope, values over the latent, per padded head.
+                padded = pad_heads * math.ceil(heads_here / pad_heads)
+                dsa_sparse += 2.0 * padded * (2 * a.kv_lora_rank + a.qk_rope_head_dim)
+                # The indexer is replicated on every tp rank (vLLM and SGLang: "no tensor
+                # parallel, just replicated"); FP8 logits.
+                dsa_index += 2.0 * a.index_heads * a.index_head_dim
+                dsa_dense += fl
+                latent = (a.kv_lora_rank + a.qk_rope_head_dim) * kvb
+                kv_sparse += latent
+                kv -= latent
         else:
             kv_heads_here = max(a.n_kv_heads / tp, 1.0) if a.n_kv_heads else 0.0
             kv = kv_heads_here * (a.qk_head_dim + a.v_head_dim) * kvb
@@ -401,6 +461,7 @@ def _layout_cost(model: ModelSpec, gpu: GPU, layout: Layout, precision: str, kv_
         return min(peak, BLOCK_FP8_RATE * gpu.peak_flops("bf16")) if block_fp8 and dtype == "fp8" else peak
 
     attn_dtype = prefill_attention_dtype(engine, gpu.vendor, "fp4" in gpu.flops, kv_dtype, model.uses_mla)
+    fp8_speedup = gpu.peak_flops("fp8") / gpu.peak_flops(attn_dtype)
     return LayoutCost(
         model=model, gpu=gpu, layout=layout, precision=precision, kv_dtype=kv_dtype,
         dense_bytes=dense_bytes, dense_flops_per_token=dense_flops,
@@ -413,6 +474,9 @@ def _layout_cost(model: ModelSpec, gpu: GPU, layout: Layout, precision: str, kv_
         dense_width=max(dense_width, 1.0), expert_width=max(expert_width, 1.0),
         peak_flops_dense=peak_dense, peak_flops_moe=peak_moe, peak_flops_attn=gpu.peak_flops(attn_dtype),
         gemm_flops_dense=gemm_rate(dense_dtype, peak_dense), gemm_flops_moe=gemm_rate(moe_dtype, peak_moe),
+        dsa_topk=model.dsa_topk, dsa_dense_upto=dense_upto, dsa_dense_coeff=dsa_dense / pp,
+        dsa_sparse_flops=dsa_sparse / pp, dsa_index_flops=dsa_index / fp8_speedup / pp,
+        peak_flops_sparse=gpu.peak_flops("bf16"), kv_sparse=kv_sparse / pp,
     )
 
 
@@ -481,6 +545,8 @@ def step_time(p: StepParams, c: LayoutCost, n_dec: ArrayLike, ctx_dec: ArrayLike
                      (c.gemm_flops_moe * p.e_flops * gemm_shape(per_expert, c.expert_width)))
     t_attn = (n_dec * c.kv_read_bytes(ctx_dec) / (c.peak_bw * p.e_kv) +
               n_pref * c.prefill_attn_flops(ctx_pref) / (c.peak_flops_attn * p.e_attn)) / m
+    if c.dsa_topk:
+        t_attn = t_attn + n_pref * c.sparse_prefill_time(ctx_pref) / m
     t_comm = p.comm_scale * c.comm_time(tokens)
     gpu_part = (t_dense + t_moe + t_attn + t_comm) * lay.pp
     if lay.pp > 1:

@@ -119,6 +119,11 @@ class AttentionSpec:
     # MLA latent dims; decode runs in the absorbed form over the latent.
     kv_lora_rank: int = 0
     qk_rope_head_dim: int = 0
+    # DeepSeek sparse attention (DSA: DeepSeek-V3.2, GLM-5): a lightning indexer of `index_heads`
+    # x `index_head_dim` scores every earlier token, and the MLA attends to the `index_topk` best.
+    index_topk: int = 0
+    index_heads: int = 0
+    index_head_dim: int = 0
 
     def attn_flops_per_token(self, context: float, phase: Literal["prefill", "decode"]) -> float:
         """FLOPs of score and value mixing for one query token that sees `context` tokens."""
@@ -219,6 +224,11 @@ class ModelSpec:
     @property
     def uses_mla(self) -> bool:
         return any(layer.attention.kind == "mla" for layer in self.layers)
+
+    @property
+    def dsa_topk(self) -> int:
+        """Keys each query of a DeepSeek-sparse-attention layer attends to (0: no DSA layer)."""
+        return max((layer.attention.index_topk for layer in self.layers), default=0)
 
     @property
     def n_experts(self) -> int:
@@ -449,7 +459,7 @@ _NONNEGATIVE_INT_FIELDS: tuple[str, ...] = (
     "moe_shared_expert_intermediate_size", "moe_latent_size", "n_routed_experts", "num_local_experts",
     "num_experts", "num_experts_per_tok", "experts_per_token", "top_k_experts", "moe_topk", "n_shared_experts",
     "num_shared_experts", "first_k_dense_replace", "interleave_moe_layer_step", "decoder_sparse_step",
-    "kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "index_n_heads",
+    "kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "index_n_heads", "index_topk",
     "index_head_dim", "sliding_window", "sliding_window_size", "swa_head_dim", "swa_v_head_dim",
     "swa_num_key_value_heads", "max_position_embeddings", "seq_length", "n_positions",
 )
@@ -603,12 +613,15 @@ def _mla(text: dict[str, Any], hidden: int) -> AttentionSpec:
     idx_heads = int(_get(text, "index_n_heads", default=0) or 0)
     idx_dim = int(_get(text, "index_head_dim", default=0) or 0)
     kv_elems = kv_lora + rope
+    topk = 0
     if idx_heads and idx_dim:
         params += (q_lora or hidden) * idx_heads * idx_dim + hidden * idx_dim + hidden * idx_heads
         kv_elems += idx_dim
+        topk = int(_get(text, "index_topk", default=0) or 0)
     return AttentionSpec(
         kind="mla", n_heads=heads, n_kv_heads=1, qk_head_dim=qk, v_head_dim=v_dim, params=params,
         kv_elems_per_token=kv_elems, kv_lora_rank=kv_lora, qk_rope_head_dim=rope,
+        index_topk=topk, index_heads=idx_heads if topk else 0, index_head_dim=idx_dim if topk else 0,
     )
 
 

@@ -113,14 +113,14 @@ def _simulate(fitted: FittedAnchor, layout: Layout,
         use_mixed = False
     # Host tier: a token of one rank's KV takes kv_tok_gpu bytes on each of the rank's tp x pp GPUs;
     # the replica's host memory is shared out equally over its dp ranks.
-    kv_tok_gpu = float(c.kv_read_bytes(1.0)) - float(c.state_bytes)
+    kv_tok_gpu = float(c.kv_stored_bytes(1.0)) - float(c.state_bytes)
     rank_gpus = layout.tp * layout.pp
     host_tokens = int(host_kv_bytes / (kv_tok_gpu * rank_gpus)) if host_kv_bytes and kv_tok_gpu > 0 else 0
     link = gpu.host_link
 
     def load_time(tokens: int) -> float:
         # Each GPU reloads its own slice over its own host link, in parallel.
-        return link.latency + (float(c.kv_read_bytes(float(tokens))) - float(c.state_bytes)) / link.bandwidth
+        return link.latency + (float(c.kv_stored_bytes(float(tokens))) - float(c.state_bytes)) / link.bandwidth
 
     driver = driver_for(workload, seed)
     span = driver.span

@@ -44,8 +44,12 @@ class StepModel:
         self.t_seq = p.t_seq
         self.kv_f = pp / (c.peak_bw * p.e_kv)
         self.at_f = pp / (c.peak_flops_attn * p.e_attn)
-        self.kv_lin, self.kv_state, self.kv_win = c.kv_coeff_full, c.state_bytes, tuple(c.kv_windows)
+        # The latent a DSA layer reads for at most top-k keys is a window of the read, not of the cache.
+        sparse = ((c.kv_sparse, c.dsa_topk),) if c.kv_sparse else ()
+        self.kv_lin, self.kv_state, self.kv_win = c.kv_coeff_full, c.state_bytes, tuple(c.kv_windows) + sparse
         self.at_lin, self.at_win = c.attn_flops_coeff, tuple(c.attn_windows)
+        self.dsa = c.dsa_topk > 0
+        self.sparse_t = float(c.sparse_prefill_time(c.dsa_dense_upto + 1.0)) if self.dsa else 0.0
         self.pp = pp
         self.nmax = 0
         self.base: list[float] = []
@@ -96,6 +100,9 @@ class StepModel:
             for coeff, window in self.at_win:
                 a += coeff * (ctx_pref if ctx_pref < window else window)
             t += n_pref * a * self.at_f / m
+            if self.dsa and 2.0 * ctx_pref > self.c.dsa_dense_upto:
+                t += n_pref * ((self.c.dsa_index_flops - self.c.dsa_dense_coeff) * ctx_pref * self.at_f +
+                               self.sparse_t) / m
         return t
 
     def __call__(self, n_dec: int, ctx_dec: float, n_pref: int = 0, ctx_pref: float = 0.0) -> float:

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from test_sim_helpers import GPU, MODEL, conversations, fitted, write_jsonl
 
+from inferasim.catalog.gpus import get_gpu
 from inferasim.layout import Layout
 from inferasim.sim.api import simulate_workload
 from inferasim.sim.benchmark import engine_sched
@@ -78,6 +79,20 @@ def test_step_model_is_step_time() -> None:
             assert sm(*args) == pytest.approx(float(step_time(p, c, *args)), rel=1e-12)
         np.testing.assert_allclose(sm.decode_run(7, 100.5, 50),
                                    step_time(p, c, 7, 100.5 + np.arange(50, dtype=float)), rtol=1e-12)
+
+
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+def test_step_model_is_step_time_for_sparse_attention(engine: str) -> None:
+    """GLM-5 (DeepSeek sparse attention): dense and sparse prefill, top-k-bounded decode reads."""
+    from inferasim.catalog.models import get_model
+
+    p, c = StepParams(), layout_cost(get_model("zai-org/GLM-5"), get_gpu("B200"), Layout(tp=8), "fp8", "fp8", engine)
+    sm = StepModel(p, c, 4096)
+    assert sm.exact
+    for args in ((5, 300.0, 0, 0.0), (64, 9000.5, 1000, 400.0), (0, 0.0, 8192, 4096.0), (3, 5000.0, 900, 1024.0)):
+        assert sm(*args) == pytest.approx(float(step_time(p, c, *args)), rel=1e-12)
+    np.testing.assert_allclose(sm.decode_run(7, 1900.5, 400), step_time(p, c, 7, 1900.5 + np.arange(400.0)),
+                               rtol=1e-12)
 
 
 @pytest.mark.parametrize(("engine", "layout"), [("vllm", Layout(tp=1)), ("sglang", Layout(tp=1, dp=2)),

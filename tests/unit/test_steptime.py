@@ -28,7 +28,8 @@ LLAMA70 = "meta-llama/Meta-Llama-3.1-70B"
 DSV3 = "deepseek-ai/DeepSeek-V3"
 
 
-@pytest.mark.parametrize("model_name", [LLAMA70, DSV3, "openai/gpt-oss-120b", "Qwen/Qwen3.5-397B-A17B"])
+@pytest.mark.parametrize("model_name", [LLAMA70, DSV3, "openai/gpt-oss-120b", "Qwen/Qwen3.5-397B-A17B",
+                                        "zai-org/GLM-5"])
 @pytest.mark.parametrize("layout", [Layout(tp=1), Layout(tp=8), Layout(tp=4, moe_ep=4), Layout(tp=2, dp=4, moe_ep=8),
                                     Layout(tp=4, pp=2)])
 def test_monotone_in_batch_and_context(model_name: str, layout: Layout) -> None:
@@ -42,6 +43,12 @@ def test_monotone_in_batch_and_context(model_name: str, layout: Layout) -> None:
     assert np.all(np.diff(t_c) >= 0)
     chunk = np.array([256, 1024, 4096, 16384], dtype=float)
     assert np.all(np.diff(step_time(p, cost, 16.0, 1024.0, chunk, 2048.0)) > 0)
+    # Prefill at a longer context never costs less (a DSA model's switch to its sparse kernel
+    # included: SGLang prefills prompts within the top-k densely).
+    for engine in ("", "sglang"):
+        c2 = layout_cost(get_model(model_name), get_gpu("B200"), layout, "fp8", engine=engine)
+        pos = np.array([64, 512, 1000, 1024, 1025, 2048, 4096, 32768], dtype=float)
+        assert np.all(np.diff(step_time(p, c2, 0.0, 0.0, 4096.0, pos)) >= 0)
 
 
 @pytest.mark.parametrize("gpu", ["H100", "B200", "MI355X", "MI300X"])
@@ -286,3 +293,61 @@ def test_fp8_prefill_attention_only_shortens_the_attention_part_of_long_prefills
     assert step_time(p, fp8, 32, 4096.0) == step_time(p, bf16, 32, 4096.0)
     # The roofline floor (dense GEMMs at peak) is still never beaten.
     assert fast > roofline_floor(fp8, 0, 0, 8192.0, 4096.0)
+
+
+GLM5 = "zai-org/GLM-5"
+
+
+def test_dsa_config_is_read() -> None:
+    glm = get_model(GLM5)
+    assert glm.dsa_topk == 2048  # zai-org/GLM-5 config.json: index_topk
+    a = glm.layers[0].attention
+    assert (a.index_heads, a.index_head_dim) == (32, 128)
+    assert get_model(DSV3).dsa_topk == 0  # DeepSeek-V3 has no indexer
+
+
+@pytest.mark.parametrize("gpu,pad", [("B200", 128), ("H100", 64)])
+def test_dsa_sparse_kernel_computes_padded_heads(gpu: str, pad: int) -> None:
+    """FlashMLA's sparse kernel runs 64 (Hopper) or 128 (Blackwell) query heads: GLM-5's 64 heads
+    split over tp 8 leave 8 per GPU, padded back up, so a GPU's sparse prefill work does not
+    shrink with tp, while the dense attention it replaces does."""
+    glm = get_model(GLM5)
+    heads = glm.layers[0].attention.n_heads
+    costs = {tp: layout_cost(glm, get_gpu(gpu), Layout(tp=tp), "fp8", engine="sglang") for tp in (1, 8)}
+    per_layer = 2.0 * pad * (2 * 512 + 64)  # kv_lora_rank 512, rope 64
+    n_dsa = sum(1 for la in glm.layers if la.attention.index_topk)
+    for tp, c in costs.items():
+        assert c.dsa_sparse_flops == pytest.approx(per_layer * n_dsa * (max(heads / tp, pad) // pad))
+    assert costs[1].dsa_sparse_flops == costs[8].dsa_sparse_flops
+    assert costs[8].attn_flops_coeff == pytest.approx(costs[1].attn_flops_coeff / 8)
+
+
+def test_dsa_prefill_switches_to_the_sparse_kernel_past_the_engines_dense_limit() -> None:
+    """SGLang prefills a batch whose longest sequence is within the top-k (2048) with dense MHA and
+    switches to the sparse kernel past it; vLLM always runs the sparse kernel. The sparse kernel
+    walks all k slots, so its time per token does not depend on the prompt."""
+    glm = get_model(GLM5)
+    p = StepParams()
+    sg = layout_cost(glm, get_gpu("B200"), Layout(tp=8), "fp8", engine="sglang")
+    vl = layout_cost(glm, get_gpu("B200"), Layout(tp=8), "fp8", engine="vllm")
+    dense = replace(sg, dsa_topk=0)  # the same layout priced as plain MLA
+    short, long = 1024.0 / 2, 8192.0 / 2  # mean visible context of 1024- and 8192-token prompts
+    assert step_time(p, sg, 0.0, 0.0, 1024.0, short) == pytest.approx(step_time(p, dense, 0.0, 0.0, 1024.0, short))
+    assert step_time(p, sg, 0.0, 0.0, 8192.0, long) > 2.0 * step_time(p, dense, 0.0, 0.0, 8192.0, long)
+    assert step_time(p, vl, 0.0, 0.0, 1024.0, short) > step_time(p, sg, 0.0, 0.0, 1024.0, short)
+    assert float(sg.sparse_prefill_time(long)) == float(sg.sparse_prefill_time(4 * long)) > 0.0
+    assert float(sg.sparse_prefill_time(short)) == 0.0
+
+
+def test_dsa_decode_reads_the_top_k_latent_but_the_cache_holds_every_token() -> None:
+    glm = get_model(GLM5)
+    c = layout_cost(glm, get_gpu("B200"), Layout(tp=8), "fp8", kv_dtype="fp8", engine="sglang")
+    k = glm.dsa_topk
+    per_token_stored = float(c.kv_stored_bytes(1.0) - c.kv_stored_bytes(0.0))
+    # Within the top-k, a decode step reads what is stored.
+    assert float(c.kv_read_bytes(k)) == pytest.approx(float(c.kv_stored_bytes(k)))
+    # Past it, only the index keys (128 FP8 elements per token per layer) grow the read.
+    grow_read = float(c.kv_read_bytes(4 * k) - c.kv_read_bytes(2 * k)) / (2 * k)
+    assert grow_read == pytest.approx(128 * glm.num_layers)
+    assert float(c.kv_stored_bytes(4 * k) - c.kv_stored_bytes(2 * k)) / (2 * k) == pytest.approx(per_token_stored)
+    assert per_token_stored == pytest.approx((512 + 64 + 128) * glm.num_layers)
