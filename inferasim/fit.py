@@ -41,13 +41,14 @@ PRIOR_SIGMA: dict[str, float] = {
     # Only fitted where the anchor spans prompt lengths (see below); a factor e either way.
     "t_front_token": 1.0,
 }
-# kv_scale is not among them. A closed loop's running requests are the whole requests the KV pool
-# holds (sim.benchmark._capacity floors), a step function of kv_scale whose gradient is zero almost
-# everywhere: listed here, it never left 1.0 on any dev anchor. Fitted through a continuous
-# capacity it moved one anchor (MiniMax-M2.5 fp8 tp2 on B200, whose 512 clients did not queue
-# where the memory model says 426 fit) and refitted the rest of that kernel set around it:
-# `inferasim validate` on shared/data/aic-silicon went TTFT 13.20 -> 13.30%, TPOT 6.41 -> 6.59%.
-# The pool stays the memory model's; kv_scale remains a parameter an anchor file or the emulator sets.
+# kv_scale is not among FREE_PARAMS (PRIOR_SIGMA keeps its spread for a caller that frees it). A
+# closed loop's running requests are the whole requests the KV pool holds (sim.benchmark._capacity
+# floors), a step function of kv_scale whose gradient is zero almost everywhere: listed here, it
+# never left 1.0 on any dev anchor. Fitted through a continuous capacity it moved one anchor
+# (MiniMax-M2.5 fp8 tp2 on B200, whose 512 clients did not queue where the memory model says 426
+# fit) and refitted the rest of that kernel set around it: `inferasim validate` on
+# shared/data/aic-silicon went TTFT 13.20 -> 13.30%, TPOT 6.41 -> 6.59%. The pool stays the
+# memory model's; kv_scale remains a parameter an anchor file or the emulator sets.
 FREE_PARAMS: tuple[str, ...] = ("t_fixed", "t_seq", "e_bw", "e_kv", "e_flops", "e_attn", "moe_skew", "burst",
                                 "t_ttft", "t_front", "t_front_token")
 # Residual weights: a mean TPOT averages thousands of steps of one kernel set, while a mean TTFT is

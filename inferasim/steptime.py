@@ -292,10 +292,10 @@ class LayoutCost:
     act_bytes: float = 2.0  # activation element size on the wire
     notes: tuple[str, ...] = field(default_factory=tuple)
     # DeepSeek sparse attention (DSA; catalog.engines.sparse_mla_kernel), zero for other models.
-    # Prefill of a sequence longer than `dsa_dense_upto` drops a DSA layer's dense attention
-    # (`dsa_dense_coeff` of attn_flops_coeff) for the indexer scoring every earlier token
-    # (`dsa_index_flops` per token of context, FP8 math priced at the attention dtype's time) and
-    # the sparse MLA kernel over `dsa_topk` keys (`dsa_sparse_flops` per token per key, on the
+    # Prefill past `dsa_dense_upto` tokens (sparse_prefill says how the length is judged) drops a
+    # DSA layer's dense attention (`dsa_dense_coeff` of attn_flops_coeff) for the indexer scoring
+    # every earlier token (`dsa_index_flops` per token of context, FP8 math priced at the attention
+    # dtype's time) and the sparse MLA kernel over `dsa_topk` keys (`dsa_sparse_flops` per token per key, on the
     # padded heads, at SPARSE_MLA_EFFICIENCY of `peak_flops_sparse`). Decode reads the latent of
     # the top-k keys only (`kv_sparse` bytes per token, at most `dsa_topk` of them) and the index
     # keys of every token (in kv_coeff_full); the cache still holds every token's latent.
@@ -330,7 +330,11 @@ class LayoutCost:
 
     def sparse_prefill(self, ctx: ArrayLike) -> ArrayLike:
         """Whether prefill tokens at mean visible context `ctx` take the DSA sparse path. The engine
-        decides per batch by its longest sequence; 2 x ctx (a whole prompt's length) stands for it."""
+        decides per batch by its longest sequence (cached prefix included); the step sees only the
+        mean context, and 2 x ctx stands for that length. Exact for a batch of fresh prompts of one
+        length (the benchmark's case); a chunk after a cached prefix of s tokens is judged at
+        2s + n rather than s + n (priced sparse up to s tokens early), and a batch mixing one long
+        prompt with many short ones may be judged dense when the engine runs it sparse."""
         return 2.0 * np.asarray(ctx, dtype=float) > self.dsa_dense_upto
 
     def sparse_prefill_time(self, ctx: ArrayLike) -> ArrayLike:
@@ -400,7 +404,8 @@ def _layout_cost(model: ModelSpec, gpu: GPU, layout: Layout, precision: str, kv_
     attn_full = 0.0
     attn_win: dict[int, float] = {}
     state = 0.0
-    pad_heads, dense_upto = sparse_mla_kernel(engine, gpu.vendor, "fp4" in gpu.flops, model.dsa_topk)
+    pad_heads, dense_upto = sparse_mla_kernel(engine, gpu.vendor, "fp8" in gpu.flops, "fp4" in gpu.flops,
+                                              model.dsa_topk)
     dsa_dense, dsa_sparse, dsa_index, kv_sparse = 0.0, 0.0, 0.0, 0.0
     for la in model.layers:
         a = la.attention
@@ -414,6 +419,8 @@ def _layout_cost(model: ModelSpec, gpu: GPU, layout: Layout, precision: str, kv_
             kv = a.kv_elems_per_token * kvb  # latent replicated on every tp rank
             fl = 2.0 * heads_here * (a.qk_head_dim + a.v_head_dim)
             if a.index_topk:
+                if a.window:  # the dense part subtracted below is the full-attention coefficient
+                    raise ValueError(f"{model.name}: a sparse-attention layer with a sliding window is not priced")
                 # Absorbed form: scores over latent + rope, values over the latent, per padded head.
                 padded = pad_heads * math.ceil(heads_here / pad_heads)
                 dsa_sparse += 2.0 * padded * (2 * a.kv_lora_rank + a.qk_rope_head_dim)

@@ -471,7 +471,8 @@ def prefill_attention_dtype(engine: str, vendor: str, fp4_tensor_cores: bool, kv
     return "bf16"
 
 
-def sparse_mla_kernel(engine: str, vendor: str, fp4_tensor_cores: bool, topk: int) -> tuple[int, int]:
+def sparse_mla_kernel(engine: str, vendor: str, fp8_tensor_cores: bool, fp4_tensor_cores: bool,
+                      topk: int) -> tuple[int, int]:
     """How an engine prefills a DeepSeek-sparse-attention (DSA) layer: (query heads per GPU the
     sparse MLA kernel computes for, the longest sequence still prefilled densely).
 
@@ -480,17 +481,19 @@ def sparse_mla_kernel(engine: str, vendor: str, fp4_tensor_cores: bool, topk: in
     tp-split layer's heads are padded up to that many (sglang srt/layers/attention/nsa_backend.py,
     `_forward_flashmla_sparse`: "requires num_heads to be a multiple of 64 (Hopper) or 128
     (Blackwell)"; vLLM's FlashMLASparseImpl sets `padding = 128` on SM100, else 64). GLM-5 at tp 8
-    computes 128 heads for its 8: the padding, not the arithmetic, sets the cost. SGLang prefills a
-    batch whose longest sequence is at most `topk` tokens with dense MHA instead (nsa_backend
-    `set_nsa_prefill_impl`, SM90 and SM100 only); vLLM always takes the sparse path. Other
-    vendors' kernels (TileLang, aiter) are priced as Hopper's: 64 heads, no dense path."""
+    computes 128 heads for its 8: the padding, not the arithmetic, sets the cost. A batch whose
+    longest sequence is at most `topk` tokens is prefilled with dense MHA instead, on Hopper and
+    Blackwell (SM90/SM100): SGLang since its adaptive short-sequence path (sgl-project/sglang PR
+    #11892, `set_nsa_prefill_impl`), vLLM since PR #47327 (merged 2026-07). Older vLLM releases
+    ran every prefill sparse; engine versions are not told apart here. Other vendors' kernels
+    (TileLang, aiter) are priced as Hopper's: 64 heads, and no dense path."""
     try:
         name = normalize_engine(engine) if engine else ""
     except UnknownEngineError:
         name = ""
-    nvidia = vendor == "nvidia"
-    heads = 128 if nvidia and fp4_tensor_cores else 64
-    dense_upto = topk if name == "sglang" and nvidia else 0
+    hopper_or_later = vendor == "nvidia" and fp8_tensor_cores
+    heads = 128 if vendor == "nvidia" and fp4_tensor_cores else 64
+    dense_upto = topk if hopper_or_later and name in ("sglang", "vllm") else 0
     return heads, dense_upto
 
 

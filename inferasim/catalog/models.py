@@ -363,13 +363,18 @@ class ModelSpec:
         return sum(layer.attention.state_elems for layer in self.layers) * state_dtype_bytes
 
     def kv_read_bytes(self, context: float, kv_dtype_bytes: float = 2.0) -> float:
-        """KV bytes one decode step reads for a sequence at `context` (windows capped)."""
+        """KV bytes one decode step reads for a sequence at `context` (windows capped; a DSA layer
+        reads the latent of its top-k keys and the index key of every token)."""
         total = 0.0
         for layer in self.layers:
             a = layer.attention
             if a.kv_elems_per_token:
                 ctx = min(context, a.window) if a.window else context
-                total += a.kv_elems_per_token * ctx * kv_dtype_bytes
+                if a.index_topk:
+                    latent = a.kv_lora_rank + a.qk_rope_head_dim
+                    total += (latent * min(ctx, a.index_topk) + (a.kv_elems_per_token - latent) * ctx) * kv_dtype_bytes
+                else:
+                    total += a.kv_elems_per_token * ctx * kv_dtype_bytes
             total += a.state_elems * 4.0
         return total
 

@@ -49,7 +49,8 @@ class StepModel:
         self.kv_lin, self.kv_state, self.kv_win = c.kv_coeff_full, c.state_bytes, tuple(c.kv_windows) + sparse
         self.at_lin, self.at_win = c.attn_flops_coeff, tuple(c.attn_windows)
         self.dsa = c.dsa_topk > 0
-        self.sparse_t = float(c.sparse_prefill_time(c.dsa_dense_upto + 1.0)) if self.dsa else 0.0
+        # step_time multiplies the whole attention term by pp, as at_f and kv_f carry it.
+        self.sparse_t = pp * float(c.sparse_prefill_time(c.dsa_dense_upto + 1.0)) if self.dsa else 0.0
         self.pp = pp
         self.nmax = 0
         self.base: list[float] = []

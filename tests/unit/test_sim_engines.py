@@ -86,13 +86,14 @@ def test_step_model_is_step_time_for_sparse_attention(engine: str) -> None:
     """GLM-5 (DeepSeek sparse attention): dense and sparse prefill, top-k-bounded decode reads."""
     from inferasim.catalog.models import get_model
 
-    p, c = StepParams(), layout_cost(get_model("zai-org/GLM-5"), get_gpu("B200"), Layout(tp=8), "fp8", "fp8", engine)
-    sm = StepModel(p, c, 4096)
-    assert sm.exact
-    for args in ((5, 300.0, 0, 0.0), (64, 9000.5, 1000, 400.0), (0, 0.0, 8192, 4096.0), (3, 5000.0, 900, 1024.0)):
-        assert sm(*args) == pytest.approx(float(step_time(p, c, *args)), rel=1e-12)
-    np.testing.assert_allclose(sm.decode_run(7, 1900.5, 400), step_time(p, c, 7, 1900.5 + np.arange(400.0)),
-                               rtol=1e-12)
+    for lay in (Layout(tp=8), Layout(tp=4, pp=2)):
+        p, c = StepParams(), layout_cost(get_model("zai-org/GLM-5"), get_gpu("B200"), lay, "fp8", "fp8", engine)
+        sm = StepModel(p, c, 4096)
+        assert sm.exact
+        for args in ((5, 300.0, 0, 0.0), (64, 9000.5, 1000, 400.0), (0, 0.0, 8192, 4096.0), (3, 5000.0, 900, 1024.0)):
+            assert sm(*args) == pytest.approx(float(step_time(p, c, *args)), rel=1e-12)
+        np.testing.assert_allclose(sm.decode_run(7, 1900.5, 400), step_time(p, c, 7, 1900.5 + np.arange(400.0)),
+                                   rtol=1e-12)
 
 
 @pytest.mark.parametrize(("engine", "layout"), [("vllm", Layout(tp=1)), ("sglang", Layout(tp=1, dp=2)),

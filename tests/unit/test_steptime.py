@@ -306,37 +306,43 @@ def test_dsa_config_is_read() -> None:
     assert get_model(DSV3).dsa_topk == 0  # DeepSeek-V3 has no indexer
 
 
-@pytest.mark.parametrize("gpu,pad", [("B200", 128), ("H100", 64)])
-def test_dsa_sparse_kernel_computes_padded_heads(gpu: str, pad: int) -> None:
+@pytest.mark.parametrize("gpu,pad", [("B200", 128), ("H100", 64), ("MI355X", 64)])
+@pytest.mark.parametrize("model_name", [GLM5, "deepseek-ai/DeepSeek-V3.2"])
+def test_dsa_sparse_kernel_computes_padded_heads(gpu: str, pad: int, model_name: str) -> None:
     """FlashMLA's sparse kernel runs 64 (Hopper) or 128 (Blackwell) query heads: GLM-5's 64 heads
     split over tp 8 leave 8 per GPU, padded back up, so a GPU's sparse prefill work does not
-    shrink with tp, while the dense attention it replaces does."""
-    glm = get_model(GLM5)
-    heads = glm.layers[0].attention.n_heads
-    costs = {tp: layout_cost(glm, get_gpu(gpu), Layout(tp=tp), "fp8", engine="sglang") for tp in (1, 8)}
-    per_layer = 2.0 * pad * (2 * 512 + 64)  # kv_lora_rank 512, rope 64
-    n_dsa = sum(1 for la in glm.layers if la.attention.index_topk)
+    shrink with tp, while the dense attention it replaces does. DeepSeek-V3.2's 128 heads fill two
+    64-head tiles at tp 1 on Hopper (no waste) and one at tp 2."""
+    model = get_model(model_name)
+    heads = model.layers[0].attention.n_heads
+    per_layer = 2.0 * pad * (2 * 512 + 64)  # kv_lora_rank 512, rope 64 (both models)
+    n_dsa = sum(1 for la in model.layers if la.attention.index_topk)
+    costs = {tp: layout_cost(model, get_gpu(gpu), Layout(tp=tp), "fp8", engine="sglang") for tp in (1, 2, 8)}
     for tp, c in costs.items():
-        assert c.dsa_sparse_flops == pytest.approx(per_layer * n_dsa * (max(heads / tp, pad) // pad))
-    assert costs[1].dsa_sparse_flops == costs[8].dsa_sparse_flops
+        tiles = -(-heads // tp // pad)  # ceil(heads per GPU / pad)
+        assert c.dsa_sparse_flops == pytest.approx(per_layer * n_dsa * tiles)
+    assert costs[8].dsa_sparse_flops == costs[2].dsa_sparse_flops  # within one tile: tp buys nothing
     assert costs[8].attn_flops_coeff == pytest.approx(costs[1].attn_flops_coeff / 8)
 
 
-def test_dsa_prefill_switches_to_the_sparse_kernel_past_the_engines_dense_limit() -> None:
-    """SGLang prefills a batch whose longest sequence is within the top-k (2048) with dense MHA and
-    switches to the sparse kernel past it; vLLM always runs the sparse kernel. The sparse kernel
-    walks all k slots, so its time per token does not depend on the prompt."""
+def test_dsa_prefill_switches_to_the_sparse_kernel_past_the_dense_limit() -> None:
+    """On Hopper and Blackwell, SGLang and vLLM prefill a batch whose longest sequence is within
+    the top-k (2048) with dense MHA and switch to the sparse kernel past it; elsewhere (AMD, and
+    GPUs before Hopper) every prefill is sparse. The sparse kernel walks all k slots, so its time
+    per token does not depend on the prompt."""
     glm = get_model(GLM5)
     p = StepParams()
-    sg = layout_cost(glm, get_gpu("B200"), Layout(tp=8), "fp8", engine="sglang")
-    vl = layout_cost(glm, get_gpu("B200"), Layout(tp=8), "fp8", engine="vllm")
-    dense = replace(sg, dsa_topk=0)  # the same layout priced as plain MLA
     short, long = 1024.0 / 2, 8192.0 / 2  # mean visible context of 1024- and 8192-token prompts
-    assert step_time(p, sg, 0.0, 0.0, 1024.0, short) == pytest.approx(step_time(p, dense, 0.0, 0.0, 1024.0, short))
-    assert step_time(p, sg, 0.0, 0.0, 8192.0, long) > 2.0 * step_time(p, dense, 0.0, 0.0, 8192.0, long)
-    assert step_time(p, vl, 0.0, 0.0, 1024.0, short) > step_time(p, sg, 0.0, 0.0, 1024.0, short)
-    assert float(sg.sparse_prefill_time(long)) == float(sg.sparse_prefill_time(4 * long)) > 0.0
-    assert float(sg.sparse_prefill_time(short)) == 0.0
+    for engine in ("sglang", "vllm"):
+        c = layout_cost(glm, get_gpu("B200"), Layout(tp=8), "fp8", engine=engine)
+        dense = replace(c, dsa_topk=0)  # the same layout priced as plain MLA
+        assert step_time(p, c, 0.0, 0.0, 1024.0, short) == pytest.approx(step_time(p, dense, 0.0, 0.0, 1024.0, short))
+        assert step_time(p, c, 0.0, 0.0, 8192.0, long) > 2.0 * step_time(p, dense, 0.0, 0.0, 8192.0, long)
+        assert float(c.sparse_prefill_time(long)) == pytest.approx(float(c.sparse_prefill_time(4 * long)))
+        assert float(c.sparse_prefill_time(long)) > 0.0 == float(c.sparse_prefill_time(short))
+    amd = layout_cost(glm, get_gpu("MI355X"), Layout(tp=8), "fp8", engine="sglang")
+    assert float(amd.sparse_prefill_time(short)) > 0.0
+    assert step_time(p, amd, 0.0, 0.0, 1024.0, short) > step_time(p, replace(amd, dsa_topk=0), 0.0, 0.0, 1024.0, short)
 
 
 def test_dsa_decode_reads_the_top_k_latent_but_the_cache_holds_every_token() -> None:
