@@ -318,33 +318,36 @@ class LayoutCost:
             out = out + self.kv_sparse * np.minimum(ctx, self.dsa_topk)
         return out
 
-    def prefill_attn_flops(self, ctx: ArrayLike) -> ArrayLike:
-        """Attention FLOPs per prefill token at mean visible context `ctx`, on one GPU."""
+    def prefill_attn_flops(self, ctx: ArrayLike, seq: ArrayLike | None = None) -> ArrayLike:
+        """Attention FLOPs per prefill token at mean visible context `ctx`, on one GPU (`seq`: the
+        batch's longest sequence, see sparse_prefill)."""
         ctx = np.asarray(ctx, dtype=float)
         out = self.attn_flops_coeff * ctx
         for coeff, window in self.attn_windows:
             out = out + coeff * np.minimum(ctx, window)
         if self.dsa_topk:
-            out = out + np.where(self.sparse_prefill(ctx), (self.dsa_index_flops - self.dsa_dense_coeff) * ctx, 0.0)
+            extra = (self.dsa_index_flops - self.dsa_dense_coeff) * ctx
+            out = out + np.where(self.sparse_prefill(ctx, seq), extra, 0.0)
         return out
 
-    def sparse_prefill(self, ctx: ArrayLike) -> ArrayLike:
+    def sparse_prefill(self, ctx: ArrayLike, seq: ArrayLike | None = None) -> ArrayLike:
         """Whether prefill tokens at mean visible context `ctx` take the DSA sparse path. The engine
-        decides per batch by its longest sequence (cached prefix included); the step sees only the
-        mean context, and 2 x ctx stands for that length. Exact for a batch of fresh prompts of one
-        length (the benchmark's case); a chunk after a cached prefix of s tokens is judged at
-        2s + n rather than s + n (priced sparse up to s tokens early), and a batch mixing one long
-        prompt with many short ones may be judged dense when the engine runs it sparse."""
-        return 2.0 * np.asarray(ctx, dtype=float) > self.dsa_dense_upto
+        decides per batch by its longest sequence, cached prefix included: `seq` where the caller
+        knows it (the simulator's batches), else 2 x ctx, exact for a batch of fresh prompts of one
+        length (the benchmark's case). From the mean alone, a chunk after a cached prefix of s
+        tokens is judged at 2s + n rather than s + n, and a batch mixing one long prompt with many
+        short ones may be judged dense where the engine runs it sparse."""
+        length = 2.0 * np.asarray(ctx, dtype=float) if seq is None else np.asarray(seq, dtype=float)
+        return length > self.dsa_dense_upto
 
-    def sparse_prefill_time(self, ctx: ArrayLike) -> ArrayLike:
+    def sparse_prefill_time(self, ctx: ArrayLike, seq: ArrayLike | None = None) -> ArrayLike:
         """Seconds of the sparse MLA kernel per prefill token at mean visible context `ctx` (0 off
         the sparse path). Every query walks all top-k slots, masked or not, so a prompt shorter
         than k pays for k."""
         if not self.dsa_topk:
             return np.zeros_like(np.asarray(ctx, dtype=float))
         t = self.dsa_sparse_flops * self.dsa_topk / (self.peak_flops_sparse * SPARSE_MLA_EFFICIENCY)
-        return np.where(self.sparse_prefill(ctx), t, 0.0)
+        return np.where(self.sparse_prefill(ctx, seq), t, 0.0)
 
     def kv_stored_bytes(self, ctx: ArrayLike) -> ArrayLike:
         """KV bytes one sequence of `ctx` tokens holds on one GPU (what a host reload moves). Equal to
@@ -520,9 +523,11 @@ def micro_batches(n_dec: ArrayLike, pp: int) -> ArrayLike:
 
 
 def step_time(p: StepParams, c: LayoutCost, n_dec: ArrayLike, ctx_dec: ArrayLike,
-              n_pref: ArrayLike = 0.0, ctx_pref: ArrayLike = 0.0) -> ArrayLike:
+              n_pref: ArrayLike = 0.0, ctx_pref: ArrayLike = 0.0, seq_pref: ArrayLike | None = None) -> ArrayLike:
     """Seconds of one iteration on one attention-dp rank of one replica (all pp stages: the
-    latency a decode token sees). `n_dec`, `n_pref` are per dp rank."""
+    latency a decode token sees). `n_dec`, `n_pref` are per dp rank; `seq_pref`, where known, is
+    the longest sequence (cached prefix included) among the step's prefills, which decides a DSA
+    model's dense-or-sparse prefill (LayoutCost.sparse_prefill)."""
     n_dec = np.asarray(n_dec, dtype=float)
     n_pref = np.asarray(n_pref, dtype=float)
     lay = c.layout
@@ -551,9 +556,9 @@ def step_time(p: StepParams, c: LayoutCost, n_dec: ArrayLike, ctx_dec: ArrayLike
                      tok_here * c.expert_flops_per_token /
                      (c.gemm_flops_moe * p.e_flops * gemm_shape(per_expert, c.expert_width)))
     t_attn = (n_dec * c.kv_read_bytes(ctx_dec) / (c.peak_bw * p.e_kv) +
-              n_pref * c.prefill_attn_flops(ctx_pref) / (c.peak_flops_attn * p.e_attn)) / m
+              n_pref * c.prefill_attn_flops(ctx_pref, seq_pref) / (c.peak_flops_attn * p.e_attn)) / m
     if c.dsa_topk:
-        t_attn = t_attn + n_pref * c.sparse_prefill_time(ctx_pref) / m
+        t_attn = t_attn + n_pref * c.sparse_prefill_time(ctx_pref, seq_pref) / m
     t_comm = p.comm_scale * c.comm_time(tokens)
     gpu_part = (t_dense + t_moe + t_attn + t_comm) * lay.pp
     if lay.pp > 1:

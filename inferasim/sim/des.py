@@ -124,8 +124,8 @@ class Simulator:
         self.outstanding += 1
 
     def _step_time(self, n_dec: float, ctx_dec: float | np.ndarray, n_pref: float = 0.0,
-                   ctx_pref: float = 0.0) -> float | np.ndarray:
-        return step_time(self.p, self.c, n_dec, ctx_dec, n_pref, ctx_pref)
+                   ctx_pref: float = 0.0, seq_pref: float | None = None) -> float | np.ndarray:
+        return step_time(self.p, self.c, n_dec, ctx_dec, n_pref, ctx_pref, seq_pref)
 
     def _next_arrival(self, only_accepting: bool) -> float:
         t = math.inf
@@ -184,7 +184,7 @@ class Simulator:
                 dt = 0.0
                 for b in batches:
                     if not b.empty:
-                        dt = max(dt, float(self._step_time(b.n_dec, b.ctx_dec, b.n_pref, b.ctx_pref)))
+                        dt = max(dt, float(self._step_time(b.n_dec, b.ctx_dec, b.n_pref, b.ctx_pref, b.seq_pref)))
                 if dt == 0.0:
                     nxt = self._next_arrival(False)
                     if math.isinf(nxt):

@@ -169,7 +169,7 @@ class Row:
 
 
 class Batch:
-    __slots__ = ("n_dec", "ctx_dec", "pre", "n_pref", "ctx_pref")
+    __slots__ = ("n_dec", "ctx_dec", "pre", "n_pref", "ctx_pref", "seq_pref")
 
     def __init__(self, n_dec: int, ctx_dec: float, pre: list[tuple[Row, int, int]]) -> None:
         self.n_dec = n_dec
@@ -179,14 +179,18 @@ class Batch:
             # Token-weighted mean context of a prefill token (as scheduler.Batch.ctx_pref).
             tot = 0
             acc = 0.0
+            longest = 0
             for _, n, s in pre:
                 tot += n
                 acc += n * (s + n / 2.0)
+                longest = max(longest, s + n)
             self.n_pref = tot
             self.ctx_pref = acc / tot if tot else 0.0
+            self.seq_pref: float | None = float(longest)  # decides a DSA model's sparse prefill
         else:
             self.n_pref = 0
             self.ctx_pref = 0.0
+            self.seq_pref = None
 
     @property
     def empty(self) -> bool:

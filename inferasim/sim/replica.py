@@ -91,7 +91,8 @@ class StepModel:
             got = self._frac[tokens] = float(step_time(self.p, self.c, 0.0, 0.0, tokens, 0.0))
         return got
 
-    def _fast(self, n_dec: int, ctx_dec: float, n_pref: int, ctx_pref: float) -> float:
+    def _fast(self, n_dec: int, ctx_dec: float, n_pref: int, ctx_pref: float,
+              seq_pref: float | None = None) -> float:
         m = micro_batches(n_dec, self.pp)
         t = self._base((n_dec + n_pref) / m) + self.t_seq * n_dec
         if n_dec:
@@ -101,15 +102,16 @@ class StepModel:
             for coeff, window in self.at_win:
                 a += coeff * (ctx_pref if ctx_pref < window else window)
             t += n_pref * a * self.at_f / m
-            if self.dsa and 2.0 * ctx_pref > self.c.dsa_dense_upto:
+            if self.dsa and (2.0 * ctx_pref if seq_pref is None else seq_pref) > self.c.dsa_dense_upto:
                 t += n_pref * ((self.c.dsa_index_flops - self.c.dsa_dense_coeff) * ctx_pref * self.at_f +
                                self.sparse_t) / m
         return t
 
-    def __call__(self, n_dec: int, ctx_dec: float, n_pref: int = 0, ctx_pref: float = 0.0) -> float:
+    def __call__(self, n_dec: int, ctx_dec: float, n_pref: int = 0, ctx_pref: float = 0.0,
+                 seq_pref: float | None = None) -> float:
         if self.exact:
-            return self._fast(n_dec, ctx_dec, n_pref, ctx_pref)
-        return float(step_time(self.p, self.c, n_dec, ctx_dec, n_pref, ctx_pref))
+            return self._fast(n_dec, ctx_dec, n_pref, ctx_pref, seq_pref)
+        return float(step_time(self.p, self.c, n_dec, ctx_dec, n_pref, ctx_pref, seq_pref))
 
     def decode_line(self, n: int) -> tuple[float, float]:
         """(a, b): a decode step of n sequences of mean context ctx takes a + b * kvb(ctx), the
@@ -318,7 +320,7 @@ class Replica:
                         if self._wait(now, horizon):
                             return
                         continue
-                    end = now + step_fn(b.n_dec, b.ctx_dec, b.n_pref, b.ctx_pref)
+                    end = now + step_fn(b.n_dec, b.ctx_dec, b.n_pref, b.ctx_pref, b.seq_pref)
                     self.now = end
                     finished = r0.commit(end)
                     self.steps += 1
@@ -353,7 +355,7 @@ class Replica:
                     batches = [rank.schedule(now) for rank in ranks]
                     for b in batches:
                         if b.n_dec or b.pre:
-                            t = step_fn(b.n_dec, b.ctx_dec, b.n_pref, b.ctx_pref)
+                            t = step_fn(b.n_dec, b.ctx_dec, b.n_pref, b.ctx_pref, b.seq_pref)
                             if t > dt:
                                 dt = t
                     if dt == 0.0:

@@ -160,6 +160,13 @@ class Batch:
         return sum(n * (s + n / 2.0) for n, s in zip(self.pre_chunks, self.pre_starts, strict=True)) / tot
 
     @property
+    def seq_pref(self) -> float | None:
+        """The longest sequence among the prefills, cached prefix included (None without one):
+        what decides a DSA model's dense-or-sparse prefill."""
+        return float(max(n + s for n, s in zip(self.pre_chunks, self.pre_starts, strict=True))) \
+            if self.pre_chunks else None
+
+    @property
     def empty(self) -> bool:
         return not self.dec_rows.size and not self.pre_rows
 

@@ -81,6 +81,20 @@ def test_step_model_is_step_time() -> None:
                                    step_time(p, c, 7, 100.5 + np.arange(50, dtype=float)), rtol=1e-12)
 
 
+def test_batches_carry_their_longest_prefill_sequence() -> None:
+    """Both schedulers' batches give the longest prefill sequence (cached prefix included), which
+    decides a DSA model's dense or sparse prefill; no prefill, no length."""
+    from inferasim.sim.engines import Batch as CoreBatch
+    from inferasim.sim.scheduler import Batch as SchedBatch
+
+    b = CoreBatch(2, 100.0, [(None, 300, 1500), (None, 1000, 0)])  # type: ignore[list-item]
+    assert (b.n_pref, b.seq_pref) == (1300, 1800.0)
+    assert CoreBatch(2, 100.0, []).seq_pref is None
+    sb = SchedBatch(pre_rows=[0, 1], pre_chunks=[300, 1000], pre_starts=[1500, 0])
+    assert sb.seq_pref == 1800.0 and sb.ctx_pref == pytest.approx(b.ctx_pref)
+    assert SchedBatch().seq_pref is None
+
+
 @pytest.mark.parametrize("engine", ["sglang", "vllm"])
 def test_step_model_is_step_time_for_sparse_attention(engine: str) -> None:
     """GLM-5 (DeepSeek sparse attention): dense and sparse prefill, top-k-bounded decode reads."""
@@ -90,7 +104,8 @@ def test_step_model_is_step_time_for_sparse_attention(engine: str) -> None:
         p, c = StepParams(), layout_cost(get_model("zai-org/GLM-5"), get_gpu("B200"), lay, "fp8", "fp8", engine)
         sm = StepModel(p, c, 4096)
         assert sm.exact
-        for args in ((5, 300.0, 0, 0.0), (64, 9000.5, 1000, 400.0), (0, 0.0, 8192, 4096.0), (3, 5000.0, 900, 1024.0)):
+        for args in ((5, 300.0, 0, 0.0), (64, 9000.5, 1000, 400.0), (0, 0.0, 8192, 4096.0), (3, 5000.0, 900, 1024.0),
+                     (3, 5000.0, 300, 1650.0, 1800.0), (0, 0.0, 5000, 600.0, 3000.0)):
             assert sm(*args) == pytest.approx(float(step_time(p, c, *args)), rel=1e-12)
         np.testing.assert_allclose(sm.decode_run(7, 1900.5, 400), step_time(p, c, 7, 1900.5 + np.arange(400.0)),
                                    rtol=1e-12)

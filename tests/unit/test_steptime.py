@@ -345,6 +345,21 @@ def test_dsa_prefill_switches_to_the_sparse_kernel_past_the_dense_limit() -> Non
     assert step_time(p, amd, 0.0, 0.0, 1024.0, short) > step_time(p, replace(amd, dsa_topk=0), 0.0, 0.0, 1024.0, short)
 
 
+def test_dsa_prefill_is_judged_by_the_longest_sequence_where_known() -> None:
+    """A 300-token chunk after 1500 cached tokens ends at 1800, within the top-k: the engine
+    prefills it densely. From its mean context (1650) alone it would be judged a 3300-token
+    sequence, sparse; the simulator passes the batch's longest sequence and gets the dense price."""
+    glm = get_model(GLM5)
+    p = StepParams()
+    c = layout_cost(glm, get_gpu("B200"), Layout(tp=8), "fp8", engine="sglang")
+    dense = replace(c, dsa_topk=0)
+    ctx = 1500 + 300 / 2
+    assert step_time(p, c, 0.0, 0.0, 300.0, ctx, 1800.0) == pytest.approx(step_time(p, dense, 0.0, 0.0, 300.0, ctx))
+    assert step_time(p, c, 0.0, 0.0, 300.0, ctx) > 1.2 * step_time(p, dense, 0.0, 0.0, 300.0, ctx)
+    # One long prompt among short ones makes the whole batch sparse, whatever the mean.
+    assert step_time(p, c, 0.0, 0.0, 5000.0, 600.0, 3000.0) > step_time(p, c, 0.0, 0.0, 5000.0, 600.0)
+
+
 def test_dsa_decode_reads_the_top_k_latent_but_the_cache_holds_every_token() -> None:
     glm = get_model(GLM5)
     c = layout_cost(glm, get_gpu("B200"), Layout(tp=8), "fp8", kv_dtype="fp8", engine="sglang")
