@@ -346,8 +346,12 @@ class LayoutCost:
         than k pays for k."""
         if not self.dsa_topk:
             return np.zeros_like(np.asarray(ctx, dtype=float))
-        t = self.dsa_sparse_flops * self.dsa_topk / (self.peak_flops_sparse * SPARSE_MLA_EFFICIENCY)
-        return np.where(self.sparse_prefill(ctx, seq), t, 0.0)
+        return np.where(self.sparse_prefill(ctx, seq), self.sparse_token_time, 0.0)
+
+    @property
+    def sparse_token_time(self) -> float:
+        """Seconds of the sparse MLA kernel per prefill token on the sparse path (0 without DSA)."""
+        return self.dsa_sparse_flops * self.dsa_topk / (self.peak_flops_sparse * SPARSE_MLA_EFFICIENCY)
 
     def kv_stored_bytes(self, ctx: ArrayLike) -> ArrayLike:
         """KV bytes one sequence of `ctx` tokens holds on one GPU (what a host reload moves). Equal to

@@ -50,7 +50,7 @@ class StepModel:
         self.at_lin, self.at_win = c.attn_flops_coeff, tuple(c.attn_windows)
         self.dsa = c.dsa_topk > 0
         # step_time multiplies the whole attention term by pp, as at_f and kv_f carry it.
-        self.sparse_t = pp * float(c.sparse_prefill_time(c.dsa_dense_upto + 1.0)) if self.dsa else 0.0
+        self.sparse_t = pp * c.sparse_token_time
         self.pp = pp
         self.nmax = 0
         self.base: list[float] = []
