@@ -14,7 +14,7 @@ This module sits apart from `steptime` because the residuals run through the ben
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -63,6 +63,15 @@ METRIC_WEIGHT: dict[str, float] = {"tpot": 3.0, "ttft": 1.0}
 FRONT_PRIOR_SIGMA = 0.5
 # Distinct closed-loop concurrencies an anchor needs before its serial front-end cost is fitted.
 MIN_FRONT_CONCURRENCIES = 3
+# A client cap (StepParams.client_cap) is read from an anchor only where the fitted model leaves a
+# point's TTFT more than CAP_UNEXPLAINED times short AND Little's law puts the requests the engine
+# had in flight below CAP_IN_FLIGHT_SHARE of the clients: a queue the engine's own limits (KV pool,
+# max_num_seqs, prefill) cannot produce. On shared/data/aic-silicon only one kernel set qualifies:
+# vLLM gpt-oss-120b on H100 (no version), whose 512-client runs held 96-106 requests in flight at
+# every tp and length, the 100 connections of aiohttp's default pool; every other anchor is fitted
+# as before. Both thresholds are deliberately coarse (a factor 3, two fifths of the clients absent).
+CAP_UNEXPLAINED = 3.0
+CAP_IN_FLIGHT_SHARE = 0.6
 _FLOOR = {"t_seq": 1e-7, "moe_skew": 1e-3, "burst": 1e-3, "t_ttft": 1e-4, "t_front": 1e-4,
           "t_front_token": 1e-8}
 
@@ -234,3 +243,43 @@ def fit_params(cost: LayoutCost, sched: EngineSched, points: Sequence[FitPoint],
         max_abs_log_error=float(np.max(np.abs(arr))), per_metric_mape=per_metric, n_points=len(points),
         iterations=iterations, converged=converged, residuals=res_out,
     )
+
+
+def in_flight(point: FitPoint) -> float | None:
+    """Requests a closed-loop point had in flight past their first token, by Little's law over
+    the clients: C x decode time / (TTFT + decode time). None without both TTFT and TPOT."""
+    if point.scenario == "offline" or not point.ttft or not point.tpot or point.osl <= 1:
+        return None
+    decode = (point.osl - 1) * point.tpot
+    return point.concurrency * decode / (point.ttft + decode)
+
+
+def client_cap_of(fit: FitResult, cost: LayoutCost, sched: EngineSched, points: Sequence[FitPoint]) -> float:
+    """The client-side limit on requests in flight an anchor's points show (0: none): the median
+    in-flight count of the points whose TTFT the fit cannot explain (see CAP_UNEXPLAINED)."""
+    pred = predict_points(fit.params, cost, sched, points)["ttft"]
+    capped = []
+    for i, pt in enumerate(points):
+        running = in_flight(pt)
+        if running is None or not pt.ttft or not np.isfinite(pred[i]):
+            continue
+        if pred[i] * CAP_UNEXPLAINED < pt.ttft and running < CAP_IN_FLIGHT_SHARE * pt.concurrency:
+            capped.append(running)
+    return float(np.median(capped)) if capped else 0.0
+
+
+def fit_anchor_params(cost: LayoutCost, sched: EngineSched, points: Sequence[FitPoint],
+                      prior: StepParams) -> FitResult:
+    """fit_params, then once more with the client cap the points show, if they show one and the
+    refit explains them better (lower rms log error); the cap is measured, never fitted freely
+    (running requests are whole, so no gradient reaches it)."""
+    first = fit_params(cost, sched, points, prior)
+    cap = client_cap_of(first, cost, sched, points)
+    if cap <= 0.0:
+        return first
+    second = fit_params(cost, sched, points, replace(prior, client_cap=cap))
+    if second.rms_log_error >= first.rms_log_error:
+        return first
+    second.message = (f"client cap: the points show about {cap:.0f} requests in flight whatever the clients "
+                      f"(a client connection limit); predictions keep it")
+    return second

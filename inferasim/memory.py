@@ -57,23 +57,31 @@ def weight_bytes_per_gpu(model: ModelSpec, layout: Layout, precision: str = "aut
     return out
 
 
-def kv_bytes_per_token_per_gpu(model: ModelSpec, layout: Layout, kv_dtype: str = "auto") -> float:
-    """KV bytes one token of one sequence costs on each GPU that holds that sequence.
+def kv_bytes_per_token_per_gpu(model: ModelSpec, layout: Layout, kv_dtype: str = "auto", engine: str = "") -> float:
+    """KV bytes one token of one sequence costs on each GPU that holds that sequence, as the
+    engine sizes its pool.
 
     GQA KV heads split over tp down to one head per GPU and replicate beyond; MLA's latent is
-    shared by all heads, so every tp rank stores all of it. Layers split over pp."""
+    shared by all heads, so every tp rank stores all of it. Layers split over pp. A DSA layer's
+    cache is priced in its own format (AttentionSpec.kv_bytes), except that SGLang sizes its pool
+    with the latent at (kv_lora + rope) x the dtype (get_cell_size_per_token) although its FP8 cells
+    are FlashMLA's 656-byte fp8_ds_mla: its pool holds as many tokens as that count gives. On
+    shared/data/aic-silicon GLM-5 fp8 on 8 B200 runs 128 clients of 9216 tokens without the
+    queue the true cell size would give."""
     dtype = kv_dtype_bytes(kv_dtype)
     total = 0.0
     for layer in model.layers:
         a = layer.attention
         if not a.kv_elems_per_token:
             continue
-        if a.kind == "mla":
-            total += a.kv_elems_per_token
+        if a.kind == "mla" and a.index_topk and engine == "sglang":
+            total += (a.kv_lora_rank + a.qk_rope_head_dim) * dtype + a.index_key_bytes()
+        elif a.kind == "mla":
+            total += a.kv_bytes(dtype)
         else:
             heads_per_gpu = math.ceil(a.n_kv_heads / layout.tp) if a.n_kv_heads >= layout.tp else 1
-            total += a.kv_elems_per_token * heads_per_gpu / a.n_kv_heads
-    return total * dtype / layout.pp
+            total += a.kv_bytes(dtype) * heads_per_gpu / a.n_kv_heads
+    return total / layout.pp
 
 
 @dataclass
@@ -212,7 +220,7 @@ def plan_memory(model: ModelSpec, gpu: GPU, layout: Layout, engine: str = "vllm"
         kv_bytes = budget - weights["total"]
     else:
         kv_bytes = budget - weights["total"] - act - NON_TORCH_BYTES
-    per_token = kv_bytes_per_token_per_gpu(model, layout, kv_dtype)
+    per_token = kv_bytes_per_token_per_gpu(model, layout, kv_dtype, engine)
     state = model.state_bytes_per_seq() / layout.tp / layout.pp
     if weights["total"] > budget:
         reasons.append(

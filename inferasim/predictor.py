@@ -17,7 +17,7 @@ from inferasim.anchors import Anchor, BenchPoint, FitReport, KernelSet, LayoutMo
 from inferasim.catalog.engines import UnknownEngineError, normalize_engine
 from inferasim.catalog.gpus import GPU, UnknownGPUError, get_gpu, siblings
 from inferasim.catalog.models import ModelConfigError, ModelSpec, UnknownModelError, get_model, normalize_precision
-from inferasim.fit import FitPoint, FitResult, fit_params, predict_points
+from inferasim.fit import FitPoint, FitResult, fit_anchor_params, predict_points
 from inferasim.layout import Layout, LayoutError
 from inferasim.memory import layout_problems
 from inferasim.render import priced_precision
@@ -338,7 +338,7 @@ def fit_anchor_rows(rows: list[BenchRow]) -> FittedAnchor:
     if sched.kv_tokens <= 0:
         raise CannotPredict(f"{model.name} does not fit {gpu.name} at {layout.label()} by the memory model")
     points = [fit_point(r) for r in rows]
-    result = fit_params(cost, sched, points, default_params(gpu, engine))
+    result = fit_anchor_params(cost, sched, points, default_params(gpu, engine))
     concs = [clients(r) for r in rows]  # clients, as predictions are held against (not the per-rank batch)
     return FittedAnchor(
         engine=engine, engine_version=first.backend_version, model=model, gpu=gpu, precision=precision,
@@ -468,7 +468,7 @@ def fitted_from_anchor(anchor: Anchor) -> FittedAnchor:
     else:
         cost = layout_cost(model, gpu, layout, precision, kv_dtype, engine)
         sched = engine_sched(engine, model, gpu, layout, precision, ks.engine_version, kv_dtype)
-        result = fit_params(cost, sched, points, default_params(gpu, engine))
+        result = fit_anchor_params(cost, sched, points, default_params(gpu, engine))
         if stale:
             result.message = f"{stale}; {result.message}"[:500]
     concs = [p.concurrency for p in anchor.points] or [1]

@@ -72,6 +72,12 @@ class StepParams:
     # client at 1024-token prompts and 7-8 ms at 8192 (Llama-3.1-70B, MiniMax-M2.5, Qwen3-32B over
     # tp 1-8), about 1-2 us per prompt token. Fitted only where an anchor spans prompt lengths.
     t_front_token: float = 0.0
+    # Requests the benchmark client keeps in flight at most, whatever its --max-concurrency (0: no
+    # limit). Not a property of the engine: a client whose HTTP pool caps its connections (aiohttp's
+    # TCPConnector allows 100 by default, which older `vllm bench serve` clients kept; vllm issues
+    # #7241, #14513) holds the rest back, and their wait is in the TTFT it reports. Found from an
+    # anchor's own points (fit.client_cap_of), never a prior; sim.benchmark and sim.des apply it.
+    client_cap: float = 0.0
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
@@ -146,7 +152,9 @@ GEMM_N0 = 384.0
 # 2026-12-03.4: pipeline stages keep min(pp, sequences) micro-batches in flight (step_time).
 # 2026-12-03.5: DeepSeek sparse attention (GLM-5, DeepSeek-V3.2): decode reads the latent of the
 # top-k keys only; prefill past the engine's dense limit runs the padded sparse MLA kernel.
-STEP_MODEL_REVISION = "2026-12-03.5"
+# 2026-12-03.6: a DSA layer's cache in its own format (FP8: FlashMLA's 656-byte latent, plus the
+# 132-byte FP8 index key in every dtype), which moves e_kv of DSA kernel sets.
+STEP_MODEL_REVISION = "2026-12-03.6"
 
 # Block-scaled FP8 GEMMs (catalog.models.ModelSpec.fp8_scales: a scale per 128 x 128 weight block,
 # applied inside the main loop) run at this multiple of the GPU's BF16 rate, where a per-tensor
@@ -423,7 +431,7 @@ def _layout_cost(model: ModelSpec, gpu: GPU, layout: Layout, precision: str, kv_
         if a.n_heads == 0:
             continue
         if a.kind == "mla":
-            kv = a.kv_elems_per_token * kvb  # latent replicated on every tp rank
+            kv = a.kv_bytes(kvb)  # latent replicated on every tp rank
             fl = 2.0 * heads_here * (a.qk_head_dim + a.v_head_dim)
             if a.index_topk:
                 if a.window:  # the dense part subtracted below is the full-attention coefficient
@@ -435,7 +443,7 @@ def _layout_cost(model: ModelSpec, gpu: GPU, layout: Layout, precision: str, kv_
                 # parallel, just replicated"); FP8 logits.
                 dsa_index += 2.0 * a.index_heads * a.index_head_dim
                 dsa_dense += fl
-                latent = (a.kv_lora_rank + a.qk_rope_head_dim) * kvb
+                latent = a.latent_bytes(kvb)
                 kv_sparse += latent
                 kv -= latent
         else:

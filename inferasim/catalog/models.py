@@ -125,6 +125,28 @@ class AttentionSpec:
     index_heads: int = 0
     index_head_dim: int = 0
 
+    def latent_bytes(self, kv_dtype_bytes: float) -> float:
+        """Cache bytes of one token's MLA latent (kv_lora + rope). A DSA layer's 8-bit cache is
+        FlashMLA's fp8_ds_mla format, which both engines use for it: the latent in FP8 with one FP32
+        scale per 128 values, the rope part kept in BF16, 656 B for DeepSeek-V3.2 (FlashMLA README;
+        sglang model_runner_kv_cache_mixin.calculate_mla_kv_cache_dim; vllm flashmla_sparse
+        get_kv_cache_shape). Plain MLA stores all 576 values in the cache dtype."""
+        if self.index_topk and kv_dtype_bytes == 1.0:
+            return self.kv_lora_rank * (1.0 + 4.0 / 128.0) + self.qk_rope_head_dim * 2.0
+        return (self.kv_lora_rank + self.qk_rope_head_dim) * kv_dtype_bytes
+
+    def index_key_bytes(self) -> float:
+        """Cache bytes of one token's indexer key (DSA): FP8 with one FP32 scale per 128 values,
+        whatever the main cache's dtype, 132 B for DeepSeek-V3.2 (sglang NSATokenToKVPool
+        index_k_with_scale_buffer; vllm DeepseekV32IndexerCache)."""
+        return self.index_head_dim * (1.0 + 4.0 / 128.0) if self.index_topk else 0.0
+
+    def kv_bytes(self, kv_dtype_bytes: float) -> float:
+        """Cache bytes one token adds to this layer (all heads, before any split over GPUs)."""
+        if self.index_topk:
+            return self.latent_bytes(kv_dtype_bytes) + self.index_key_bytes()
+        return self.kv_elems_per_token * kv_dtype_bytes
+
     def attn_flops_per_token(self, context: float, phase: Literal["prefill", "decode"]) -> float:
         """FLOPs of score and value mixing for one query token that sees `context` tokens."""
         if self.kind in ("linear", "mamba"):
@@ -356,7 +378,16 @@ class ModelSpec:
         return total
 
     def kv_bytes_per_token(self, kv_dtype_bytes: float = 2.0, context: float | None = None) -> float:
-        return self.kv_elems_per_token(context) * kv_dtype_bytes
+        """KV bytes one token adds, over all layers (windows averaged over `context` as in
+        kv_elems_per_token; a DSA layer's cache in its own format, AttentionSpec.kv_bytes)."""
+        total = 0.0
+        for layer in self.layers:
+            a = layer.attention
+            if a.kv_elems_per_token == 0:
+                continue
+            share = a.window / context if a.window and context and context > a.window else 1.0
+            total += a.kv_bytes(kv_dtype_bytes) * share
+        return total
 
     def state_bytes_per_seq(self, state_dtype_bytes: float = 4.0) -> float:
         """Per-sequence recurrent state of linear-attention / Mamba layers (fp32 in vLLM)."""
@@ -371,8 +402,7 @@ class ModelSpec:
             if a.kv_elems_per_token:
                 ctx = min(context, a.window) if a.window else context
                 if a.index_topk:
-                    latent = a.kv_lora_rank + a.qk_rope_head_dim
-                    total += (latent * min(ctx, a.index_topk) + (a.kv_elems_per_token - latent) * ctx) * kv_dtype_bytes
+                    total += a.latent_bytes(kv_dtype_bytes) * min(ctx, a.index_topk) + a.index_key_bytes() * ctx
                 else:
                     total += a.kv_elems_per_token * ctx * kv_dtype_bytes
             total += a.state_elems * 4.0

@@ -1,6 +1,6 @@
 """The anchor harvester: measure an endpoint, fit the step-time parameters, write an Anchor.
 
-The fit is the predictor's own (`inferasim.fit.fit_params` on closed-loop FitPoints, with the
+The fit is the predictor's own (`inferasim.fit.fit_anchor_params` on closed-loop FitPoints, with the
 LayoutCost and EngineSched that `predictor.FittedAnchor.predict_layout` builds for the same
 kernel set and layout, and the GPU-family defaults as priors), so the written anchor predicts
 other layouts exactly as a shipped anchor would.
@@ -40,7 +40,7 @@ from inferasim.anchors import (
 from inferasim.catalog.engines import normalize_engine
 from inferasim.catalog.gpus import get_gpu
 from inferasim.catalog.models import get_model
-from inferasim.fit import FitPoint, FitResult, fit_params
+from inferasim.fit import FitPoint, FitResult, fit_anchor_params
 from inferasim.harvest.client import (
     HarvestError,
     PointResult,
@@ -211,7 +211,7 @@ async def harvest_async(cfg: HarvestConfig, progress: Callable[[str], None] | No
         return report
     fit_points = [FitPoint(isl=p.point.isl, osl=p.point.osl, concurrency=p.point.concurrency, scenario="closed",
                            ttft=_ttft(p, cfg.timing), tpot=_tpot(p, cfg.timing)) for p in points]
-    fit = fit_params(cost, sched, fit_points, default_params(gpu, engine))
+    fit = fit_anchor_params(cost, sched, fit_points, default_params(gpu, engine))
     report.fit = fit
     report.anchor = _anchor(cfg, engine, precision, kv_dtype, layout, points, fit, report)
     if not fit.rms_log_error <= cfg.max_rms_log_error:

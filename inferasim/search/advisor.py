@@ -61,7 +61,7 @@ def advise_batch(fitted: FittedAnchor, isl: int, osl: int, itl_p90_ms: float, ma
     thr_max = float(r.throughput[i_max])
     within = np.nonzero(r.throughput[: i_max + 1] >= (1.0 - max_loss) * thr_max)[0]
     i_sat = int(within.min())
-    per_tok = kv_bytes_per_token_per_gpu(fitted.model, layout, fitted.kv_dtype)
+    per_tok = kv_bytes_per_token_per_gpu(fitted.model, layout, fitted.kv_dtype, fitted.engine)
     need = BATCH_GRID[i_sat] * (isl + osl) * per_tok
     plan = plan_memory(fitted.model, fitted.gpu, layout, engine=fitted.engine, precision=fitted.precision,
                        kv_dtype=fitted.kv_dtype)

@@ -327,6 +327,9 @@ def closed_loop(p: StepParams, c: LayoutCost, sched: EngineSched, isl: np.ndarra
     conc = np.asarray(concurrency, dtype=float)
     dp = c.layout.dp
     cap = np.minimum(_capacity(sched, isl, osl, p.kv_scale), sched.max_num_seqs) * dp
+    if p.client_cap > 0:
+        # The client holds requests beyond its connection limit back; they wait as the KV queue's do.
+        cap = np.minimum(cap, p.client_cap)
     running = np.maximum(np.minimum(conc, cap), min_running)
     b = running / dp
     # Decodes in a step a request decodes in: below one in flight, the request itself.

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -246,20 +247,37 @@ def simulate_closed_loop(p: StepParams, c: LayoutCost, sched: EngineSched, isl: 
     dp = len(sim.ranks)
     requests: list[Request] = []
     client_of: list[int] = []
+    # A client with a connection limit (StepParams.client_cap) sends at most that many at once; the
+    # rest wait for a free connection in order, and their TTFT counts from when they were issued.
+    connections = int(p.client_cap) if p.client_cap >= 1 else None
+    held: deque[Request] = deque()
+    in_flight = 0
+
+    def send(req: Request, t: float) -> None:
+        nonlocal in_flight
+        in_flight += 1
+        sim.submit(req, t)
 
     def issue(client: int, t: float) -> None:
         rid = len(requests)
         req = Request(rid=rid, arrival=t, prompt=int(prompts[rid]), output=int(outputs[rid]), rank=client % dp)
         requests.append(req)
         client_of.append(client)
-        sim.submit(req, t)
+        if connections is not None and in_flight >= connections:
+            held.append(req)
+        else:
+            send(req, t)
 
     for client in range(min(int(concurrency), num)):
         issue(client, 0.0)
 
     def on_finish(req: Request) -> None:
+        nonlocal in_flight
+        assert req.finish is not None
+        in_flight -= 1
+        if held:
+            send(held.popleft(), req.finish)
         if len(requests) < num:
-            assert req.finish is not None
             pause = float(rng.exponential(think_time)) if think_time > 0.0 else 0.0
             issue(client_of[req.rid], req.finish + pause)
 

@@ -92,3 +92,26 @@ def test_sglang_refuses_mla_heads_its_attention_tp_does_not_divide() -> None:
     assert any("does not divide the 128 attention heads" in p for p in layout_problems(ds, Layout(tp=72), "sglang"))
     assert layout_problems(ds, Layout(tp=1, dp=72, moe_tp=72), "sglang") == []
     assert layout_problems(ds, Layout(tp=8, dp=9, moe_tp=72), "sglang") == []
+
+
+def test_a_dsa_cache_is_priced_in_its_own_format_and_sglang_sizes_its_pool_by_its_own_count() -> None:
+    """DeepSeek-V3.2 / GLM-5 (DSA): the 8-bit cache is FlashMLA's fp8_ds_mla (512 FP8 latent values,
+    four FP32 scales, 64 BF16 rope values: 656 B) and every dtype adds a 132-byte FP8 index key
+    (128 values + one FP32 scale). SGLang sizes its pool counting the latent at 576 x the dtype."""
+    for name in ("deepseek-ai/DeepSeek-V3.2", "zai-org/GLM-5"):
+        model = get_model(name)
+        dsa = [la.attention for la in model.layers if la.attention.index_topk]
+        assert dsa and dsa[0].latent_bytes(1.0) == 656.0 and dsa[0].index_key_bytes() == 132.0
+        n = len(dsa)
+        lay = Layout(tp=8)
+        assert kv_bytes_per_token_per_gpu(model, lay, "fp8", "vllm") == pytest.approx(788.0 * n)
+        assert kv_bytes_per_token_per_gpu(model, lay, "auto", "vllm") == pytest.approx(1284.0 * n)
+        assert kv_bytes_per_token_per_gpu(model, lay, "fp8", "sglang") == pytest.approx(708.0 * n)
+        assert model.kv_bytes_per_token(1.0) == pytest.approx(788.0 * n)
+        # Decode reads the top-k latents and every index key.
+        assert model.kv_read_bytes(8192.0, 1.0) == pytest.approx(n * (656.0 * 2048 + 132.0 * 8192))
+    # Plain MLA keeps all 576 values in the cache dtype.
+    r1 = get_model("deepseek-ai/DeepSeek-R1")
+    mla = [la.attention for la in r1.layers if la.attention.kind == "mla"]
+    assert mla[0].kv_bytes(1.0) == 576.0 and mla[0].kv_bytes(2.0) == 1152.0
+    assert kv_bytes_per_token_per_gpu(r1, Layout(tp=8), "fp8", "sglang") == pytest.approx(576.0 * len(mla))
