@@ -417,7 +417,12 @@ def cmd_predict(args: argparse.Namespace) -> int:
         # wait is in TTFT, and a reader should know it is a queue, not a slow prefill.
         running = int(round(float(bench.running[i_big])))
         if running < per_replica:
-            why = "the KV pool" if bool(bench.kv_limited[i_big]) else "max_num_seqs"
+            if bool(bench.kv_limited[i_big]):
+                why = "the KV pool"
+            elif 0 < fitted.params.client_cap <= running + 0.5:
+                why = "the anchor's benchmark client (client_cap)"
+            else:
+                why = "max_num_seqs"
             load["running_per_replica"] = running
             print(f"note: {why} holds {running} of the {per_replica} requests per replica at once; the rest queue "
                   "for a slot, and that wait is in TTFT", file=sys.stderr)

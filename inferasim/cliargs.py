@@ -138,6 +138,11 @@ def note_poor_anchor(fitted: FittedAnchor) -> None:
     from inferasim.harvest.run import DEFAULT_MAX_RMS_LOG_ERROR
 
     fit = fitted.fit
+    if fitted.params.client_cap > 0:
+        print(f"note: anchor {fitted.anchor_id} was measured by a client that kept about "
+              f"{fitted.params.client_cap:.0f} requests in flight whatever its concurrency (client_cap); predictions "
+              "at more clients include the wait at the client; harvest with an unlimited client to measure the "
+              "engine alone", file=sys.stderr)
     if fit.rms_log_error <= DEFAULT_MAX_RMS_LOG_ERROR:
         return
     worst = ", ".join(f"{m} {v:.0%}" for m, v in sorted(fit.per_metric_mape.items()) if math.isfinite(v))

@@ -109,8 +109,9 @@ def prediction_error(config: ServingConfig | LiveDeployment, observed: ObservedW
     sched = engine_sched(fitted.engine, fitted.model, fitted.gpu, layout, fitted.precision, fitted.engine_version,
                          fitted.kv_dtype)
     # Live traffic does not arrive in a benchmark's lock-stepped waves: the anchor's wave share
-    # (`burst`, a property of the benchmark harness that measured it) does not apply here.
-    params = replace(fitted.params, burst=0.0)
+    # (`burst`, a property of the benchmark harness that measured it) does not apply here, nor
+    # does that harness's cap on requests in flight (`client_cap`).
+    params = replace(fitted.params, burst=0.0, client_cap=0.0)
     r = closed_loop(params, cost, sched, np.array([float(isl)]), np.array([float(osl)]), np.array([conc]), hit)
     ttft, tpot = float(r.ttft[0]), float(r.tpot[0])
     # Little's law with the predicted request latency: what `conc` requests in flight deliver.

@@ -98,8 +98,8 @@ def estimate_group(fitted: FittedAnchor, candidates: list[Candidate], w: Workloa
         # A larger SGLang chunk is deployed with --max-prefill-tokens raised to match (render.py).
         sched = replace(base, mixed=mixed, max_num_seqs=mns[sel], max_batched_tokens=mbt[sel],
                         max_prefill_tokens=np.maximum(base.max_prefill_tokens, flag[sel]))
-        # Real traffic is not a lock-stepped benchmark: no wave term.
-        params = replace(fitted.params, burst=0.0)
+        # Real traffic is not a lock-stepped benchmark: no wave term, and not the anchor's client.
+        params = replace(fitted.params, burst=0.0, client_cap=0.0)
         r = closed_loop(params, cost, sched, np.full(sel.size, w.isl), np.full(sel.size, w.osl), conc[sel], w.hit)
         for k, i in enumerate(idx):
             s = slice(k * g, (k + 1) * g)

@@ -164,7 +164,7 @@ class BenchResult:
     running: np.ndarray  # requests running at once (per replica)
     throughput: np.ndarray  # output tokens/s of the replica
     step_decode: np.ndarray  # s, decode-only step at the steady batch
-    kv_limited: np.ndarray  # bool: the KV pool, not the clients, set the batch
+    kv_limited: np.ndarray  # bool: the KV pool (not max_num_seqs, a client cap or the clients) set the batch
 
     def e2e_latency(self, osl: np.ndarray) -> np.ndarray:
         return self.ttft + (np.asarray(osl, dtype=float) - 1.0) * self.tpot
@@ -326,7 +326,8 @@ def closed_loop(p: StepParams, c: LayoutCost, sched: EngineSched, isl: np.ndarra
     osl = np.asarray(osl, dtype=float)
     conc = np.asarray(concurrency, dtype=float)
     dp = c.layout.dp
-    cap = np.minimum(_capacity(sched, isl, osl, p.kv_scale), sched.max_num_seqs) * dp
+    kv_cap = _capacity(sched, isl, osl, p.kv_scale) * dp
+    cap = np.minimum(kv_cap, sched.max_num_seqs * dp)
     if p.client_cap > 0:
         # The client holds requests beyond its connection limit back; they wait as the KV queue's do.
         cap = np.minimum(cap, p.client_cap)
@@ -427,7 +428,7 @@ def closed_loop(p: StepParams, c: LayoutCost, sched: EngineSched, isl: np.ndarra
     ttft_mean = ttft_running + admission_wait
     throughput = np.maximum(conc, 1.0) / (ttft_mean + (osl - 1.0) * tpot) * osl
     return BenchResult(ttft=ttft_mean, tpot=tpot, running=running, throughput=throughput,
-                       step_decode=t_dec, kv_limited=cap < conc)
+                       step_decode=t_dec, kv_limited=(kv_cap <= cap) & (cap < conc))
 
 
 @dataclass(frozen=True)
@@ -508,7 +509,8 @@ def open_loop(p: StepParams, c: LayoutCost, sched: EngineSched, isl: np.ndarray,
     isl, osl, lam = (np.broadcast_to(a, shape).astype(float) for a in (isl, osl, lam))
     cap = np.broadcast_to(np.minimum(_capacity(sched, isl, osl, p.kv_scale), sched.max_num_seqs) * c.layout.dp,
                           shape).astype(float)
-    no_wave = StepParams(**{**p.as_dict(), "burst": 0.0})
+    # Poisson arrivals come in no waves and through no benchmark client's connection limit.
+    no_wave = StepParams(**{**p.as_dict(), "burst": 0.0, "client_cap": 0.0})
 
     def cycle(running: np.ndarray) -> tuple[np.ndarray, BenchResult]:
         res = closed_loop(no_wave, c, sched, isl, osl, running, min_running=OPEN_LOOP_MIN_RUNNING)

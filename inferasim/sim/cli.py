@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -344,8 +345,9 @@ def _note_lockstep_waves(fitted: Any, layout: Any, w: Any, args: argparse.Namesp
     sched = engine_sched(fitted.engine, fitted.model, fitted.gpu, layout, fitted.precision, fitted.engine_version,
                          fitted.kv_dtype, max_num_seqs=args.max_num_seqs, max_batched_tokens=args.max_batched_tokens)
     clients = max(int(w.concurrency or 1) // max(args.replicas, 1), 1)
-    r = closed_loop(fitted.params, cost, sched, np.array([float(w.input_tokens)]), np.array([float(w.output_tokens)]),
-                    np.array([float(clients)]))
+    # The replay's clients are the workload's, not the anchor's benchmark client (client_cap).
+    r = closed_loop(replace(fitted.params, client_cap=0.0), cost, sched, np.array([float(w.input_tokens)]),
+                    np.array([float(w.output_tokens)]), np.array([float(clients)]))
     ttft = float(r.ttft[0]) * 1e3
     simulated = data["ttft"]["mean"]
     data["benchmark_estimate"] = {"ttft_ms": ttft, "tpot_ms": float(r.tpot[0]) * 1e3}

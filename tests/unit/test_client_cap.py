@@ -32,6 +32,7 @@ def test_the_cap_holds_the_running_set_and_the_rest_wait_by_littles_law(engine: 
     p = replace(default_params(GPU, engine), client_cap=50.0)
     _, _, r = _loop(p, [50.0, 200.0], engine)
     assert r.running.tolist() == [50.0, 200.0 / 4.0]
+    assert not r.kv_limited.any()  # the client holds them back, not the KV pool
     # The same 50 requests run, so steps, TPOT and throughput are those of 50 clients ...
     assert r.tpot[1] == pytest.approx(r.tpot[0], rel=1e-9)
     assert r.throughput[1] == pytest.approx(r.throughput[0], rel=1e-9)
@@ -87,3 +88,16 @@ def test_in_flight_is_littles_law_and_needs_both_metrics() -> None:
     assert fit.in_flight(pt) == pytest.approx(10 * 1.0 / 2.0)
     assert fit.in_flight(replace(pt, tpot=None)) is None
     assert fit.in_flight(replace(pt, scenario="offline")) is None
+
+
+def test_live_traffic_is_not_held_to_the_anchors_client() -> None:
+    """The cap belongs to the harness that measured the anchor: Poisson arrivals (open_loop) and the
+    search's estimates see the engine's own limits."""
+    from inferasim.sim.benchmark import open_loop
+
+    cost = layout_cost(MODEL, GPU, Layout())
+    sched = engine_sched("vllm", MODEL, GPU, Layout())
+    p = default_params(GPU, "vllm")
+    a = open_loop(p, cost, sched, np.array([1024.0]), np.array([512.0]), np.array([5.0]))
+    b = open_loop(replace(p, client_cap=8.0), cost, sched, np.array([1024.0]), np.array([512.0]), np.array([5.0]))
+    assert b.capacity[0] == a.capacity[0] > 0 and b.ttft[0] == a.ttft[0]
