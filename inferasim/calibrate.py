@@ -172,8 +172,9 @@ def calibrate(kernel_set: KernelSet, layout: Layout, points: Sequence[BenchPoint
             base = fitted_from_anchor(parent).params
     else:
         base = default_params(gpu, engine)
-    # Live traffic is not a lock-stepped benchmark: no arrival waves (as passive anchors).
-    base = replace(base, burst=0.0)
+    # Live traffic is not a lock-stepped benchmark: no arrival waves (as passive anchors), and
+    # not the parent's benchmark client either.
+    base = base.without_harness()
     precision = kernel_set.precision or "auto"
     cost = layout_cost(model, gpu, layout, precision, kernel_set.kv_dtype, engine)
     sched = engine_sched(engine, model, gpu, layout, precision, kernel_set.engine_version, kernel_set.kv_dtype)

@@ -18,7 +18,7 @@ in-flight count is one sample, so its errors are coarser).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -111,7 +111,7 @@ def prediction_error(config: ServingConfig | LiveDeployment, observed: ObservedW
     # Live traffic does not arrive in a benchmark's lock-stepped waves: the anchor's wave share
     # (`burst`, a property of the benchmark harness that measured it) does not apply here, nor
     # does that harness's cap on requests in flight (`client_cap`).
-    params = replace(fitted.params, burst=0.0, client_cap=0.0)
+    params = fitted.params.without_harness()
     r = closed_loop(params, cost, sched, np.array([float(isl)]), np.array([float(osl)]), np.array([conc]), hit)
     ttft, tpot = float(r.ttft[0]), float(r.tpot[0])
     # Little's law with the predicted request latency: what `conc` requests in flight deliver.

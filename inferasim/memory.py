@@ -74,10 +74,8 @@ def kv_bytes_per_token_per_gpu(model: ModelSpec, layout: Layout, kv_dtype: str =
         a = layer.attention
         if not a.kv_elems_per_token:
             continue
-        if a.kind == "mla" and a.index_topk and engine == "sglang":
-            total += (a.kv_lora_rank + a.qk_rope_head_dim) * dtype + a.index_key_bytes()
-        elif a.kind == "mla":
-            total += a.kv_bytes(dtype)
+        if a.kind == "mla":
+            total += a.kv_bytes(dtype, ds_mla=engine != "sglang")
         else:
             heads_per_gpu = math.ceil(a.n_kv_heads / layout.tp) if a.n_kv_heads >= layout.tp else 1
             total += a.kv_bytes(dtype) * heads_per_gpu / a.n_kv_heads

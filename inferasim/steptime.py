@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
@@ -81,6 +81,11 @@ class StepParams:
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
+
+    def without_harness(self) -> StepParams:
+        """These parameters for traffic other than the benchmark that measured the anchor: no
+        lock-stepped arrival waves (`burst`) and no client cap on requests in flight (`client_cap`)."""
+        return replace(self, burst=0.0, client_cap=0.0)
 
     def front_time(self, isl: ArrayLike) -> ArrayLike:
         """Seconds one request holds the serial front end (`t_front` + `t_front_token` x prompt)."""
@@ -443,9 +448,9 @@ def _layout_cost(model: ModelSpec, gpu: GPU, layout: Layout, precision: str, kv_
                 # parallel, just replicated"); FP8 logits.
                 dsa_index += 2.0 * a.index_heads * a.index_head_dim
                 dsa_dense += fl
-                latent = a.latent_bytes(kvb)
-                kv_sparse += latent
-                kv -= latent
+                # Decode reads the latent for the top-k keys only (kv_sparse), the index key for all.
+                kv_sparse += a.latent_bytes(kvb)
+                kv = a.index_key_bytes()
         else:
             kv_heads_here = max(a.n_kv_heads / tp, 1.0) if a.n_kv_heads else 0.0
             kv = kv_heads_here * (a.qk_head_dim + a.v_head_dim) * kvb

@@ -125,13 +125,14 @@ class AttentionSpec:
     index_heads: int = 0
     index_head_dim: int = 0
 
-    def latent_bytes(self, kv_dtype_bytes: float) -> float:
+    def latent_bytes(self, kv_dtype_bytes: float, ds_mla: bool = True) -> float:
         """Cache bytes of one token's MLA latent (kv_lora + rope). A DSA layer's 8-bit cache is
         FlashMLA's fp8_ds_mla format, which both engines use for it: the latent in FP8 with one FP32
         scale per 128 values, the rope part kept in BF16, 656 B for DeepSeek-V3.2 (FlashMLA README;
         sglang model_runner_kv_cache_mixin.calculate_mla_kv_cache_dim; vllm flashmla_sparse
-        get_kv_cache_shape). Plain MLA stores all 576 values in the cache dtype."""
-        if self.index_topk and kv_dtype_bytes == 1.0:
+        get_kv_cache_shape). Plain MLA stores all 576 values in the cache dtype, and so does any
+        latent counted with `ds_mla` False (SGLang's pool sizing, memory.kv_bytes_per_token_per_gpu)."""
+        if ds_mla and self.index_topk and kv_dtype_bytes == 1.0:
             return self.kv_lora_rank * (1.0 + 4.0 / 128.0) + self.qk_rope_head_dim * 2.0
         return (self.kv_lora_rank + self.qk_rope_head_dim) * kv_dtype_bytes
 
@@ -141,10 +142,11 @@ class AttentionSpec:
         index_k_with_scale_buffer; vllm DeepseekV32IndexerCache)."""
         return self.index_head_dim * (1.0 + 4.0 / 128.0) if self.index_topk else 0.0
 
-    def kv_bytes(self, kv_dtype_bytes: float) -> float:
-        """Cache bytes one token adds to this layer (all heads, before any split over GPUs)."""
+    def kv_bytes(self, kv_dtype_bytes: float, ds_mla: bool = True) -> float:
+        """Cache bytes one token adds to this layer (all heads, before any split over GPUs;
+        `ds_mla` as in latent_bytes)."""
         if self.index_topk:
-            return self.latent_bytes(kv_dtype_bytes) + self.index_key_bytes()
+            return self.latent_bytes(kv_dtype_bytes, ds_mla) + self.index_key_bytes()
         return self.kv_elems_per_token * kv_dtype_bytes
 
     def attn_flops_per_token(self, context: float, phase: Literal["prefill", "decode"]) -> float:
@@ -363,23 +365,10 @@ class ModelSpec:
         return WEIGHT_FORMAT_BYTES[self.weight_formats(precision)[kind]]
 
     # ---- KV cache ------------------------------------------------------------------------------
-    def kv_elems_per_token(self, context: float | None = None) -> float:
-        """KV elements one token adds, over all layers. Sliding-window layers stop growing at
-        the window, so with `context` given their share is averaged over that context."""
-        total = 0.0
-        for layer in self.layers:
-            a = layer.attention
-            if a.kv_elems_per_token == 0:
-                continue
-            if a.window and context and context > a.window:
-                total += a.kv_elems_per_token * a.window / context
-            else:
-                total += a.kv_elems_per_token
-        return total
-
     def kv_bytes_per_token(self, kv_dtype_bytes: float = 2.0, context: float | None = None) -> float:
-        """KV bytes one token adds, over all layers (windows averaged over `context` as in
-        kv_elems_per_token; a DSA layer's cache in its own format, AttentionSpec.kv_bytes)."""
+        """KV bytes one token adds, over all layers. Sliding-window layers stop growing at the
+        window, so with `context` given their share is averaged over that context; a DSA layer's
+        cache is in its own format (AttentionSpec.kv_bytes)."""
         total = 0.0
         for layer in self.layers:
             a = layer.attention

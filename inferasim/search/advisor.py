@@ -50,7 +50,7 @@ def advise_batch(fitted: FittedAnchor, isl: int, osl: int, itl_p90_ms: float, ma
     base = engine_sched(fitted.engine, fitted.model, fitted.gpu, layout, fitted.precision, fitted.engine_version,
                         fitted.kv_dtype)
     sched = replace(base, max_num_seqs=BATCH_GRID * 1.0)
-    params = replace(fitted.params, burst=0.0, client_cap=0.0)  # the engine's limits, not a harness's
+    params = fitted.params.without_harness()  # the engine's limits, not a harness's
     n = BATCH_GRID.size
     r = closed_loop(params, cost, sched, np.full(n, float(isl)), np.full(n, float(osl)), BATCH_GRID * layout.dp)
     ok = r.tpot * ITL_P90_RATIO * 1e3 <= itl_p90_ms

@@ -99,7 +99,7 @@ def estimate_group(fitted: FittedAnchor, candidates: list[Candidate], w: Workloa
         sched = replace(base, mixed=mixed, max_num_seqs=mns[sel], max_batched_tokens=mbt[sel],
                         max_prefill_tokens=np.maximum(base.max_prefill_tokens, flag[sel]))
         # Real traffic is not a lock-stepped benchmark: no wave term, and not the anchor's client.
-        params = replace(fitted.params, burst=0.0, client_cap=0.0)
+        params = fitted.params.without_harness()
         r = closed_loop(params, cost, sched, np.full(sel.size, w.isl), np.full(sel.size, w.osl), conc[sel], w.hit)
         for k, i in enumerate(idx):
             s = slice(k * g, (k + 1) * g)
@@ -115,7 +115,7 @@ def estimate_disagg(fitted: FittedAnchor, cand: Candidate, w: WorkloadShape) -> 
     # Real traffic is not a lock-stepped benchmark: no wave term, as estimate_group prices the
     # colocated candidates (with the anchor's wave share the TTFT p90 of P3xtp2+D1xtp2 for Llama-3.1-70B
     # on H100 read 848 ms where the replay gives 182 ms, and disaggregation ranked low by construction).
-    calm = replace(fitted, fit=replace(fitted.fit, params=replace(fitted.params, burst=0.0)))
+    calm = replace(fitted, fit=replace(fitted.fit, params=fitted.params.without_harness()))
     ttft, tpot, rate = [], [], []
     for c in DISAGG_GRID:
         pt = disagg_point(calm, d.prefill, d.prefill_workers, d.decode, d.decode_workers, int(w.isl * (1 - w.hit))

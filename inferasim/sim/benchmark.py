@@ -510,7 +510,7 @@ def open_loop(p: StepParams, c: LayoutCost, sched: EngineSched, isl: np.ndarray,
     cap = np.broadcast_to(np.minimum(_capacity(sched, isl, osl, p.kv_scale), sched.max_num_seqs) * c.layout.dp,
                           shape).astype(float)
     # Poisson arrivals come in no waves and through no benchmark client's connection limit.
-    no_wave = StepParams(**{**p.as_dict(), "burst": 0.0, "client_cap": 0.0})
+    no_wave = p.without_harness()
 
     def cycle(running: np.ndarray) -> tuple[np.ndarray, BenchResult]:
         res = closed_loop(no_wave, c, sched, isl, osl, running, min_running=OPEN_LOOP_MIN_RUNNING)

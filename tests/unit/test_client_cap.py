@@ -101,3 +101,10 @@ def test_live_traffic_is_not_held_to_the_anchors_client() -> None:
     a = open_loop(p, cost, sched, np.array([1024.0]), np.array([512.0]), np.array([5.0]))
     b = open_loop(replace(p, client_cap=8.0), cost, sched, np.array([1024.0]), np.array([512.0]), np.array([5.0]))
     assert b.capacity[0] == a.capacity[0] > 0 and b.ttft[0] == a.ttft[0]
+
+
+def test_without_harness_drops_what_the_anchors_benchmark_added_and_keeps_the_engine() -> None:
+    p = replace(default_params(GPU, "sglang"), client_cap=99.0, burst=0.8)
+    q = p.without_harness()
+    assert q.client_cap == 0.0 and q.burst == 0.0
+    assert replace(q, client_cap=99.0, burst=0.8) == p
