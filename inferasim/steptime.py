@@ -159,7 +159,9 @@ GEMM_N0 = 384.0
 # top-k keys only; prefill past the engine's dense limit runs the padded sparse MLA kernel.
 # 2026-12-03.6: a DSA layer's cache in its own format (FP8: FlashMLA's 656-byte latent, plus the
 # 132-byte FP8 index key in every dtype), which moves e_kv of DSA kernel sets.
-STEP_MODEL_REVISION = "2026-12-03.6"
+# 2026-12-03.7: a mixed-batch wave's persisting share decays with gamma 0.28, not 0.25
+# (sim.benchmark.WAVE_GAMMA_MIXED), which moves the burst and t_ttft that vLLM anchors fit.
+STEP_MODEL_REVISION = "2026-12-03.7"
 
 # Block-scaled FP8 GEMMs (catalog.models.ModelSpec.fp8_scales: a scale per 128 x 128 weight block,
 # applied inside the main loop) run at this multiple of the GPU's BF16 rate, where a per-tensor
