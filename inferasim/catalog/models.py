@@ -382,21 +382,6 @@ class ModelSpec:
         """Per-sequence recurrent state of linear-attention / Mamba layers (fp32 in vLLM)."""
         return sum(layer.attention.state_elems for layer in self.layers) * state_dtype_bytes
 
-    def kv_read_bytes(self, context: float, kv_dtype_bytes: float = 2.0) -> float:
-        """KV bytes one decode step reads for a sequence at `context` (windows capped; a DSA layer
-        reads the latent of its top-k keys and the index key of every token)."""
-        total = 0.0
-        for layer in self.layers:
-            a = layer.attention
-            if a.kv_elems_per_token:
-                ctx = min(context, a.window) if a.window else context
-                if a.index_topk:
-                    total += a.latent_bytes(kv_dtype_bytes) * min(ctx, a.index_topk) + a.index_key_bytes() * ctx
-                else:
-                    total += a.kv_elems_per_token * ctx * kv_dtype_bytes
-            total += a.state_elems * 4.0
-        return total
-
     # ---- FLOPs -----------------------------------------------------------------------------------
     def linear_flops_per_token(self) -> float:
         """Matmul FLOPs per token through all active weights (embedding lookup excluded)."""

@@ -102,6 +102,7 @@ class StepModel:
             for coeff, window in self.at_win:
                 a += coeff * (ctx_pref if ctx_pref < window else window)
             t += n_pref * a * self.at_f / m
+            # LayoutCost.sparse_prefill's rule, in scalar Python: this path is the simulator's hot loop.
             if self.dsa and (2.0 * ctx_pref if seq_pref is None else seq_pref) > self.c.dsa_dense_upto:
                 t += n_pref * ((self.c.dsa_index_flops - self.c.dsa_dense_coeff) * ctx_pref * self.at_f +
                                self.sparse_t) / m

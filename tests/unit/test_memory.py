@@ -8,6 +8,7 @@ from inferasim.catalog.gpus import get_gpu
 from inferasim.catalog.models import get_model
 from inferasim.layout import Layout, LayoutError
 from inferasim.memory import kv_bytes_per_token_per_gpu, plan_memory, weight_bytes_per_gpu
+from inferasim.steptime import layout_cost
 
 
 def test_llama70b_bf16_does_not_fit_one_h100_and_says_why() -> None:
@@ -109,7 +110,8 @@ def test_a_dsa_cache_is_priced_in_its_own_format_and_sglang_sizes_its_pool_by_it
         assert kv_bytes_per_token_per_gpu(model, lay, "fp8", "sglang") == pytest.approx(708.0 * n)
         assert model.kv_bytes_per_token(1.0) == pytest.approx(788.0 * n)
         # Decode reads the top-k latents and every index key.
-        assert model.kv_read_bytes(8192.0, 1.0) == pytest.approx(n * (656.0 * 2048 + 132.0 * 8192))
+        cost = layout_cost(model, get_gpu("B200"), Layout(), "fp8", "fp8")
+        assert float(cost.kv_read_bytes(8192.0)) == pytest.approx(n * (656.0 * 2048 + 132.0 * 8192))
     # Plain MLA keeps all 576 values in the cache dtype.
     r1 = get_model("deepseek-ai/DeepSeek-R1")
     mla = [la.attention for la in r1.layers if la.attention.kind == "mla"]

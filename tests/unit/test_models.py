@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from inferasim.catalog.gpus import get_gpu
 from inferasim.catalog.models import (
     ModelConfigError,
     UnknownModelError,
@@ -14,6 +15,8 @@ from inferasim.catalog.models import (
     model_from_config,
     resolve_model_name,
 )
+from inferasim.layout import Layout
+from inferasim.steptime import layout_cost
 
 # (hf id, published total, published active or None). Sources:
 # - Llama 3.1 8B / 70B / 405B: Meta model card (huggingface.co/meta-llama/Llama-3.1-*), 8.03B,
@@ -70,7 +73,8 @@ def test_sliding_window_layers_stop_growing() -> None:
     full = m.kv_bytes_per_token(2.0)
     long = m.kv_bytes_per_token(2.0, context=100_000)
     assert long < 0.51 * full
-    assert m.kv_read_bytes(1000) < m.kv_read_bytes(2000) < 2 * m.kv_read_bytes(1000)
+    read = layout_cost(m, get_gpu("H100"), Layout()).kv_read_bytes
+    assert read(1000.0) < read(2000.0) < 2 * read(1000.0)
 
 
 def test_hybrid_linear_attention_has_state_and_less_kv() -> None:
