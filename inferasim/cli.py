@@ -59,6 +59,7 @@ from inferasim.memory import plan_memory
 from inferasim.output import OUTPUT_FORMATS, emit, table
 from inferasim.spec import SpecError, plain_validation_error
 from inferasim.userfile import read_user_text
+from inferasim.sources import SOURCE_RULES, read_as_run, rules_applied
 from inferasim.validate import CannotPredict, load_rows
 
 EXIT_USAGE = 2
@@ -300,11 +301,23 @@ def _refuse_over_context(model: ModelSpec, flag: str, tokens: int | None, conseq
                          f"(max_position_embeddings): {consequence}; give at most {model.max_context}")
 
 
-def _load_rows_noted(path: str, unreadable: list[Any] | None = None) -> list[Any]:
+def _load_rows_noted(path: str, unreadable: list[Any] | None = None, *, as_written: bool = False,
+                     applied: dict[str, int] | None = None) -> list[Any]:
     """validate.load_rows, its notes (a measured column absent) on stderr. With an `unreadable`
-    list, cells it cannot read are listed there (and counted on stderr) instead of stopping."""
+    list, cells it cannot read are listed there (and counted on stderr) instead of stopping.
+    The rows are read as their engine ran them (sources.SOURCE_RULES: how one public file writes its
+    layouts) unless `as_written`; `applied` receives how many rows each rule read."""
     notes: list[str] = []
     rows = load_rows(path, notes, unreadable)
+    if not as_written:
+        counts = rules_applied(rows)
+        rows = read_as_run(rows)
+        for rule in SOURCE_RULES:
+            if counts.get(rule.name):
+                notes.append(f"{path}: source rule {rule.name} read {counts[rule.name]} row(s): {rule.why} "
+                             "(--as-written reads them as written)")
+        if applied is not None:
+            applied.update(counts)
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
     if unreadable:
@@ -504,7 +517,8 @@ def _validation_text(s: dict[str, Any], data: str, rule: str) -> str:
                f"(equal GPU count {pct(r.get('pair_accuracy_equal_gpus'))} over {r.get('pairs_equal_gpus', 0)}), "
                f"top-1 {pct(r.get('top1'))}, regret {pct(r.get('regret'))}")
     unmeasured = (s.get("unmeasured") or {}).get("n", 0)
-    out.append(f"anchor share {pct(s.get('anchor_share'))}; unpredicted rows {s.get('unpredicted', {}).get('n', 0)}"
+    out.append(f"anchor share {pct(s.get('anchor_share'))} of rows, {pct(s.get('anchor_gpu_time_share'))} of measured "
+               f"GPU time; unpredicted rows {s.get('unpredicted', {}).get('n', 0)}"
                + (f"; {unmeasured} rows without any measured value (predicted, not scored)" if unmeasured else ""))
     counts = s.get("counts") or {}
     if counts.get("excluded_engine") or counts.get("excluded_mode"):
@@ -553,10 +567,14 @@ def cmd_validate(args: argparse.Namespace) -> int:
             raise UsageError(f"--out {args.out}: {name} there is a folder; give another --out")
     # One cell nobody can read must not cost the whole run: such cells are listed, not fatal.
     unreadable: list[Any] = []
-    rows = _load_rows_noted(args.data, unreadable)
+    applied: dict[str, int] = {}
+    rows = _load_rows_noted(args.data, unreadable, as_written=args.as_written, applied=applied)
     result = run_validation(rows, AnchoredPredictor(), rule=args.anchor_rule, split_by=split_by,
                             progress=_progress, unreadable=unreadable)
     out = Path(args.out)
+    # Which source rules read the file's rows as their engine ran them (none with --as-written).
+    result.summary["source_rules"] = {r.name: {"rows": applied[r.name], "why": r.why}
+                                      for r in SOURCE_RULES if applied.get(r.name)}
     write_outputs(result, out)
     s = result.summary
 
@@ -1383,8 +1401,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("validate", help="score the predictor on measured runs (DESIGN.md section 7)")
     p.add_argument("data", help="CSV of measured runs (schema of shared/data/aic-silicon/silicon_dev.csv)")
-    p.add_argument("--anchor-rule", default="min-gpus", choices=("min-gpus",),
-                   help="which rows of a kernel set form its anchor (DESIGN.md section 7: the fewest GPUs)")
+    p.add_argument("--anchor-rule", default="min-gpus", choices=("min-gpus", "harvest"),
+                   help="which rows of a kernel set form its anchor (DESIGN.md section 7): min-gpus, every row of "
+                        "the fewest-GPU layout at its shortest length pair; harvest, what `harvest run` measures "
+                        "by default (the pair nearest 512x128 at up to 4 concurrencies, the longest prompt at one)")
+    p.add_argument("--as-written", action="store_true",
+                   help="read every row's layout as the file writes it, without the named rules of known public "
+                        "sources (inferasim/sources.py; e.g. Argonne counts an MI250 package of two GCDs as one GPU)")
     p.add_argument("--out", required=True, help="folder for predictions.csv and summary.json")
     _add_output(p)
     p.add_argument("--split-by", action="append", default=[],

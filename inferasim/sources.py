@@ -1,0 +1,84 @@
+"""How particular public data files write their rows, and the rules that read them as the engine ran.
+
+A measured file sometimes counts things its own way. Such a reading belongs to the loader of that
+file, named for the source and switchable off (`inferasim validate --as-written`), never to the
+predictor: predict, tune and the operator price a layout exactly as a user writes it.
+
+Each rule says which rows it reads (by the source's own row ids), what it changes and the evidence
+in the rows themselves. A rule never drops a row and keeps every cell the file gave (`BenchRow.raw`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+from inferasim.catalog.gpus import UnknownGPUError, get_gpu
+from inferasim.validate import BenchRow, Layout
+
+
+@dataclass(frozen=True)
+class SourceRule:
+    """One source's way of writing a row, and how it reads as the engine ran it."""
+
+    name: str
+    applies: Callable[[BenchRow], bool]
+    read: Callable[[BenchRow], BenchRow]
+    why: str
+
+
+def _gpu_name(system: str) -> str | None:
+    try:
+        return get_gpu(system).name
+    except UnknownGPUError:
+        return None
+
+
+def _argonne_mi250(row: BenchRow) -> bool:
+    return row.id.startswith("argonne_") and _gpu_name(row.system) in ("MI250", "MI250X")
+
+
+def _per_gcd(row: BenchRow) -> BenchRow:
+    lay = row.layout
+    # The package's two GCDs split the model as one more tp factor of 2. An MoE row whose expert
+    # fields were written for the packages keeps them per package; written as 1 they already
+    # read as "experts over the tp ranks" (predictor.engine_layout).
+    moe_tp = lay.moe_tp * 2 if lay.moe_tp > 1 else lay.moe_tp
+    return replace(row, layout=Layout(lay.tp * 2, lay.pp, lay.dp, moe_tp, lay.moe_ep))
+
+
+# Argonne's LLM-Inference-Bench (shared/data/argonne-offline) writes 'Num of Hardware' as tp_size.
+# On MI250 that number counts OAM packages, not the GCDs ROCm and vLLM see as devices (catalog:
+# one MI250 entry is one GCD, 64 GB). The rows say so themselves: Mixtral-8x7B in fp16 (93 GB of
+# weights) runs at 'tp 1', and Llama-2-70B and Llama-3-70B (138-141 GB) at 'tp 2', which one and
+# two 64 GB GCDs cannot hold but one and two 128 GB packages can; and no MI250 row is written
+# at a tp above 4, the 4 packages of an 8-GCD node. vLLM ran such a row at tensor-parallel 2 x
+# the written count over GCDs, so it reads as that many GCDs (its GPU count included: throughput
+# per GPU is per GCD, measured and predicted alike).
+ARGONNE_MI250_PACKAGES = SourceRule(
+    name="argonne-mi250-packages",
+    applies=_argonne_mi250,
+    read=_per_gcd,
+    why="Argonne LLM-Inference-Bench counts an MI250 OAM package (two GCDs) as one GPU: tp_size x 2 GCDs",
+)
+
+SOURCE_RULES: tuple[SourceRule, ...] = (ARGONNE_MI250_PACKAGES,)
+
+
+def read_as_run(rows: Sequence[BenchRow], rules: Sequence[SourceRule] = SOURCE_RULES) -> list[BenchRow]:
+    """`rows` with every source rule applied where it applies (the first that applies wins)."""
+    out = []
+    for row in rows:
+        rule = next((r for r in rules if r.applies(row)), None)
+        out.append(rule.read(row) if rule is not None else row)
+    return out
+
+
+def rules_applied(rows: Sequence[BenchRow], rules: Sequence[SourceRule] = SOURCE_RULES) -> dict[str, int]:
+    """How many of `rows` each rule reads (rules that read none are left out)."""
+    counts: dict[str, int] = {}
+    for row in rows:
+        rule = next((r for r in rules if r.applies(row)), None)
+        if rule is not None:
+            counts[rule.name] = counts.get(rule.name, 0) + 1
+    return counts
