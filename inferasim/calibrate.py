@@ -171,12 +171,12 @@ def calibrate(kernel_set: KernelSet, layout: Layout, points: Sequence[BenchPoint
 
             base = fitted_from_anchor(parent).params
     else:
-        base = default_params(gpu, engine)
+        base = default_params(gpu, engine, kernel_set.engine_version)
     # Live traffic is not a lock-stepped benchmark: no arrival waves (as passive anchors), and
     # not the parent's benchmark client either.
     base = base.without_harness()
     precision = kernel_set.precision or "auto"
-    cost = layout_cost(model, gpu, layout, precision, kernel_set.kv_dtype, engine)
+    cost = layout_cost(model, gpu, layout, precision, kernel_set.kv_dtype, engine, kernel_set.engine_version)
     sched = engine_sched(engine, model, gpu, layout, precision, kernel_set.engine_version, kernel_set.kv_dtype)
     if sched.kv_tokens <= 0:
         raise CalibrationError(f"{model.name} does not fit {gpu.name} at {layout.label()} by the memory model")

@@ -57,9 +57,9 @@ from inferasim.cliargs import positive_int as _positive
 from inferasim.layout import Layout, LayoutError
 from inferasim.memory import plan_memory
 from inferasim.output import OUTPUT_FORMATS, emit, table
+from inferasim.sources import SOURCE_RULES, read_as_run, rules_applied
 from inferasim.spec import SpecError, plain_validation_error
 from inferasim.userfile import read_user_text
-from inferasim.sources import SOURCE_RULES, read_as_run, rules_applied
 from inferasim.validate import CannotPredict, load_rows
 
 EXIT_USAGE = 2
@@ -396,7 +396,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
     replicas = args.replicas
     import numpy as np
 
-    cost = layout_cost(fitted.model, fitted.gpu, layout, fitted.precision, fitted.kv_dtype, fitted.engine)
+    cost = layout_cost(fitted.model, fitted.gpu, layout, fitted.precision, fitted.kv_dtype, fitted.engine,
+                       fitted.engine_version)
     sched = engine_sched(fitted.engine, fitted.model, fitted.gpu, layout, fitted.precision,
                          fitted.engine_version, fitted.kv_dtype)
     if isl + osl > sched.kv_tokens:

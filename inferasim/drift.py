@@ -105,7 +105,8 @@ def prediction_error(config: ServingConfig | LiveDeployment, observed: ObservedW
         raise ValueError(f"observed lengths are not usable: prompt {isl:g}, output {osl:g} tokens")
     conc = in_flight / cfg.replicas
     layout = cfg.layout
-    cost = layout_cost(fitted.model, fitted.gpu, layout, fitted.precision, fitted.kv_dtype, fitted.engine)
+    cost = layout_cost(fitted.model, fitted.gpu, layout, fitted.precision, fitted.kv_dtype, fitted.engine,
+                       fitted.engine_version)
     sched = engine_sched(fitted.engine, fitted.model, fitted.gpu, layout, fitted.precision, fitted.engine_version,
                          fitted.kv_dtype)
     # Live traffic does not arrive in a benchmark's lock-stepped waves: the anchor's wave share

@@ -112,13 +112,14 @@ def fit_passive(kernel_set: KernelSet, model: ModelSpec, gpu: GPU, layout: Layou
     win = usable_windows(windows)
     check_identifiable(win, windows)
     precision = kernel_set.precision or "auto"
-    cost = layout_cost(model, gpu, layout, precision, kernel_set.kv_dtype, kernel_set.engine)
+    cost = layout_cost(model, gpu, layout, precision, kernel_set.kv_dtype, kernel_set.engine,
+                       kernel_set.engine_version)
     sched = engine_sched(kernel_set.engine, model, gpu, layout, precision, kernel_set.engine_version,
                          kernel_set.kv_dtype)
     points = [FitPoint(isl=max(int(round(w.prompt_tokens)), 1), osl=max(int(round(w.output_tokens)), 2),
                        concurrency=max(int(round(w.in_flight)), 1), ttft=w.ttft_s, tpot=w.itl_s) for w in win]
     # Live traffic is not a lock-stepped benchmark: no arrival waves.
-    prior = replace(default_params(gpu, kernel_set.engine), burst=0.0)
+    prior = replace(default_params(gpu, kernel_set.engine, kernel_set.engine_version), burst=0.0)
     free = ("t_fixed", "t_seq", "e_bw", "e_kv", "e_flops", "e_attn", "moe_skew", "t_ttft")
     prompts = np.array([w.prompt_tokens for w in win])
     prompt_spread = float(prompts.max() / max(prompts.min(), 1e-9))

@@ -260,7 +260,8 @@ class FittedAnchor:
 
     def predict_layout(self, layout: Layout, isl: int, osl: int, concurrency: int,
                        scenario: str = "closed") -> dict[str, float]:
-        cost = layout_cost(self.model, self.gpu, layout, self.precision, self.kv_dtype, self.engine)
+        cost = layout_cost(self.model, self.gpu, layout, self.precision, self.kv_dtype, self.engine,
+                           self.engine_version)
         sched = engine_sched(self.engine, self.model, self.gpu, layout, self.precision, self.engine_version,
                              self.kv_dtype)
         pred = predict_points(self.params, cost, sched,
@@ -318,7 +319,8 @@ class FittedAnchor:
 
     def step_ms(self, layout: Layout, n_dec: float, ctx: float, n_pref: float = 0.0,
                 ctx_pref: float = 0.0) -> float:
-        cost = layout_cost(self.model, self.gpu, layout, self.precision, self.kv_dtype, self.engine)
+        cost = layout_cost(self.model, self.gpu, layout, self.precision, self.kv_dtype, self.engine,
+                           self.engine_version)
         return float(step_time(self.params, cost, n_dec, ctx, n_pref, ctx_pref)) * 1e3
 
 
@@ -331,14 +333,14 @@ def fit_anchor_rows(rows: list[BenchRow]) -> FittedAnchor:
     precision = row_precision(first, model)
     kv_dtype = benchmark_kv_dtype(precision)
     try:
-        cost = layout_cost(model, gpu, layout, precision, kv_dtype, engine)
+        cost = layout_cost(model, gpu, layout, precision, kv_dtype, engine, first.backend_version)
         sched = engine_sched(engine, model, gpu, layout, precision, first.backend_version, kv_dtype)
     except ValueError as exc:
         raise CannotPredict(str(exc)) from None
     if sched.kv_tokens <= 0:
         raise CannotPredict(f"{model.name} does not fit {gpu.name} at {layout.label()} by the memory model")
     points = [fit_point(r) for r in rows]
-    result = fit_anchor_params(cost, sched, points, default_params(gpu, engine))
+    result = fit_anchor_params(cost, sched, points, default_params(gpu, engine, first.backend_version))
     concs = [clients(r) for r in rows]  # clients, as predictions are held against (not the per-rank batch)
     return FittedAnchor(
         engine=engine, engine_version=first.backend_version, model=model, gpu=gpu, precision=precision,
@@ -466,9 +468,9 @@ def fitted_from_anchor(anchor: Anchor) -> FittedAnchor:
                            per_metric_mape=dict(rep.per_metric) if rep else {}, n_points=len(points),
                            iterations=0, converged=True, message="stored parameters")
     else:
-        cost = layout_cost(model, gpu, layout, precision, kv_dtype, engine)
+        cost = layout_cost(model, gpu, layout, precision, kv_dtype, engine, ks.engine_version)
         sched = engine_sched(engine, model, gpu, layout, precision, ks.engine_version, kv_dtype)
-        result = fit_anchor_params(cost, sched, points, default_params(gpu, engine))
+        result = fit_anchor_params(cost, sched, points, default_params(gpu, engine, ks.engine_version))
         if stale:
             result.message = f"{stale}; {result.message}"[:500]
     concs = [p.concurrency for p in anchor.points] or [1]
@@ -496,7 +498,7 @@ def carry_to_gpu(fitted: FittedAnchor, gpu: GPU) -> FittedAnchor:
 def unanchored(engine: str, model: ModelSpec, gpu: GPU, precision: str, layout: Layout,
                engine_version: str = "", kv_dtype: str = "auto") -> FittedAnchor:
     """Measurement-free estimate from GPU-family defaults: for ranking within one engine only."""
-    params = default_params(gpu, engine)
+    params = default_params(gpu, engine, engine_version)
     result = FitResult(params=params, rms_log_error=0.35, max_abs_log_error=0.35, per_metric_mape={},
                        n_points=0, iterations=0, converged=True,
                        message="unanchored: use for ranking within one engine")

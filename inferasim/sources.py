@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
+from inferasim.catalog.engines import ROCM_FORK_TAG
 from inferasim.catalog.gpus import UnknownGPUError, get_gpu
 from inferasim.validate import BenchRow, Layout
 
@@ -62,7 +63,29 @@ ARGONNE_MI250_PACKAGES = SourceRule(
     why="Argonne LLM-Inference-Bench counts an MI250 OAM package (two GCDs) as one GPU: tp_size x 2 GCDs",
 )
 
-SOURCE_RULES: tuple[SourceRule, ...] = (ARGONNE_MI250_PACKAGES,)
+def _rocm_dev_docker(row: BenchRow) -> bool:
+    return row.id.startswith("rocmdd_") and ROCM_FORK_TAG not in row.backend_version.lower()
+
+
+def _fork_build(row: BenchRow) -> BenchRow:
+    return replace(row, backend_version=row.backend_version + ROCM_FORK_TAG)
+
+
+# shared/data/rocm-vllm-dev-docker copies AMD's tables for its rocm/vllm-dev images, which are
+# builds of AMD's vLLM fork (ROCm/vllm), written by their upstream release (0.6.6 ... 0.10.0). The
+# fork's kernels differ from the upstream release of the same number: it ran its own custom
+# all-reduce on MI300 from 2024 on, where upstream vLLM reduced through RCCL until 0.8.3
+# (catalog.engines.allreduce_hop_latency). The rows show it: Llama-3.1-70B FP8 at tp8 decodes one
+# sequence in 9.3 ms a step (0.6.6), less than the 80 layers' all-reduces alone would take through
+# RCCL. Their version reads with the fork's tag (0.6.6+rocmfork), and their kernel set with it.
+ROCM_DEV_DOCKER_FORK = SourceRule(
+    name="rocm-dev-docker-fork",
+    applies=_rocm_dev_docker,
+    read=_fork_build,
+    why="ROCm/vllm dev-docker rows are builds of AMD's vLLM fork: backend_version + '+rocmfork'",
+)
+
+SOURCE_RULES: tuple[SourceRule, ...] = (ARGONNE_MI250_PACKAGES, ROCM_DEV_DOCKER_FORK)
 
 
 def read_as_run(rows: Sequence[BenchRow], rules: Sequence[SourceRule] = SOURCE_RULES) -> list[BenchRow]:

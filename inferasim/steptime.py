@@ -25,7 +25,13 @@ from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
-from inferasim.catalog.engines import prefill_attention_dtype, sparse_mla_kernel
+from inferasim.catalog.engines import (
+    allreduce_hop_latency,
+    decode_reads_per_query_head,
+    prefill_attention_dtype,
+    sparse_mla_kernel,
+    vllm_v0,
+)
 from inferasim.catalog.gpus import GPU
 from inferasim.catalog.models import WEIGHT_FORMAT_BYTES, ModelSpec, normalize_precision
 from inferasim.layout import Layout
@@ -78,6 +84,33 @@ class StepParams:
     # #7241, #14513) holds the rest back, and their wait is in the TTFT it reports. Found from an
     # anchor's own points (fit.client_cap_of), never a prior; sim.benchmark and sim.des apply it.
     client_cap: float = 0.0
+    # GEMM rows (tokens) a kernel serves per pass over the weights. A GEMM kernel tiles its M rows;
+    # a tuned one covers a whole decode batch in one tile and reads each weight once per step, so
+    # the default (65536 rows) leaves the step as it was. Kernels built for skinny shapes and used
+    # beyond them stay memory-bound and stream the weights again for every tile: the weight traffic
+    # of a step grows as 1 + tokens / m_tile. vLLM 0.6 on MI300X shows it: batch latency of fp16
+    # Llama-2, Mistral and Mixtral grows linearly with the batch from 16 sequences up at every tp,
+    # by a per-sequence time proportional to the weights each GPU holds (Llama-2-70B 4.0 ms / tp,
+    # Llama-2-7B 0.26 ms: a pass every 7-10 rows), where a compute roof at any efficiency would
+    # bend. Fitted from an anchor's batch sweep; it moves with the per-GPU weights to other layouts.
+    m_tile: float = 65536.0
+    # s per step of host work that only a tensor-parallel deployment (tp > 1) has. vLLM's V0 engine
+    # broadcasts each step's inputs and metadata from the driver worker to the other tp workers
+    # before the model runs (V0 LocalOrDistributedWorkerBase.execute_model: broadcast_tensor_dict over
+    # the tp group), on the step's critical path. A tp-1 anchor cannot see it and a tp>1 anchor
+    # cannot tell it from t_fixed, so it is a prior by engine generation (default_params), never fitted.
+    t_tp: float = 0.0
+    # s added to every latency hop of the tensor-parallel all-reduces beyond the link's own
+    # (LayoutCost.allreduce_hops): the engine's all-reduce path, part of the kernel set. An engine
+    # build that reduces through RCCL or NCCL rather than its own one-shot kernel pays the library's
+    # launch and protocol latency per collective (catalog.engines.allreduce_hop_latency). A prior by
+    # kernel set, never fitted (one layout cannot tell it from t_fixed).
+    t_hop: float = 0.0
+
+    def host_time(self, n_dec: ArrayLike, tp: int) -> ArrayLike:
+        """Host seconds of a step with `n_dec` running sequences at tensor width `tp`: what no GPU
+        count divides."""
+        return self.t_fixed + self.t_seq * np.asarray(n_dec, dtype=float) + (self.t_tp if tp > 1 else 0.0)
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
@@ -130,6 +163,9 @@ PARAM_BOUNDS: dict[str, tuple[float, float]] = {
     "kv_scale": (0.4, 3.0),
     "t_front": (0.0, 0.05),
     "t_front_token": (0.0, 2e-5),
+    "m_tile": (1.0, 65536.0),
+    "t_tp": (0.0, 2e-2),
+    "t_hop": (0.0, 1e-3),
 }
 
 # GEMM shape efficiency: a GEMM of M tokens by N output columns per GPU reaches
@@ -161,7 +197,11 @@ GEMM_N0 = 384.0
 # 132-byte FP8 index key in every dtype), which moves e_kv of DSA kernel sets.
 # 2026-12-03.7: a mixed-batch wave's persisting share decays with gamma 0.28, not 0.25
 # (sim.benchmark.WAVE_GAMMA_MIXED), which moves the burst and t_ttft that vLLM anchors fit.
-STEP_MODEL_REVISION = "2026-12-03.7"
+# 2026-12-04: AMD and vLLM V0 physics (shared/data/argonne-offline): a weight tile (m_tile, fitted
+# from a batch sweep), vLLM V0's host time per sequence (T_SEQ_V0) and per tp step (t_tp), RCCL's
+# all-reduce latency where vLLM reduced through it (t_hop), the generic ROCm decode kernel's reads
+# per query head over MI300X's XCDs (kv_read_amp), and first-run points left out of a fit.
+STEP_MODEL_REVISION = "2026-12-04"
 
 # Block-scaled FP8 GEMMs (catalog.models.ModelSpec.fp8_scales: a scale per 128 x 128 weight block,
 # applied inside the main loop) run at this multiple of the GPU's BF16 rate, where a per-tensor
@@ -195,7 +235,15 @@ A2A_LATENCY = 30e-6
 SPARSE_MLA_EFFICIENCY = 0.64
 
 
-def default_params(gpu: GPU, engine: str = "vllm") -> StepParams:
+# vLLM V0's host time per running sequence per step (see default_params).
+T_SEQ_V0 = 1e-4
+# vLLM V0's per-step broadcast to its tp workers (StepParams.t_tp).
+# Chosen on random halves of the kernel sets of shared/data/argonne-offline (vLLM 0.6.1, tp 1-8 on
+# H100, A100, MI300X, MI250) among 0.5, 1 and 1.5 ms; see fit.py's notes on how halves are scored.
+T_TP_V0 = 5e-4
+
+
+def default_params(gpu: GPU, engine: str = "vllm", engine_version: str = "") -> StepParams:
     """Measurement-free defaults per GPU family and engine, for unanchored ranking only.
 
     Why these numbers: decode GEMV kernels reach 75-85% of HBM peak on H100/B200 and somewhat
@@ -227,8 +275,19 @@ def default_params(gpu: GPU, engine: str = "vllm") -> StepParams:
     # Prefill attention (e_attn): a 1024-token anchor hardly constrains it, so the default carries
     # 8192-token prompts. With block-scaled FP8 at the BF16 rate (BLOCK_FP8_RATE), `inferasim
     # validate` is flat from 0.4 to 0.7 on NVIDIA (TTFT 13.3-13.4%) and worse at 0.3 (14.2%); 0.40 kept.
+    # Host time per running sequence per step. vLLM's V0 engine prepares inputs, samples, detokenises
+    # and builds outputs per sequence in Python on the step's critical path (what the V1 rewrite moved
+    # off it; vLLM blog, "vLLM V1", 2025-01-27). Its cost shows as the part of the per-sequence slope
+    # of batch latency that tp does not divide: across the V0.6.1 offline rows of shared/data/argonne-
+    # offline, 16 -> 64 prompts over tp 1-8, 0.07-0.14 ms per sequence per step on H100, A100, MI300X
+    # and MI250 alike (Llama-2-7B, Llama-3-8B, Mistral-7B, Qwen2-7B, Mixtral, Llama-2-70B).
+    v0 = engine == "vllm" and vllm_v0(engine_version, gpu.vendor)
+    t_seq = T_SEQ_V0 if v0 else 2e-5
     return StepParams(
         t_fixed=host,
+        t_seq=t_seq,
+        t_tp=T_TP_V0 if v0 else 0.0,
+        t_hop=max(allreduce_hop_latency(engine, engine_version, gpu.name, gpu.vendor) - gpu.scale_up.latency, 0.0),
         burst=burst,
         t_ttft=t_ttft,
         t_front_token=t_front_token,
@@ -321,14 +380,21 @@ class LayoutCost:
     dsa_index_flops: float = 0.0
     peak_flops_sparse: float = 1.0
     kv_sparse: float = 0.0
+    # Decode reads of the full and windowed layers' KV per byte stored: the grouped-query ratio where
+    # the engine build's kernel reads the cache once per query head (catalog.engines.
+    # decode_reads_per_query_head), else 1.
+    kv_read_amp: float = 1.0
 
     # -- pieces of the step ------------------------------------------------------------------
     def kv_read_bytes(self, ctx: ArrayLike) -> ArrayLike:
         """KV bytes one decode sequence reads at context `ctx` on one GPU."""
+        return self._kv_bytes(ctx, self.kv_read_amp)
+
+    def _kv_bytes(self, ctx: ArrayLike, amp: float) -> ArrayLike:
         ctx = np.asarray(ctx, dtype=float)
-        out = self.kv_coeff_full * ctx + self.state_bytes
+        out = amp * self.kv_coeff_full * ctx + self.state_bytes
         for coeff, window in self.kv_windows:
-            out = out + coeff * np.minimum(ctx, window)
+            out = out + amp * coeff * np.minimum(ctx, window)
         if self.kv_sparse:
             out = out + self.kv_sparse * np.minimum(ctx, self.dsa_topk)
         return out
@@ -372,7 +438,17 @@ class LayoutCost:
         """KV bytes one sequence of `ctx` tokens holds on one GPU (what a host reload moves). Equal to
         kv_read_bytes except for DSA layers, which store every token's latent but read k."""
         ctx = np.asarray(ctx, dtype=float)
-        return self.kv_read_bytes(ctx) + self.kv_sparse * np.maximum(ctx - self.dsa_topk, 0.0)
+        return self._kv_bytes(ctx, 1.0) + self.kv_sparse * np.maximum(ctx - self.dsa_topk, 0.0)
+
+    @property
+    def allreduce_hops(self) -> float:
+        """Latency hops of one step's tensor-parallel all-reduces on one GPU: two all-reduces per
+        layer of this stage, each 2 log2(ranks) hops inside the scale-up domain (collective_time)."""
+        lay = self.layout
+        if lay.tp <= 1:
+            return 0.0
+        g = min(lay.tp, self.gpu.scale_up.domain)
+        return 2.0 * self.n_layers * 2.0 * math.log2(max(g, 2)) / lay.pp
 
     def comm_time(self, tokens: ArrayLike) -> ArrayLike:
         """Collectives of one step for `tokens` tokens on this dp rank: two all-reduces per layer
@@ -395,19 +471,22 @@ class LayoutCost:
 
 
 def layout_cost(model: ModelSpec, gpu: GPU, layout: Layout, precision: str = "auto",
-                kv_dtype: str = "auto", engine: str = "") -> LayoutCost:
+                kv_dtype: str = "auto", engine: str = "", engine_version: str = "") -> LayoutCost:
     """Per-GPU work of `layout` (cached: searches ask for the same layouts many times). `engine`
     picks the prefill attention kernels' dtype (catalog.engines.prefill_attention_dtype); without
     one, attention math is priced in BF16."""
-    return _layout_cost(model, gpu, layout, precision, kv_dtype, engine)
+    return _layout_cost(model, gpu, layout, precision, kv_dtype, engine,
+                        engine_version if decode_reads_per_query_head(engine, engine_version, gpu.vendor) else "")
 
 
 @functools.lru_cache(maxsize=4096)
 def _layout_cost(model: ModelSpec, gpu: GPU, layout: Layout, precision: str, kv_dtype: str,
-                 engine: str) -> LayoutCost:
+                 engine: str, engine_version: str = "") -> LayoutCost:
     precision = normalize_precision(precision)
     if precision == "auto":
         precision = {"nvfp4": "fp4"}.get(model.checkpoint_format, model.checkpoint_format)
+    per_query_head = decode_reads_per_query_head(engine, engine_version, gpu.vendor)
+    amp_num, amp_den = 0.0, 0.0
     w = weight_bytes_per_gpu(model, layout, precision)
     fmts = model.weight_formats(precision)
 
@@ -456,6 +535,13 @@ def _layout_cost(model: ModelSpec, gpu: GPU, layout: Layout, precision: str, kv_
         else:
             kv_heads_here = max(a.n_kv_heads / tp, 1.0) if a.n_kv_heads else 0.0
             kv = kv_heads_here * (a.qk_head_dim + a.v_head_dim) * kvb
+            if per_query_head and kv_heads_here:
+                # catalog.engines.decode_reads_per_query_head: each query head's block reads its KV
+                # head. The blocks of one KV head share an L2 on a single-die GPU (MI250's GCD: the
+                # cache takes the repeats), but on a part that spreads them over its dies' private
+                # L2s (GPU.l2_domains: MI300X's 8 XCDs) up to that many fetch it from memory.
+                amp_num += kv * min(max(heads_here / kv_heads_here, 1.0), gpu.l2_domains)
+                amp_den += kv
             fl = 2.0 * heads_here * (a.qk_head_dim + a.v_head_dim)
         if a.window:
             kv_win[a.window] = kv_win.get(a.window, 0.0) + kv
@@ -496,6 +582,7 @@ def _layout_cost(model: ModelSpec, gpu: GPU, layout: Layout, precision: str, kv_
         dense_bytes=dense_bytes, dense_flops_per_token=dense_flops,
         expert_bytes=expert_bytes, expert_flops_per_token=expert_flops,
         n_experts=n_moe, top_k=top_k,
+        kv_read_amp=amp_num / amp_den if amp_den else 1.0,
         kv_coeff_full=kv_full / pp, kv_windows=tuple((c / pp, w_) for w_, c in kv_win.items()),
         state_bytes=state / pp, attn_flops_coeff=attn_full / pp,
         attn_windows=tuple((c / pp, w_) for w_, c in attn_win.items()),
@@ -559,9 +646,14 @@ def step_time(p: StepParams, c: LayoutCost, n_dec: ArrayLike, ctx_dec: ArrayLike
     m = micro_batches(n_dec, lay.pp)
     tokens = (n_dec + n_pref) / m  # per micro-batch
     bw_w = c.peak_bw * p.e_bw
-    host = p.t_fixed + p.t_seq * n_dec
-    t_dense = roof(c.dense_bytes / bw_w, c.dense_flops_per_token * tokens /
-                   (c.gemm_flops_dense * p.e_flops * gemm_shape(tokens, c.dense_width)))
+    host = p.host_time(n_dec, lay.tp)
+    # Weight passes of a kernel that tiles M in m_tile rows (StepParams.m_tile): one pass for the
+    # first tile, one more per tile after it; the passes run over the tiles in parallel, so the
+    # step is bound by the slowest of one pass from HBM, the FLOPs, and the passes of all tiles.
+    tiles = tokens / p.m_tile
+    t_dense = roof(c.dense_bytes / bw_w, roof(c.dense_flops_per_token * tokens /
+                   (c.gemm_flops_dense * p.e_flops * gemm_shape(tokens, c.dense_width)),
+                   c.dense_bytes * tiles / bw_w))
     t_moe = 0.0
     if c.n_experts:
         # Tokens of all dp ranks meet in each MoE layer.
@@ -572,13 +664,14 @@ def step_time(p: StepParams, c: LayoutCost, n_dec: ArrayLike, ctx_dec: ArrayLike
         tok_here = routed / lay.moe_ep * factor
         per_expert = tok_here / np.maximum(experts_here, 1e-9)
         t_moe = roof(experts_here * c.expert_bytes / bw_w,
-                     tok_here * c.expert_flops_per_token /
-                     (c.gemm_flops_moe * p.e_flops * gemm_shape(per_expert, c.expert_width)))
+                     roof(tok_here * c.expert_flops_per_token /
+                          (c.gemm_flops_moe * p.e_flops * gemm_shape(per_expert, c.expert_width)),
+                          experts_here * c.expert_bytes * (per_expert / p.m_tile) / bw_w))
     t_attn = (n_dec * c.kv_read_bytes(ctx_dec) / (c.peak_bw * p.e_kv) +
               n_pref * c.prefill_attn_flops(ctx_pref, seq_pref) / (c.peak_flops_attn * p.e_attn)) / m
     if c.dsa_topk:
         t_attn = t_attn + n_pref * c.sparse_prefill_time(ctx_pref, seq_pref) / m
-    t_comm = p.comm_scale * c.comm_time(tokens)
+    t_comm = p.comm_scale * c.comm_time(tokens) + p.t_hop * c.allreduce_hops
     gpu_part = (t_dense + t_moe + t_attn + t_comm) * lay.pp
     if lay.pp > 1:
         # One activation hop per stage boundary.
@@ -590,7 +683,7 @@ def step_time(p: StepParams, c: LayoutCost, n_dec: ArrayLike, ctx_dec: ArrayLike
 def gpu_part_time(p: StepParams, c: LayoutCost, n_dec: ArrayLike, ctx_dec: ArrayLike,
                   n_pref: ArrayLike = 0.0, ctx_pref: ArrayLike = 0.0) -> ArrayLike:
     """The GPU-divisible part of the step (the step minus the host part)."""
-    return step_time(p, c, n_dec, ctx_dec, n_pref, ctx_pref) - (p.t_fixed + p.t_seq * np.asarray(n_dec))
+    return step_time(p, c, n_dec, ctx_dec, n_pref, ctx_pref) - p.host_time(n_dec, c.layout.tp)
 
 
 def roofline_floor(c: LayoutCost, n_dec: ArrayLike, ctx_dec: ArrayLike, n_pref: ArrayLike = 0.0,

@@ -100,8 +100,9 @@ def disagg_point(fitted: FittedAnchor, prefill_layout: Layout, prefill_workers: 
     from inferasim.sim.benchmark import engine_sched, front_end_wait
 
     model, gpu, prm = fitted.model, fitted.gpu, fitted.params
-    pc = layout_cost(model, gpu, prefill_layout, fitted.precision, fitted.kv_dtype, fitted.engine)
-    dc = layout_cost(model, gpu, decode_layout, fitted.precision, fitted.kv_dtype, fitted.engine)
+    version = fitted.engine_version
+    pc = layout_cost(model, gpu, prefill_layout, fitted.precision, fitted.kv_dtype, fitted.engine, version)
+    dc = layout_cost(model, gpu, decode_layout, fitted.precision, fitted.kv_dtype, fitted.engine, version)
     psched = engine_sched(fitted.engine, model, gpu, prefill_layout, fitted.precision, fitted.engine_version,
                           fitted.kv_dtype)
     dsched = engine_sched(fitted.engine, model, gpu, decode_layout, fitted.precision, fitted.engine_version,

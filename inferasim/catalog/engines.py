@@ -110,6 +110,76 @@ def normalize_engine(name: str) -> str:
 _AMD_NAME = re.compile(r"(amd|instinct|radeon|\bmi\s?\d{3}|gfx9\d\d)", re.IGNORECASE)
 
 
+def release_of(version: str) -> tuple[int, ...]:
+    """Leading numeric release of an engine `version` ("0.19.0" -> (0, 19, 0), "v0.6.1" -> (0, 6, 1));
+    () for a build named otherwise ("nightly-5b8c30d", "main"), which callers read as current."""
+    parts = []
+    # A leading "v" (v0.6.1, as image tags write it) is not part of the release.
+    for piece in version.strip().lower().removeprefix("v").replace("-", ".").split("."):
+        if piece.isdigit():
+            parts.append(int(piece))
+        else:
+            break
+    return tuple(parts)
+
+
+# vLLM's V1 engine became the default in v0.8.0 (vLLM v0.8.0 release notes); ROCm builds kept V0
+# until v0.9.1 (ROCm/vllm docs/dev-docker/README.md: "0.9.1 ... V1 engine on by default").
+VLLM_V1_DEFAULT = {"nvidia": (0, 8), "amd": (0, 9, 1)}
+
+
+def vllm_v0(version: str, vendor: str) -> bool:
+    """Whether vLLM `version` on a `vendor` GPU runs the V0 engine by default (an unnamed or
+    unnumbered build reads as current: V1)."""
+    release = release_of(version)
+    return bool(release) and release < VLLM_V1_DEFAULT.get(vendor, VLLM_V1_DEFAULT["nvidia"])
+
+
+# Latency per hop (2 log2(ranks) hops per all-reduce, steptime.collective_time) of a small all-reduce
+# through RCCL, where vLLM reduces through it rather than its own one-shot custom all-reduce kernel.
+# Upstream vLLM switched its custom all-reduce off on every AMD GPU ("not supported on AMD GPUs",
+# vllm/config.py ParallelConfig._verify_args) until v0.8.3 enabled it for gfx94x (vllm PRs #14125,
+# #16010: MI300 class only); MI200 (gfx90a) kept RCCL (and ROCm/vllm PR #247 switched the fork's off
+# on MI250: wrong outputs). Chosen on random halves of the kernel sets of shared/data/argonne-offline
+# (vLLM 0.6.1 on MI300X and MI250 at tp 1-8) among 10, 15 and 20 us: 30 us at tp2 and 90 us at tp8 per
+# all-reduce, the library's launch and protocol latency inside a graph-captured decode step.
+RCCL_HOP_LATENCY = 15e-6
+_VLLM_ROCM_CUSTOM_ALLREDUCE = (0, 8, 3)
+_GFX90A = ("MI250", "MI250X")
+# AMD's own vLLM fork (ROCm/vllm, the rocm/vllm-dev and rocm/vllm images) has run its custom
+# all-reduce on MI300 since ROCm/vllm PR #27 (2024-05). A build of it is written with this local
+# version tag (0.6.6+rocmfork), which the upstream release number alone cannot tell apart.
+ROCM_FORK_TAG = "+rocmfork"
+
+
+def allreduce_hop_latency(engine: str, version: str, gpu_name: str, vendor: str) -> float:
+    """Per-hop latency of the engine's tensor-parallel all-reduce where it differs from the link's
+    (0.0: the link's own, as a one-shot custom all-reduce kernel or a current library gets)."""
+    if engine != "vllm" or vendor != "amd":
+        return 0.0
+    release = release_of(version)
+    fork = ROCM_FORK_TAG in version.lower()
+    if gpu_name in _GFX90A or (release and release < _VLLM_ROCM_CUSTOM_ALLREDUCE and not fork):
+        return RCCL_HOP_LATENCY
+    return 0.0
+
+
+# vLLM decoded on AMD GPUs with its generic paged-attention kernel until v0.6.2 brought the ROCm
+# custom kernel upstream (vllm PR #8310, merged 2024-09-13, after v0.6.1; the fork had it from
+# ROCm/vllm PR #22, 2024-05). The generic kernel (csrc/attention/attention_kernels.cu) runs one
+# thread block per query head and sequence, each reading its KV head's keys and values: a grouped-
+# query model's cache is read once per query head, not once per KV head.
+_VLLM_ROCM_CUSTOM_PAGED_ATTENTION = (0, 6, 2)
+
+
+def decode_reads_per_query_head(engine: str, version: str, vendor: str) -> bool:
+    """Whether the engine build's decode attention reads the KV cache once per query head."""
+    if engine != "vllm" or vendor != "amd" or ROCM_FORK_TAG in version.lower():
+        return False
+    release = release_of(version)
+    return bool(release) and release < _VLLM_ROCM_CUSTOM_PAGED_ATTENTION
+
+
 def engine_gpu_error(engine: str, vendor: str, gpu_name: str) -> str | None:
     """Why `engine` does not run on this GPU (None when it does): ATOM is built on ROCm and AITER
     kernels, for AMD Instinct GPUs only."""

@@ -201,6 +201,11 @@ class GPU:
     product_label: str  # amd.com/gpu.product-name or nvidia.com/gpu.product label value
     aliases: tuple[str, ...]  # extra accepted spellings
     tdp_watts: float  # board power, W
+    # Dies with an L2 cache of their own that the GPU spreads one kernel's workgroups over (CDNA 3 and
+    # 4: 8 XCDs, workgroups dispatched round-robin across them, each XCD with a private 4 MB L2; AMD
+    # CDNA 3 white paper and "MI300X workload tuning" guide). Blocks that read the same data land on
+    # different L2s there: what one die would read once from HBM, each XCD fetches again.
+    l2_domains: int = 1
 
     def __post_init__(self) -> None:
         if self.vendor not in ("amd", "nvidia"):
@@ -372,6 +377,7 @@ _MI300X = GPU(
     product_label="AMD_Instinct_MI300X_OAM",  # ROCm node labeller amd.com/gpu.product-name
     aliases=("mi300x", "MI300X_OAM", "AMD_Instinct_MI300X", "AMD Instinct MI300X", "mi300x_vf"),
     tdp_watts=750,  # AMD Instinct MI300X datasheet: 750 W peak board power
+    l2_domains=8,  # 8 XCDs (AMD CDNA 3 / CDNA 4 white papers)
 )
 
 _MI325X = GPU(
@@ -399,6 +405,7 @@ _MI325X = GPU(
     product_label="AMD_Instinct_MI325_OAM",  # ROCm node labeller amd.com/gpu.product-name
     aliases=("mi325x", "mi325", "MI325X_OAM", "AMD_Instinct_MI325X", "AMD_Instinct_MI325X_OAM"),
     tdp_watts=1000,  # AMD Instinct MI325X datasheet: 1000 W peak board power
+    l2_domains=8,  # 8 XCDs (AMD CDNA 3 / CDNA 4 white papers)
 )
 
 _MI355X = GPU(
@@ -429,6 +436,7 @@ _MI355X = GPU(
     product_label="AMD_Instinct_MI355_OAM",  # ROCm node labeller amd.com/gpu.product-name
     aliases=("mi355x", "mi355", "MI355X_OAM", "AMD_Instinct_MI355X", "AMD_Instinct_MI355X_OAM"),
     tdp_watts=1400,  # AMD Instinct MI355X datasheet: 1400 W peak board power (liquid cooled)
+    l2_domains=8,  # 8 XCDs (AMD CDNA 3 / CDNA 4 white papers)
 )
 
 _MI350X = GPU(
@@ -463,6 +471,7 @@ _MI350X = GPU(
     # Not "mi350": the MI350 series names both the MI350X and the MI355X.
     aliases=("mi350x", "MI350X_OAM", "AMD_Instinct_MI350X", "AMD_Instinct_MI350X_OAM"),
     tdp_watts=1000,  # AMD, Hot Chips 2025: MI350X 1000 W total board power (air-cooled)
+    l2_domains=8,  # 8 XCDs (AMD CDNA 4 white paper)
 )
 
 # Hopper dense rates, NVIDIA H100 / H200 Tensor Core GPU datasheets (SXM column; datasheets list

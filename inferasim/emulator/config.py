@@ -113,9 +113,9 @@ def resolve(config: EmulatorConfig) -> Resolved:
         if precision == "auto" and anchor_precision:
             precision = anchor_precision
     else:
-        params, source = default_params(gpu, engine), "GPU-family defaults (unanchored)"
+        params, source = default_params(gpu, engine, config.engine_version), "GPU-family defaults (unanchored)"
     kv_dtype = config.kv_dtype or _kv_dtype_for(precision)
-    cost = layout_cost(model, gpu, layout, precision, kv_dtype, engine)
+    cost = layout_cost(model, gpu, layout, precision, kv_dtype, engine, config.engine_version)
     sched = engine_sched(engine, model, gpu, layout, precision, config.engine_version, kv_dtype,
                          max_num_seqs=config.max_num_seqs, max_batched_tokens=config.max_batched_tokens)
     if sched.kv_tokens * params.kv_scale < sched.block_size * 2:

@@ -144,7 +144,7 @@ async def harvest_async(cfg: HarvestConfig, progress: Callable[[str], None] | No
 
     kv_dtype = cfg.kv_dtype or benchmark_kv_dtype(precision)
     # Same cost and scheduler limits as FittedAnchor.predict_layout for this kernel set and layout.
-    cost = layout_cost(model, gpu, layout, precision, kv_dtype, engine)
+    cost = layout_cost(model, gpu, layout, precision, kv_dtype, engine, cfg.engine_version)
     sched = engine_sched(engine, model, gpu, layout, precision, cfg.engine_version, kv_dtype)
     rng = np.random.default_rng(cfg.seed)
     t_start = time.perf_counter()
@@ -211,7 +211,7 @@ async def harvest_async(cfg: HarvestConfig, progress: Callable[[str], None] | No
         return report
     fit_points = [FitPoint(isl=p.point.isl, osl=p.point.osl, concurrency=p.point.concurrency, scenario="closed",
                            ttft=_ttft(p, cfg.timing), tpot=_tpot(p, cfg.timing)) for p in points]
-    fit = fit_anchor_params(cost, sched, fit_points, default_params(gpu, engine))
+    fit = fit_anchor_params(cost, sched, fit_points, default_params(gpu, engine, cfg.engine_version))
     report.fit = fit
     report.anchor = _anchor(cfg, engine, precision, kv_dtype, layout, points, fit, report)
     if not fit.rms_log_error <= cfg.max_rms_log_error:

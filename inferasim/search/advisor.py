@@ -46,7 +46,8 @@ def advise_batch(fitted: FittedAnchor, isl: int, osl: int, itl_p90_ms: float, ma
         raise ValueError(f"max_loss={max_loss} must be a fraction in [0, 1)")
     if itl_p90_ms <= 0:
         raise ValueError("the ITL target must be positive (ms)")
-    cost = layout_cost(fitted.model, fitted.gpu, layout, fitted.precision, fitted.kv_dtype, fitted.engine)
+    cost = layout_cost(fitted.model, fitted.gpu, layout, fitted.precision, fitted.kv_dtype, fitted.engine,
+                       fitted.engine_version)
     base = engine_sched(fitted.engine, fitted.model, fitted.gpu, layout, fitted.precision, fitted.engine_version,
                         fitted.kv_dtype)
     sched = replace(base, max_num_seqs=BATCH_GRID * 1.0)

@@ -78,7 +78,8 @@ def slo_ok(ttft: np.ndarray, tpot: np.ndarray, slo: SLO) -> np.ndarray:
 def estimate_group(fitted: FittedAnchor, candidates: list[Candidate], w: WorkloadShape) -> list[Estimate]:
     """All colocated candidates of one (engine, precision, layout), in one vectorised call."""
     first = candidates[0]
-    cost = layout_cost(fitted.model, fitted.gpu, first.layout, fitted.precision, fitted.kv_dtype, fitted.engine)
+    cost = layout_cost(fitted.model, fitted.gpu, first.layout, fitted.precision, fitted.kv_dtype, fitted.engine,
+                       fitted.engine_version)
     base = engine_sched(fitted.engine, fitted.model, fitted.gpu, first.layout, fitted.precision,
                         fitted.engine_version, fitted.kv_dtype)
     n, g = len(candidates), CONC_GRID.size

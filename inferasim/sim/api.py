@@ -100,7 +100,7 @@ def _simulate(fitted: FittedAnchor, layout: Layout,
     pd = _pd(disagg)
     model, gpu = fitted.model, fitted.gpu
     p = fitted.params
-    c = layout_cost(model, gpu, layout, fitted.precision, fitted.kv_dtype, fitted.engine)
+    c = layout_cost(model, gpu, layout, fitted.precision, fitted.kv_dtype, fitted.engine, fitted.engine_version)
     sched = engine_sched(engine, model, gpu, layout, fitted.precision, fitted.engine_version, fitted.kv_dtype,
                          max_num_seqs=max_num_seqs, max_batched_tokens=max_batched_tokens)
     if sched.kv_tokens <= 0:

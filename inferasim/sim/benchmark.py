@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from inferasim.catalog.engines import SGLANG_MAX_PREFILL_TOKENS, engine_defaults, normalize_engine
+from inferasim.catalog.engines import SGLANG_MAX_PREFILL_TOKENS, engine_defaults, normalize_engine, release_of
 from inferasim.catalog.gpus import GPU
 from inferasim.catalog.models import ModelSpec
 from inferasim.layout import Layout
@@ -102,19 +102,6 @@ class EngineSched:
         return np.maximum(self.max_batched_tokens, 256)
 
 
-def _version_tuple(version: str) -> tuple[int, ...]:
-    """Leading numeric release of `version` ("0.19.0" -> (0, 19, 0)); () for a build named
-    otherwise ("nightly-5b8c30d", "main"), which callers read as current, not as old."""
-    parts = []
-    # A leading "v" (v0.6.1, as image tags write it) is not part of the release.
-    for piece in version.strip().lower().removeprefix("v").replace("-", ".").split("."):
-        if piece.isdigit():
-            parts.append(int(piece))
-        else:
-            break
-    return tuple(parts)
-
-
 def engine_sched(engine: str, model: ModelSpec, gpu: GPU, layout: Layout, precision: str = "auto",
                  engine_version: str = "", kv_dtype: str = "auto", max_num_seqs: int | None = None,
                  max_batched_tokens: int | None = None) -> EngineSched:
@@ -148,7 +135,7 @@ def _engine_sched(engine: str, model: ModelSpec, gpu: GPU, layout: Layout, preci
                            memory_fraction=TIGHT_MEMORY_FRACTION,
                            max_num_batched_tokens=max_batched_tokens, max_num_seqs=max_num_seqs)
     mixed = d.mixed_prefill_decode
-    release = _version_tuple(engine_version)
+    release = release_of(engine_version)
     if engine == "vllm" and release and release < (0, 7):
         # vLLM V0 (before 0.7) ran prefill and decode in separate steps unless chunked prefill
         # was asked for.

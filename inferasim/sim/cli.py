@@ -341,7 +341,8 @@ def _note_lockstep_waves(fitted: Any, layout: Any, w: Any, args: argparse.Namesp
 
     if getattr(w, "kind", None) != "closed" or w.think_time_s > 0 or not data.get("completed"):
         return
-    cost = layout_cost(fitted.model, fitted.gpu, layout, fitted.precision, fitted.kv_dtype, fitted.engine)
+    cost = layout_cost(fitted.model, fitted.gpu, layout, fitted.precision, fitted.kv_dtype, fitted.engine,
+                       fitted.engine_version)
     sched = engine_sched(fitted.engine, fitted.model, fitted.gpu, layout, fitted.precision, fitted.engine_version,
                          fitted.kv_dtype, max_num_seqs=args.max_num_seqs, max_batched_tokens=args.max_batched_tokens)
     clients = max(int(w.concurrency or 1) // max(args.replicas, 1), 1)

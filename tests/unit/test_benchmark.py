@@ -360,7 +360,10 @@ def test_poisson_arrivals_wait_for_a_slot_when_the_kv_pool_holds_few_requests() 
 
 def test_engine_version_reads_its_leading_release() -> None:
     """vLLM before 0.7 schedules prefill apart (V0); the release is read with or without a "v"."""
-    from inferasim.sim.benchmark import _version_tuple
+    from inferasim.catalog.engines import release_of, vllm_v0
 
-    assert _version_tuple("v0.6.1") == _version_tuple("0.6.1") == (0, 6, 1)
-    assert _version_tuple("0.9.2+rocm700") == (0, 9) and _version_tuple("nightly-5b8c30d") == ()
+    assert release_of("v0.6.1") == release_of("0.6.1") == (0, 6, 1)
+    assert release_of("0.9.2+rocm700") == (0, 9) and release_of("nightly-5b8c30d") == ()
+    # V1 by default from 0.8 upstream, from 0.9.1 in ROCm builds; an unnumbered build is current.
+    assert vllm_v0("0.7.3", "nvidia") and not vllm_v0("0.8.0", "nvidia")
+    assert vllm_v0("0.9.0.1", "amd") and not vllm_v0("0.9.1", "amd") and not vllm_v0("", "amd")
