@@ -29,6 +29,7 @@ from inferasim.catalog.models import get_model  # noqa: E402
 from inferasim.layout import Layout  # noqa: E402
 from inferasim.predictor import AnchoredPredictor  # noqa: E402
 from inferasim.steptime import StepParams, layout_cost, step_time  # noqa: E402
+from inferasim.sources import read_as_run  # noqa: E402
 from inferasim.validate import BenchRow, RowPrediction, load_rows, run_validation  # noqa: E402
 
 DATA = REPO.parent / "shared" / "data"
@@ -81,6 +82,41 @@ def bench_validate(path: Path) -> dict[str, float]:
     return {"wall": wall, "base": base}
 
 
+def _median_by_gpu(results: list, metric: str) -> dict[str, tuple[float, int]]:
+    by: dict[str, list[float]] = {}
+    for r in results:
+        ape = r.ape(metric)
+        if r.status == "ok" and r.row.mode == "agg" and ape is not None:
+            by.setdefault(r.row.system, []).append(ape)
+            by.setdefault("all", []).append(ape)
+    return {g: (100 * float(np.median(v)), len(v)) for g, v in by.items()}
+
+
+def bench_anchor_rules(path: Path) -> None:
+    """Issue 23: the figures of both anchor rules side by side, per GPU, with what each anchor costs
+    (its share of the rows and of the measured GPU time). Rows are read as their engine ran them
+    (inferasim/sources.py), as `inferasim validate` reads them."""
+    rows = read_as_run(load_rows(path))
+    runs = {rule: run_validation(rows, AnchoredPredictor(), rule=rule) for rule in ("min-gpus", "harvest")}
+    offline = any(r.scenario == "offline" for r in rows)
+    metrics = ("throughput_per_gpu", "batch_latency") if offline else ("tpot", "ttft", "throughput_per_gpu")
+    print(f"anchor rules on {path.name} (median APE per GPU: " + " / ".join(metrics) + "):")
+    for rule, res in runs.items():
+        s = res.summary
+        share, gpu_share = s.get("anchor_share"), s.get("anchor_gpu_time_share")
+        print(f"  {rule:8s} anchors: {100 * (share or 0):.1f}% of rows, {100 * (gpu_share or 0):.1f}% of measured "
+              f"GPU time; unpredicted {s['unpredicted']['n']}")
+    per = {rule: {m: _median_by_gpu(res.results, m) for m in metrics} for rule, res in runs.items()}
+    gpus = sorted({g for rule in per.values() for m in rule.values() for g in m}, key=lambda g: (g != "all", g))
+    for g in gpus:
+        cells = []
+        for rule in runs:
+            vals = [per[rule][m].get(g) for m in metrics]
+            n = next((v[1] for v in vals if v), 0)
+            cells.append(f"{rule} " + "/".join(f"{v[0]:.1f}" if v else "-" for v in vals) + f" (n={n})")
+        print(f"    {g:10s} " + "   ".join(cells))
+
+
 def bench_steptime() -> None:
     cost = layout_cost(get_model("meta-llama/Meta-Llama-3.1-70B"), get_gpu("H100"), Layout(tp=4), "fp8")
     p = StepParams()
@@ -131,6 +167,9 @@ def main() -> int:
                 print(f"  over budget: {out['wall']:.1f} s > {BUDGET_S} s")
         else:
             print(f"skipped {f}: not present")
+    for f in files + [DATA / "rocm-vllm-dev-docker" / "vllm_rocm_mi300x.csv"]:
+        if f.exists():
+            bench_anchor_rules(f)
     from benchmarks import sim_bench
 
     sim_bench.main()

@@ -22,7 +22,7 @@ from inferasim.anchors import (
     NoCompatibleAnchor,
     load_anchor,
 )
-from inferasim.catalog.engines import ENGINES, UnknownEngineError, normalize_engine
+from inferasim.catalog.engines import ENGINES, ROCM_FORK_TAG, UnknownEngineError, normalize_engine
 from inferasim.catalog.gpus import GPU, UnknownGPUError, get_gpu, list_gpus
 from inferasim.catalog.models import (
     PRECISIONS,
@@ -369,7 +369,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
         store = _anchor_store(args.anchors)
         try:
             if args.engine_version:
-                fitted = fitted_from_anchor(store.find(ks, layout))
+                fitted = _find_or_sibling(store, ks, layout, gpu)
+                note_carried(fitted)
             else:
                 # No version asked: the anchor tune, simulate and advise use for this kernel set (any
                 # version; measured on purpose first, then the most points, then the newest), so
@@ -1169,6 +1170,24 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 # ---- advise / mix -------------------------------------------------------------------------------
 
+def _find_or_sibling(store: Any, ks: KernelSet, layout: Layout, gpu: GPU) -> Any:
+    """The anchor of kernel set `ks` (one engine version) on its own GPU, else one of that version
+    measured on a sibling part (the same die: MI300X for an MI325X, H100 for an H200) carried to
+    it (predictor.carry_to_gpu); NoCompatibleAnchor, naming the own GPU's nearest, when neither."""
+    from inferasim.catalog.gpus import siblings
+    from inferasim.predictor import carry_to_gpu, fitted_from_anchor
+
+    try:
+        return fitted_from_anchor(store.find(ks, layout))
+    except NoCompatibleAnchor as own:
+        for name in siblings(gpu):
+            try:
+                return carry_to_gpu(fitted_from_anchor(store.find(ks.model_copy(update={"gpu": name}), layout)), gpu)
+            except NoCompatibleAnchor:
+                continue
+        raise own from None
+
+
 def _fitted_for(args: argparse.Namespace, layout: Layout):  # noqa: ANN202
     from inferasim.predictor import benchmark_kv_dtype, fitted_from_anchor, unanchored
     from inferasim.render import priced_precision
@@ -1302,12 +1321,48 @@ def cmd_observe(args: argparse.Namespace) -> int:
 
 # ---- demo --------------------------------------------------------------------------------------
 
+# The demo's anchored AMD case: Llama-3.1-70B FP8 (AMD's -FP8-KV checkpoint) at tp8, 64 clients of
+# 2048-token prompts and answers, on the shipped MI300X anchor of AMD's vLLM 0.10.0 build (its own
+# ROCm dev-docker tables), carried to the MI325X (the same die), beside the measurement-free MI355X.
+_DEMO_AMD = ("amd/Llama-3.1-70B-Instruct-FP8-KV", "0.10.0" + ROCM_FORK_TAG, 8, 2048, 2048, 64)
+
+
+def _demo_amd_cases() -> None:
+    from inferasim.predictor import benchmark_kv_dtype, unanchored
+
+    model_id, version, tp, isl, osl, conc = _DEMO_AMD
+    model, layout = get_model(model_id), Layout(tp=tp)
+    ks = KernelSet(engine="vllm", engine_version=version, model=model_id, gpu="MI300X", precision="",
+                   kv_dtype="fp8")
+    store = _anchor_store(None)
+    rows = []
+    for gpu_name in ("MI300X", "MI325X", "MI355X"):
+        gpu = get_gpu(gpu_name)
+        try:
+            fitted = _find_or_sibling(store, ks.model_copy(update={"gpu": gpu_name}), layout, gpu)
+            how = f"anchored: {fitted.anchor_id}" + (" (carried from the same die)" if fitted.measured_on else "")
+        except NoCompatibleAnchor:
+            fitted = unanchored("vllm", model, gpu, "fp8", layout, version, benchmark_kv_dtype("fp8"))
+            how = "measurement-free (no anchor on this die)"
+        p = fitted.predict_point(layout, isl, osl, conc)
+        rows.append((f"{gpu_name} x{tp}", how, f"{p['ttft_ms']:,.0f} [{p['ttft_ms_lo']:,.0f}, {p['ttft_ms_hi']:,.0f}]",
+                     f"{p['tpot_ms']:.1f} [{p['tpot_ms_lo']:.1f}, {p['tpot_ms_hi']:.1f}]",
+                     f"{p['throughput_per_gpu']:,.0f} [{p['throughput_per_gpu_lo']:,.0f}, "
+                     f"{p['throughput_per_gpu_hi']:,.0f}]"))
+    print(table(["GPUs", "prediction", "TTFT ms [90%]", "TPOT ms [90%]", "tok/s per GPU [90%]"], rows,
+                title=f"\nAnchored on AMD: vLLM {version} {model_id}, tp{tp}, {conc} clients, {isl}x{osl} tokens"))
+    print("(the MI300X anchor is fitted from AMD's own published MI300X runs; an MI325X borrows it from the same "
+          "die; the MI355X, a CDNA 4 part, has none yet: `inferasim harvest run` measures one)")
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     example = Path(__file__).resolve().parent.parent / "examples" / "llama70b-mi355x.yaml"
     print(f"inferasim demo: `inferasim tune {example.relative_to(example.parent.parent)}`\n")
-    return cmd_tune(argparse.Namespace(spec=str(example), anchors=None, plot=None, manifest=None, name="llm",
-                                       namespace="default", output="table", propose_endpoint=None,
-                                       propose_model="default"))
+    rc = cmd_tune(argparse.Namespace(spec=str(example), anchors=None, plot=None, manifest=None, name="llm",
+                                     namespace="default", output="table", propose_endpoint=None,
+                                     propose_model="default"))
+    _demo_amd_cases()
+    return rc
 
 
 # ---- entry point -------------------------------------------------------------------------------

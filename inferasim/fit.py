@@ -171,8 +171,7 @@ def fit_params(cost: LayoutCost, sched: EngineSched, points: Sequence[FitPoint],
     offline_only = all(p.scenario == "offline" for p in points)
     free = [f for f in free if not (f == "moe_skew" and cost.n_experts == 0) and
             not (f in ("burst", "t_ttft", "t_front", "t_front_token") and offline_only)]
-    # The weight tile shows only as a batch sweep's slope (StepParams.m_tile).
-    if len({p.concurrency for p in points}) < MIN_TILE_CONCURRENCIES:
+    if not tile_fitted(cost, points):
         free = [f for f in free if f != "m_tile"]
     # t_front shows only as TTFT growing with concurrency beyond the wave: it needs a sweep.
     if len({p.concurrency for p in points if p.scenario != "offline"}) < MIN_FRONT_CONCURRENCIES:
@@ -289,6 +288,17 @@ def client_cap_of(fit: FitResult, cost: LayoutCost, sched: EngineSched, points: 
     return float(np.median(capped)) if capped else 0.0
 
 
+def tile_fitted(cost: LayoutCost, points: Sequence[FitPoint]) -> bool:
+    """Whether an anchor's fit frees the weight tile (StepParams.m_tile): on AMD GPUs, from a batch
+    sweep. The tile shows only as a sweep's slope. NVIDIA's GEMM libraries (cuBLAS, CUTLASS) pick
+    M-tiles that cover a decode batch, so there one pass over the weights stays the law; on AMD the
+    GEMMs of an engine build may run untuned (AMD's vLLM guide has PyTorch TunableOp tune them,
+    PYTORCH_TUNABLEOP_ENABLED=1, ROCm docs "vLLM performance optimization"), and vLLM 0.6.1 on MI300X
+    shows the tile on every model. Freed on the silicon file's NVIDIA anchors it picked tiles of
+    5-170 rows on MoE kernel sets and moved SGLang TTFT 13.6 -> 15.2% (equal-GPU pairs 0.994 -> 0.959)."""
+    return cost.gpu.vendor == "amd" and len({p.concurrency for p in points}) >= MIN_TILE_CONCURRENCIES
+
+
 def first_run_points(points: Sequence[FitPoint]) -> list[int]:
     """Indices of offline points that took longer than a larger batch of the same lengths did.
 
@@ -326,7 +336,7 @@ def fit_anchor_params(cost: LayoutCost, sched: EngineSched, points: Sequence[Fit
     # The weight passes per step (m_tile) change the step only once a batch nears the tile, so from
     # the prior (one pass for any batch) the fit sees no gradient: a batch sweep is fitted from a
     # tile of a few rows too, and the start that explains the points better (priors included) kept.
-    if len({p.concurrency for p in points}) >= MIN_TILE_CONCURRENCIES and "m_tile" in FREE_PARAMS:
+    if tile_fitted(cost, points) and "m_tile" in FREE_PARAMS:
         other = fit_params(cost, sched, points, prior, start={"m_tile": TILE_START})
         if other.objective < first.objective:
             first = other

@@ -268,6 +268,21 @@ class FittedAnchor:
                               [FitPoint(isl=isl, osl=osl, concurrency=concurrency, scenario=scenario)])
         return {k: float(v[0]) for k, v in pred.items()}
 
+    def predict_point(self, layout: Layout, isl: int, osl: int, concurrency: int) -> dict[str, float]:
+        """A closed loop of `concurrency` clients at `layout` (isl, osl): TTFT and TPOT in ms, output
+        tokens/s and per GPU, each metric with its 90% interval (`<metric>_lo`, `<metric>_hi`), and
+        whether the point lies beyond what the anchor measured (`extrapolated`, 1.0 or 0.0)."""
+        self._require_fit(layout)
+        pred = self.predict_layout(layout, isl, osl, concurrency)
+        extrapolated = self._extrapolation(concurrency, isl, osl)
+        out = {"ttft_ms": pred["ttft"] * 1e3, "tpot_ms": pred["tpot"] * 1e3, "throughput": pred["throughput"],
+               "throughput_per_gpu": pred["throughput"] / layout.gpus, "extrapolated": float(extrapolated)}
+        for key, metric in (("ttft_ms", "ttft"), ("tpot_ms", "tpot"), ("throughput", "throughput"),
+                            ("throughput_per_gpu", "throughput")):
+            spread = self._spread(extrapolated, layout, isl, osl, metric, concurrency=concurrency)
+            out[f"{key}_lo"], out[f"{key}_hi"] = out[key] * math.exp(-spread), out[key] * math.exp(spread)
+        return out
+
     def _require_fit(self, layout: Layout, what: str = "") -> None:
         """Refuse a deployment the memory model cannot hold (no KV cache left after the weights):
         the row's layout fields then do not say how it ran, and a price would be noise."""

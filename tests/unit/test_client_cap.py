@@ -76,11 +76,13 @@ def test_an_anchor_that_shows_a_cap_is_fitted_with_it_and_one_that_does_not_is_n
     assert capped.params.client_cap == pytest.approx(100.0, rel=0.1)
     assert capped.rms_log_error < plain.rms_log_error / 3.0
     assert "client cap" in capped.message
-    # The same deployment without a client limit: nothing to find, the plain fit is kept.
+    # The same deployment without a client limit: nothing to find, no cap; the fit is the plain one
+    # (or, from the second start of the weight tile, one that explains the points at least as well).
     cost, sched, pts = _points(replace(truth, client_cap=0.0), conc)
     again = fit.fit_anchor_params(cost, sched, pts, default_params(GPU, "vllm"))
-    assert again.params.client_cap == 0.0
-    assert again.params == fit.fit_params(cost, sched, pts, default_params(GPU, "vllm")).params
+    plain = fit.fit_params(cost, sched, pts, default_params(GPU, "vllm"))
+    assert again.params.client_cap == 0.0 and "client cap" not in again.message
+    assert again.objective <= plain.objective
 
 
 def test_in_flight_is_littles_law_and_needs_both_metrics() -> None:

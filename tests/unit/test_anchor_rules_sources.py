@@ -1,0 +1,128 @@
+"""The `harvest` anchor rule, the anchors' share of measured GPU time, and the named source rules
+that read one public file's rows as their engine ran them (inferasim/sources.py)."""
+
+from pathlib import Path
+
+import pytest
+
+from inferasim.catalog.engines import ROCM_FORK_TAG
+from inferasim.sources import ARGONNE_MI250_PACKAGES, SOURCE_RULES, read_as_run, rules_applied
+from inferasim.validate import (
+    anchor_gpu_time_share,
+    gpu_seconds,
+    load_rows,
+    select_anchors,
+)
+from tests.unit.test_validate import rec, rows_of, write_csv
+
+DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
+ARGONNE = DATA / "argonne-offline" / "vllm_offline_dev.csv"
+
+
+def _sweep(tp: int, isl: int, osl: int, concs: list[int]) -> list[dict[str, str]]:
+    return [rec(tp, isl=isl, osl=osl, c=c, rid=f"t{tp}-{isl}x{osl}-c{c}") for c in concs]
+
+
+def test_harvest_rule_takes_the_pair_nearest_512x128_at_four_concurrencies_and_the_long_prompt(tmp_path: Path) -> None:
+    records = (_sweep(1, 1024, 1024, [1, 2, 4, 8, 16, 32, 64, 128])
+               + _sweep(1, 512, 256, [2, 3, 5, 17, 50, 100])
+               + _sweep(1, 8192, 1024, [1, 4, 16, 32])
+               + _sweep(1, 8192, 64, [2, 64])
+               + _sweep(2, 512, 128, [1, 4, 16, 64]))  # more GPUs: never the anchor layout
+    rows = rows_of(tmp_path, records)
+    harvest = next(iter(select_anchors(rows, "harvest").values()))
+    # |ln(512/512)| + |ln(256/128)| = 0.69 beats 1024x1024's 0.69 + 2.08.
+    assert (harvest.isl, harvest.osl) == (512, 256)
+    # 1 -> 2 (nearest in log), 4 -> 5 (ln 5/4 < ln 4/3), 16 -> 17, 64 -> 50 (ln 64/50 < ln 100/64).
+    short = sorted(r.concurrency for r in harvest.rows if r.isl == 512)
+    assert short == [2, 5, 17, 50]
+    # The longest prompt at the concurrency nearest 8 (4 and 16 tie in log: the smaller), its
+    # output length nearest 64 among those at that concurrency.
+    long = [(r.isl, r.osl, r.concurrency) for r in harvest.rows if r.isl == 8192]
+    assert long == [(8192, 1024, 4)]
+    assert all(r.layout.tp == 1 for r in harvest.rows)
+    # The min-gpus rule keeps its own choice: the shortest pair, every concurrency.
+    mingpu = next(iter(select_anchors(rows, "min-gpus").values()))
+    assert (mingpu.isl, mingpu.osl) == (512, 256) and len(mingpu.rows) == 6
+    assert "+8192x1024" in harvest.describe()
+
+
+def test_unknown_anchor_rule_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="min-gpus, harvest"):
+        select_anchors(rows_of(tmp_path, _sweep(1, 512, 128, [1])), "everything")
+
+
+def test_gpu_time_share_weights_rows_by_gpus_and_measured_duration(tmp_path: Path) -> None:
+    records = [
+        rec(1, isl=1000, osl=101, c=4, ttft=100.0, tpot=10.0, rid="a"),  # 1 GPU x 1.1 s
+        rec(4, isl=1000, osl=101, c=4, ttft=200.0, tpot=8.0, rid="b"),  # 4 GPUs x 1.0 s
+        rec(2, isl=1000, osl=11, c=1, scenario="offline", batch_latency_s=3.0, throughput_tok_s=1, ttft="",
+            tpot="", rid="c"),  # 2 GPUs x 3 s
+        rec(2, isl=1000, osl=11, c=1, ttft="", tpot="", rid="d"),  # nothing measured: no cost
+    ]
+    rows = {r.id: r for r in rows_of(tmp_path, records)}
+    assert gpu_seconds(rows["a"]) == pytest.approx(1.1)
+    assert gpu_seconds(rows["b"]) == pytest.approx(4.0)
+    assert gpu_seconds(rows["c"]) == pytest.approx(6.0)
+    assert gpu_seconds(rows["d"]) is None
+    share = anchor_gpu_time_share(list(rows.values()), {id(rows["a"])})
+    assert share == pytest.approx(1.1 / (1.1 + 4.0 + 6.0))
+    assert anchor_gpu_time_share([rows["d"]], set()) is None
+
+
+def test_argonne_mi250_rows_read_per_gcd(tmp_path: Path) -> None:
+    records = [
+        rec(1, rid="argonne_1", system="mi250", model="mistralai/Mixtral-8x7B-v0.1"),
+        rec(4, rid="argonne_2", system="mi250", moe_tp=4),
+        rec(1, rid="argonne_3", system="mi300x"),  # another GPU: as written
+        rec(1, rid="other_4", system="mi250"),  # another source: as written
+    ]
+    rows = {r.id: r for r in read_as_run(rows_of(tmp_path, records))}
+    assert rows["argonne_1"].layout.tp == 2 and rows["argonne_1"].gpus == 2
+    assert (rows["argonne_2"].layout.tp, rows["argonne_2"].layout.moe_tp) == (8, 8)
+    assert rows["argonne_3"].layout.tp == 1 and rows["other_4"].layout.tp == 1
+    # Nothing the file gave is lost: the cells are kept as written.
+    assert rows["argonne_1"].raw["tp_size"] == "1"
+    assert rules_applied(rows_of(tmp_path, records)) == {ARGONNE_MI250_PACKAGES.name: 2}
+
+
+def test_rocm_dev_docker_rows_are_fork_builds(tmp_path: Path) -> None:
+    rows = read_as_run(rows_of(tmp_path, [rec(8, rid="rocmdd_1", system="mi300x", version="0.6.6")]))
+    assert rows[0].backend_version == "0.6.6" + ROCM_FORK_TAG
+    again = read_as_run(rows)  # a rule reads a row once
+    assert again[0].backend_version == "0.6.6" + ROCM_FORK_TAG
+
+
+@pytest.mark.skipif(not ARGONNE.exists(), reason="shared/data not beside the checkout")
+def test_argonne_file_shows_what_the_mi250_rule_reads() -> None:
+    """The evidence the rule stands on: Mixtral-8x7B fp16 (93 GB of weights) at 'tp 1' and the 70B
+    models at 'tp 2' on MI250, and no MI250 row beyond 'tp 4' (an 8-GCD node)."""
+    rows = [r for r in load_rows(ARGONNE) if r.system == "mi250"]
+    assert any("Mixtral" in r.model_path and r.layout.tp == 1 for r in rows)
+    assert any("70b" in r.model_path.lower() and r.layout.tp == 2 for r in rows)
+    assert max(r.layout.tp for r in rows) == 4
+    assert all(r.layout.tp <= 8 for r in read_as_run(rows))
+    assert len(SOURCE_RULES) == len({r.name for r in SOURCE_RULES})
+
+
+def test_validate_cli_reads_source_rules_unless_as_written(tmp_path: Path) -> None:
+    from inferasim.cli import main
+
+    records = ([rec(1, rid=f"argonne_{c}", system="mi250", c=c, isl=128, osl=128, scenario="offline",
+                    batch_latency_s=1.0 + c / 16, throughput_tok_s=128 * c / (1.0 + c / 16), ttft="", tpot="")
+                for c in (1, 16, 32, 64)]
+               + [rec(2, rid=f"argonne_t2_{c}", system="mi250", c=c, isl=128, osl=128, scenario="offline",
+                      batch_latency_s=0.8 + c / 24, throughput_tok_s=128 * c / (0.8 + c / 24), ttft="", tpot="")
+                  for c in (1, 16)])
+    data = write_csv(tmp_path / "mi250.csv", records)
+    import json
+
+    for flag, tps in (([], {"2", "4"}), (["--as-written"], {"1", "2"})):
+        out = tmp_path / ("raw" if flag else "read")
+        assert main(["validate", str(data), "--out", str(out), "-o", "json", *flag]) == 0
+        summary = json.loads((out / "summary.json").read_text())
+        assert bool(summary["source_rules"]) == (not flag)
+        import csv
+
+        written = {r["tp"] for r in csv.DictReader((out / "predictions.csv").open())}
+        assert written <= tps
