@@ -28,8 +28,8 @@ from inferasim.catalog.gpus import get_gpu  # noqa: E402
 from inferasim.catalog.models import get_model  # noqa: E402
 from inferasim.layout import Layout  # noqa: E402
 from inferasim.predictor import AnchoredPredictor  # noqa: E402
-from inferasim.steptime import StepParams, layout_cost, step_time  # noqa: E402
 from inferasim.sources import read_as_run  # noqa: E402
+from inferasim.steptime import StepParams, layout_cost, step_time  # noqa: E402
 from inferasim.validate import BenchRow, RowPrediction, load_rows, run_validation  # noqa: E402
 
 DATA = REPO.parent / "shared" / "data"

@@ -11,7 +11,7 @@ import pytest
 from inferasim.catalog.engines import allreduce_hop_latency, decode_reads_per_query_head, vllm_v0
 from inferasim.catalog.gpus import get_gpu
 from inferasim.catalog.models import get_model
-from inferasim.fit import FitPoint, fit_anchor_params, first_run_points
+from inferasim.fit import FitPoint, first_run_points, fit_anchor_params
 from inferasim.layout import Layout
 from inferasim.sim.benchmark import engine_sched, offline_batch
 from inferasim.steptime import T_SEQ_V0, T_TP_V0, StepParams, default_params, layout_cost, step_time
