@@ -27,9 +27,10 @@ sys.path.insert(0, str(REPO))
 from inferasim.catalog.gpus import get_gpu  # noqa: E402
 from inferasim.catalog.models import get_model  # noqa: E402
 from inferasim.layout import Layout  # noqa: E402
+from inferasim.layoutcost import layout_cost  # noqa: E402
 from inferasim.predictor import AnchoredPredictor  # noqa: E402
 from inferasim.sources import read_as_run  # noqa: E402
-from inferasim.steptime import StepParams, layout_cost, step_time  # noqa: E402
+from inferasim.steptime import StepParams, step_time  # noqa: E402
 from inferasim.validate import BenchRow, RowPrediction, load_rows, run_validation  # noqa: E402
 
 DATA = REPO.parent / "shared" / "data"

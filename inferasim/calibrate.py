@@ -33,9 +33,10 @@ from inferasim.catalog.gpus import get_gpu
 from inferasim.catalog.models import get_model
 from inferasim.fit import predict_points
 from inferasim.layout import Layout
+from inferasim.layoutcost import layout_cost
 from inferasim.predictor import fit_points
 from inferasim.sim.benchmark import engine_sched
-from inferasim.steptime import PARAM_BOUNDS, STEP_MODEL_REVISION, StepParams, default_params, layout_cost
+from inferasim.steptime import PARAM_BOUNDS, STEP_MODEL_REVISION, StepParams, default_params
 
 __all__ = [
     "Calibration",

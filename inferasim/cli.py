@@ -339,9 +339,9 @@ def _refuse_beyond_context(model: ModelSpec, isl: int, osl: int) -> None:
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
+    from inferasim.layoutcost import layout_cost
     from inferasim.predictor import fitted_from_anchor, unanchored
     from inferasim.sim.benchmark import closed_loop, engine_sched, open_loop
-    from inferasim.steptime import layout_cost
 
     engine = normalize_engine(args.engine)
     model = get_model(args.model)

@@ -157,7 +157,7 @@ def note_gpu_precision(gpu: GPU, model: ModelSpec, precision: str) -> None:
     MI300X, fp8 on A100): such weights run dequantised in 16-bit GEMMs (vLLM's Marlin W4A16/W8A16
     kernels) and are priced at the BF16 rate, and an engine or kernel that needs the native format
     will not load the checkpoint there."""
-    from inferasim.steptime import compute_dtype
+    from inferasim.layoutcost import compute_dtype
 
     try:  # "auto": the checkpoint's own format
         dtypes = {compute_dtype(precision, part, model) for part in ("attention", "routed_experts")}

@@ -25,12 +25,12 @@ import numpy as np
 
 from inferasim.anchors import AnchorStore
 from inferasim.deployment import LiveDeployment, kernel_set_of
+from inferasim.layoutcost import layout_cost
 from inferasim.observe import ObservedWorkload
 from inferasim.passive import Window
 from inferasim.predictor import FittedAnchor, fitted_from_anchor
 from inferasim.render import ServingConfig
 from inferasim.sim.benchmark import closed_loop, engine_sched
-from inferasim.steptime import layout_cost
 
 __all__ = ["METRICS", "PredictionError", "prediction_error"]
 

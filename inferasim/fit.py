@@ -18,8 +18,9 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from inferasim.layoutcost import LayoutCost
 from inferasim.sim.benchmark import EngineSched, closed_loop, offline_batch
-from inferasim.steptime import PARAM_BOUNDS, T_SEQ_V0, LayoutCost, StepParams
+from inferasim.steptime import PARAM_BOUNDS, T_SEQ_V0, StepParams
 
 # Prior spread (natural-log units) of each parameter around its default.
 PRIOR_SIGMA: dict[str, float] = {

@@ -27,8 +27,9 @@ from inferasim.catalog.gpus import GPU
 from inferasim.catalog.models import ModelSpec
 from inferasim.fit import FitPoint, fit_params
 from inferasim.layout import Layout
+from inferasim.layoutcost import layout_cost
 from inferasim.sim.benchmark import engine_sched
-from inferasim.steptime import STEP_MODEL_REVISION, default_params, layout_cost
+from inferasim.steptime import STEP_MODEL_REVISION, default_params
 
 if TYPE_CHECKING:
     import httpx

@@ -19,10 +19,11 @@ from inferasim.catalog.gpus import GPU, UnknownGPUError, get_gpu, siblings
 from inferasim.catalog.models import ModelConfigError, ModelSpec, UnknownModelError, get_model, normalize_precision
 from inferasim.fit import FitPoint, FitResult, fit_anchor_params, predict_points
 from inferasim.layout import Layout, LayoutError
+from inferasim.layoutcost import layout_cost
 from inferasim.memory import layout_problems
 from inferasim.render import priced_precision
 from inferasim.sim.benchmark import engine_sched
-from inferasim.steptime import STEP_MODEL_REVISION, StepParams, default_params, layout_cost, step_time
+from inferasim.steptime import STEP_MODEL_REVISION, StepParams, default_params, step_time
 from inferasim.transfer import disagg_point
 from inferasim.validate import BenchRow, CannotPredict, RowPrediction, recorded_clients
 from inferasim.validate import Layout as RowLayout

@@ -22,7 +22,8 @@ import numpy as np
 from inferasim.catalog.gpus import GPU
 from inferasim.catalog.models import ModelSpec
 from inferasim.layout import Layout
-from inferasim.steptime import StepParams, layout_cost, step_time
+from inferasim.layoutcost import layout_cost
+from inferasim.steptime import StepParams, step_time
 
 if TYPE_CHECKING:  # pragma: no cover
     from inferasim.predictor import FittedAnchor

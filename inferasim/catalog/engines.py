@@ -135,7 +135,7 @@ def vllm_v0(version: str, vendor: str) -> bool:
     return bool(release) and release < VLLM_V1_DEFAULT.get(vendor, VLLM_V1_DEFAULT["nvidia"])
 
 
-# Latency per hop (2 log2(ranks) hops per all-reduce, steptime.collective_time) of a small all-reduce
+# Latency per hop (2 log2(ranks) hops per all-reduce, layoutcost.collective_time) of a small all-reduce
 # through RCCL, where vLLM reduces through it rather than its own one-shot custom all-reduce kernel.
 # Upstream vLLM switched its custom all-reduce off on every AMD GPU ("not supported on AMD GPUs",
 # vllm/config.py ParallelConfig._verify_args) until v0.8.3 enabled it for gfx94x (vllm PRs #14125,

@@ -1,7 +1,7 @@
 """What an emulator emulates: model, GPU, engine, layout, step-time parameters, limits.
 
 The step-time model, the layout costs and the scheduler limits are exactly those the predictor
-uses (`steptime.layout_cost`, `sim.benchmark.engine_sched`, the KV dtype rule of
+uses (`layoutcost.layout_cost`, `sim.benchmark.engine_sched`, the KV dtype rule of
 `predictor.benchmark_kv_dtype`), so that an anchor harvested from the emulator and the
 emulator's own timing can be compared like for like.
 """
@@ -16,9 +16,10 @@ from inferasim.catalog.engines import normalize_engine
 from inferasim.catalog.gpus import GPU, get_gpu, normalize_gpu_name
 from inferasim.catalog.models import ModelSpec, get_model, resolve_model_name
 from inferasim.layout import Layout
+from inferasim.layoutcost import LayoutCost, layout_cost
 from inferasim.memory import layout_problems
 from inferasim.sim.benchmark import EngineSched, engine_sched
-from inferasim.steptime import LayoutCost, StepParams, default_params, layout_cost
+from inferasim.steptime import StepParams, default_params
 
 # Without `ignore_eos` a real model stops at an end-of-sequence token of its own choosing; the
 # emulator draws that length from a geometric distribution with this mean (seeded).

@@ -44,9 +44,10 @@ import numpy as np
 
 from inferasim.emulator.metrics import EngineMetrics
 from inferasim.emulator.timing import VirtualClock
+from inferasim.layoutcost import LayoutCost
 from inferasim.sim.benchmark import EngineSched
 from inferasim.sim.scheduler import Batch, Request, RunningSet, Scheduler, SglangScheduler, make_scheduler
-from inferasim.steptime import LayoutCost, StepParams, step_time
+from inferasim.steptime import StepParams, step_time
 
 # Real seconds between wakes: a floor, plus a share per open stream (one write each per wake),
 # capped so that delivery is never more than a few ms late in real time.

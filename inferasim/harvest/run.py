@@ -55,8 +55,9 @@ from inferasim.harvest.client import (
 )
 from inferasim.harvest.plan import PlanPoint, default_plan
 from inferasim.layout import Layout
+from inferasim.layoutcost import layout_cost
 from inferasim.sim.benchmark import engine_sched
-from inferasim.steptime import STEP_MODEL_REVISION, default_params, layout_cost
+from inferasim.steptime import STEP_MODEL_REVISION, default_params
 
 DEFAULT_MAX_RMS_LOG_ERROR = 0.25
 DEFAULT_BUDGET_S = 900.0

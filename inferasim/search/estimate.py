@@ -15,12 +15,12 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from inferasim.layoutcost import layout_cost
 from inferasim.predictor import FittedAnchor
 from inferasim.search.space import Candidate
 from inferasim.search.workload import WorkloadShape
 from inferasim.sim.benchmark import closed_loop, engine_sched, rank_chunk
 from inferasim.spec import SLO
-from inferasim.steptime import layout_cost
 from inferasim.transfer import disagg_point
 
 CONC_GRID = np.array([1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024], dtype=float)

@@ -11,6 +11,7 @@ from dataclasses import replace
 from typing import Any
 
 from inferasim.layout import Layout
+from inferasim.layoutcost import layout_cost
 from inferasim.memory import kv_dtype_bytes
 from inferasim.predictor import FittedAnchor
 from inferasim.sim.benchmark import engine_sched
@@ -21,7 +22,6 @@ from inferasim.sim.replica import Replica
 from inferasim.sim.report import SimReport, build_report
 from inferasim.sim.workload import Driver, driver_for
 from inferasim.spec import StaticWorkload, TraceWorkload
-from inferasim.steptime import layout_cost
 from inferasim.transfer import kv_transfer_time
 
 POLICIES = ("fcfs", "lpm")

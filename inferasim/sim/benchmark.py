@@ -34,8 +34,9 @@ from inferasim.catalog.engines import SGLANG_MAX_PREFILL_TOKENS, engine_defaults
 from inferasim.catalog.gpus import GPU
 from inferasim.catalog.models import ModelSpec
 from inferasim.layout import Layout
+from inferasim.layoutcost import LayoutCost, layout_cost
 from inferasim.memory import plan_memory
-from inferasim.steptime import LayoutCost, StepParams, layout_cost, step_time
+from inferasim.steptime import StepParams, step_time
 
 # How fast the persisting share of a closed-loop arrival wave falls as the wave grows against the
 # steady-state TTFT: share = burst x (1 + wave excess / steady TTFT)^-gamma. Mixed chunked steps

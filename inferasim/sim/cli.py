@@ -336,8 +336,8 @@ def _note_lockstep_waves(fitted: Any, layout: Any, w: Any, args: argparse.Namesp
     prices (the anchor's wave share): say so, with predict's figures, when the two differ."""
     import numpy as np
 
+    from inferasim.layoutcost import layout_cost
     from inferasim.sim.benchmark import closed_loop, engine_sched
-    from inferasim.steptime import layout_cost
 
     if getattr(w, "kind", None) != "closed" or w.think_time_s > 0 or not data.get("completed"):
         return

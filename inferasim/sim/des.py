@@ -43,10 +43,11 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from inferasim.layoutcost import LayoutCost
 from inferasim.sim.benchmark import EngineSched
 from inferasim.sim.front import FrontEnd
 from inferasim.sim.scheduler import Request, Scheduler, make_scheduler
-from inferasim.steptime import LayoutCost, StepParams, step_time
+from inferasim.steptime import StepParams, step_time
 
 __all__ = ["Request", "SimResult", "Simulator", "simulate_closed_loop", "simulate_offline"]
 

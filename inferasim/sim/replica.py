@@ -27,10 +27,11 @@ from collections.abc import Callable
 
 import numpy as np
 
+from inferasim.layoutcost import LayoutCost
 from inferasim.sim.benchmark import EngineSched
 from inferasim.sim.engines import Core, SimRequest, core_class
 from inferasim.sim.front import FrontEnd
-from inferasim.steptime import LayoutCost, StepParams, micro_batches, step_time
+from inferasim.steptime import StepParams, micro_batches, step_time
 
 INF = math.inf
 

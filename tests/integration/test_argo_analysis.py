@@ -28,9 +28,10 @@ from inferasim.catalog.gpus import get_gpu  # noqa: E402
 from inferasim.catalog.models import get_model  # noqa: E402
 from inferasim.emulator import EmulatorConfig, EmulatorProcess, spawn_emulator  # noqa: E402
 from inferasim.layout import Layout  # noqa: E402
+from inferasim.layoutcost import layout_cost  # noqa: E402
 from inferasim.observe import PrometheusClient  # noqa: E402
 from inferasim.spec import parse_spec  # noqa: E402
-from inferasim.steptime import StepParams, layout_cost, step_time  # noqa: E402
+from inferasim.steptime import StepParams, step_time  # noqa: E402
 
 pytestmark = pytest.mark.integration
 

@@ -50,8 +50,9 @@ from inferasim.harvest.client import run_point, warm_up
 from inferasim.harvest.plan import PlanPoint
 from inferasim.harvest.rawhttp import RawConnection
 from inferasim.layout import Layout
+from inferasim.layoutcost import layout_cost
 from inferasim.predictor import fitted_from_anchor
-from inferasim.steptime import StepParams, default_params, layout_cost, step_time
+from inferasim.steptime import StepParams, default_params, step_time
 
 pytestmark = pytest.mark.integration
 MODEL = "meta-llama/Llama-3.1-8B"

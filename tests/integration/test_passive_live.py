@@ -48,11 +48,12 @@ from inferasim.fit import FitPoint, predict_points  # noqa: E402
 from inferasim.harvest import HarvestConfig, harvest, parse_plan  # noqa: E402
 from inferasim.harvest.rawhttp import RawConnection  # noqa: E402
 from inferasim.layout import Layout  # noqa: E402
+from inferasim.layoutcost import layout_cost  # noqa: E402
 from inferasim.observe import observe_windows  # noqa: E402
 from inferasim.predictor import fitted_from_anchor  # noqa: E402
 from inferasim.render import ServingConfig, render_manifests, to_yaml  # noqa: E402
 from inferasim.sim.benchmark import engine_sched  # noqa: E402
-from inferasim.steptime import StepParams, layout_cost  # noqa: E402
+from inferasim.steptime import StepParams  # noqa: E402
 
 pytestmark = pytest.mark.integration
 

@@ -13,8 +13,9 @@ from inferasim.catalog.gpus import get_gpu
 from inferasim.catalog.models import get_model
 from inferasim.fit import FitPoint, first_run_points, fit_anchor_params
 from inferasim.layout import Layout
+from inferasim.layoutcost import layout_cost
 from inferasim.sim.benchmark import engine_sched, offline_batch
-from inferasim.steptime import T_SEQ_V0, T_TP_V0, StepParams, default_params, layout_cost, step_time
+from inferasim.steptime import T_SEQ_V0, T_TP_V0, StepParams, default_params, step_time
 
 LLAMA2_70B = "meta-llama/Llama-2-70b-hf"
 MISTRAL = "mistralai/Mistral-7B-v0.1"

@@ -10,8 +10,9 @@ import pytest
 from inferasim.catalog.gpus import get_gpu
 from inferasim.catalog.models import get_model
 from inferasim.layout import Layout
+from inferasim.layoutcost import layout_cost
 from inferasim.sim.benchmark import closed_loop, engine_sched, offline_batch, open_loop
-from inferasim.steptime import StepParams, layout_cost, roofline_floor, step_time
+from inferasim.steptime import StepParams, roofline_floor, step_time
 
 MODEL = "meta-llama/Meta-Llama-3.1-70B"
 

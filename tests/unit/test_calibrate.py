@@ -14,10 +14,11 @@ from inferasim.catalog.gpus import get_gpu
 from inferasim.catalog.models import get_model
 from inferasim.fit import FitPoint, predict_points
 from inferasim.layout import Layout
+from inferasim.layoutcost import layout_cost
 from inferasim.observe import ObservedWorkload
 from inferasim.predictor import fitted_from_anchor
 from inferasim.sim.benchmark import engine_sched
-from inferasim.steptime import default_params, layout_cost
+from inferasim.steptime import default_params
 
 MODEL, GPU = "meta-llama/Meta-Llama-3-8B", "MI300X"
 TP1 = Layout(tp=1)

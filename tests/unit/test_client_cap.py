@@ -12,9 +12,10 @@ from inferasim import fit
 from inferasim.catalog.gpus import get_gpu
 from inferasim.catalog.models import get_model
 from inferasim.layout import Layout
+from inferasim.layoutcost import layout_cost
 from inferasim.sim.benchmark import closed_loop, engine_sched
 from inferasim.sim.des import simulate_closed_loop
-from inferasim.steptime import StepParams, default_params, layout_cost
+from inferasim.steptime import StepParams, default_params
 
 MODEL = get_model("meta-llama/Meta-Llama-3.1-8B")
 GPU = get_gpu("H100")

@@ -22,11 +22,12 @@ import pytest
 from inferasim.catalog.gpus import get_gpu
 from inferasim.catalog.models import get_model
 from inferasim.layout import Layout
+from inferasim.layoutcost import LayoutCost, layout_cost
 from inferasim.sim.benchmark import EngineSched, closed_loop, engine_sched, offline_batch
 from inferasim.sim.des import SimResult, simulate_closed_loop, simulate_offline
 from inferasim.sim.kvcache import KVCache, KVCacheFull
 from inferasim.sim.scheduler import Request, make_scheduler
-from inferasim.steptime import LayoutCost, StepParams, layout_cost, roofline_floor
+from inferasim.steptime import StepParams, roofline_floor
 
 MODEL = get_model("meta-llama/Meta-Llama-3.1-8B")
 GPU = get_gpu("H100")

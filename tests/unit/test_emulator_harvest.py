@@ -22,7 +22,8 @@ from inferasim.emulator import EmulatorConfig, EmulatorProcess, spawn_emulator
 from inferasim.harvest import EXIT_FAILED, EXIT_POOR_FIT, HarvestConfig, PlanPoint, add_cli, harvest, parse_plan
 from inferasim.harvest.plan import default_plan
 from inferasim.layout import Layout
-from inferasim.steptime import StepParams, layout_cost, step_time
+from inferasim.layoutcost import layout_cost
+from inferasim.steptime import StepParams, step_time
 
 MODEL = "meta-llama/Llama-3.1-8B"
 PARAMS = StepParams(t_fixed=5e-3, t_seq=3e-5, e_bw=0.7, e_kv=0.5, e_flops=0.5, e_attn=0.35, t_ttft=0.03)

@@ -13,12 +13,13 @@ from inferasim.catalog.gpus import get_gpu
 from inferasim.catalog.models import get_model
 from inferasim.deployment import read_deployment
 from inferasim.layout import Layout
+from inferasim.layoutcost import layout_cost
 from inferasim.observe import range_queries
 from inferasim.passive import NotIdentifiable, fit_live
 from inferasim.predictor import fitted_from_anchor
 from inferasim.render import ServingConfig, render_deployment
 from inferasim.sim.benchmark import closed_loop, engine_sched
-from inferasim.steptime import StepParams, layout_cost
+from inferasim.steptime import StepParams
 
 MODEL = "meta-llama/Meta-Llama-3.1-8B"
 TRUTH = StepParams(t_fixed=6e-3, t_seq=4e-5, e_bw=0.7, e_kv=0.45, e_flops=0.5, e_attn=0.35, burst=0.0, t_ttft=0.06)

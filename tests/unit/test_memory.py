@@ -7,8 +7,8 @@ import pytest
 from inferasim.catalog.gpus import get_gpu
 from inferasim.catalog.models import get_model
 from inferasim.layout import Layout, LayoutError
+from inferasim.layoutcost import layout_cost
 from inferasim.memory import kv_bytes_per_token_per_gpu, plan_memory, weight_bytes_per_gpu
-from inferasim.steptime import layout_cost
 
 
 def test_llama70b_bf16_does_not_fit_one_h100_and_says_why() -> None:

@@ -16,7 +16,7 @@ from inferasim.catalog.models import (
     resolve_model_name,
 )
 from inferasim.layout import Layout
-from inferasim.steptime import layout_cost
+from inferasim.layoutcost import layout_cost
 
 # (hf id, published total, published active or None). Sources:
 # - Llama 3.1 8B / 70B / 405B: Meta model card (huggingface.co/meta-llama/Llama-3.1-*), 8.03B,

@@ -11,10 +11,11 @@ from inferasim.anchors import KernelSet
 from inferasim.catalog.gpus import get_gpu
 from inferasim.catalog.models import get_model
 from inferasim.layout import Layout
+from inferasim.layoutcost import layout_cost
 from inferasim.passive import NotIdentifiable, Window, fit_passive
 from inferasim.predictor import fitted_from_anchor
 from inferasim.sim.benchmark import closed_loop, engine_sched
-from inferasim.steptime import StepParams, layout_cost
+from inferasim.steptime import StepParams
 
 MODEL, GPU_NAME = "meta-llama/Meta-Llama-3.1-8B", "H100"
 TRUTH = StepParams(t_fixed=6e-3, t_seq=4e-5, e_bw=0.7, e_kv=0.45, e_flops=0.5, e_attn=0.35, burst=0.0, t_ttft=0.06)

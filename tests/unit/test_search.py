@@ -15,6 +15,7 @@ from inferasim.anchors import AnchorStore
 from inferasim.catalog.gpus import get_gpu
 from inferasim.catalog.models import get_model
 from inferasim.layout import Layout
+from inferasim.layoutcost import layout_cost
 from inferasim.predictor import unanchored
 from inferasim.search.estimate import CONC_GRID, Estimate, estimate_group, operate
 from inferasim.search.space import Candidate, build_space
@@ -23,7 +24,6 @@ from inferasim.search.workload import WorkloadShape
 from inferasim.sim.benchmark import closed_loop, engine_sched
 from inferasim.sim.des import simulate_closed_loop
 from inferasim.spec import SLO, SearchSpace, SpecError, parse_spec
-from inferasim.steptime import layout_cost
 
 REPO = Path(__file__).resolve().parents[2]
 

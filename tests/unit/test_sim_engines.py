@@ -12,6 +12,7 @@ from test_sim_helpers import GPU, MODEL, conversations, fitted, write_jsonl
 
 from inferasim.catalog.gpus import get_gpu
 from inferasim.layout import Layout
+from inferasim.layoutcost import layout_cost
 from inferasim.sim.api import simulate_workload
 from inferasim.sim.benchmark import engine_sched
 from inferasim.sim.des import _lengths, simulate_closed_loop
@@ -19,7 +20,7 @@ from inferasim.sim.engines import AtomCore, SglangCore, SimRequest, VllmCore
 from inferasim.sim.prefix import KVPool
 from inferasim.sim.replica import Replica, StepModel
 from inferasim.sim.workload import Driver, load_trace
-from inferasim.steptime import StepParams, layout_cost, step_time
+from inferasim.steptime import StepParams, step_time
 
 
 def _closed_new(p, c, s, isl, osl, conc, num, seed, rr, think):  # noqa: ANN001, ANN202

@@ -10,9 +10,10 @@ import pytest
 from inferasim.catalog.gpus import get_gpu
 from inferasim.catalog.models import get_model
 from inferasim.layout import Layout
+from inferasim.layoutcost import layout_cost
 from inferasim.sim.benchmark import engine_sched
 from inferasim.sim.des import simulate_closed_loop, simulate_offline
-from inferasim.steptime import StepParams, layout_cost
+from inferasim.steptime import StepParams
 
 MODEL = get_model("meta-llama/Meta-Llama-3.1-8B")
 GPU = get_gpu("H100")

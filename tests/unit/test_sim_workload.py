@@ -216,10 +216,10 @@ def test_itl_distribution_accounts_for_every_gap(engine: str, tmp_path) -> None:
 
 def _cores(f, trace):  # noqa: ANN001, ANN202
     """The cores of a single-replica run (rebuilt: the report does not keep them)."""
+    from inferasim.layoutcost import layout_cost
     from inferasim.sim.benchmark import engine_sched
     from inferasim.sim.cluster import Cluster
     from inferasim.sim.replica import Replica
-    from inferasim.steptime import layout_cost
 
     lay = Layout(tp=1)
     rep = Replica(f.params, layout_cost(f.model, f.gpu, lay, f.precision, f.kv_dtype),

@@ -11,17 +11,8 @@ import pytest
 from inferasim.catalog.gpus import get_gpu
 from inferasim.catalog.models import get_model
 from inferasim.layout import Layout
-from inferasim.steptime import (
-    BLOCK_FP8_RATE,
-    StepParams,
-    busiest_rank_factor,
-    collective_time,
-    default_params,
-    gpu_part_time,
-    layout_cost,
-    roofline_floor,
-    step_time,
-)
+from inferasim.layoutcost import BLOCK_FP8_RATE, collective_time, layout_cost
+from inferasim.steptime import StepParams, busiest_rank_factor, default_params, gpu_part_time, roofline_floor, step_time
 from inferasim.transfer import naive_step, reduce_to_node, replica_split, transfer
 
 LLAMA70 = "meta-llama/Meta-Llama-3.1-70B"
