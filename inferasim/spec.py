@@ -12,7 +12,15 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 
 from inferasim.catalog.engines import ENGINES
@@ -245,8 +253,11 @@ class TuningSpec(_Model):
 
     @field_validator("model")
     @classmethod
-    def _model_known(cls, v: str) -> str:
-        get_model(v)  # a catalog id, alias or config.json path; the error names the fix
+    def _model_known(cls, v: str, info: ValidationInfo) -> str:
+        # A catalog id, alias or config.json path; the error names the fix. A service validating
+        # specs of others (the operator) passes context {"model_paths": False}: names only, and no
+        # file is opened or even looked for.
+        get_model(v, allow_path=(info.context or {}).get("model_paths"))
         return v
 
 
@@ -265,8 +276,10 @@ def plain_validation_error(exc: ValidationError, whole: str = "spec") -> str:
     return "; ".join(parts)
 
 
-def parse_spec(data: dict[str, Any]) -> TuningSpec:
-    """A TuningSpec from a dict: a bare spec, or a whole ServingTuning manifest (its `spec`)."""
+def parse_spec(data: dict[str, Any], *, model_paths: bool | None = None) -> TuningSpec:
+    """A TuningSpec from a dict: a bare spec, or a whole ServingTuning manifest (its `spec`).
+    ``model_paths=False``: `model` must be a Hugging Face id or a catalog name, never a path (the
+    operator's rule; the CLI accepts a path to a config.json). None: get_model's process default."""
     if not isinstance(data, dict):
         raise SpecError("the spec must be a YAML mapping")
     if "kind" in data or "apiVersion" in data:
@@ -279,7 +292,8 @@ def parse_spec(data: dict[str, Any]) -> TuningSpec:
                             f"{', '.join(extra)}")
         data = data.get("spec") or {}
     try:
-        return TuningSpec.model_validate(data)
+        ctx = None if model_paths is None else {"model_paths": model_paths}
+        return TuningSpec.model_validate(data, context=ctx)
     except ValidationError as exc:
         raise SpecError(plain_validation_error(exc)) from None
 

@@ -278,7 +278,9 @@ def post_event(body: dict[str, Any], type_: str, reason: str, message: str) -> N
 def parse_tuning_spec(spec: dict[str, Any], default_prometheus_url: str = "") -> TuningSpec:
     """The spec as the operator accepts it: TuningSpec plus the operator's own rules. An empty
     `workload.prometheus.url` is the operator's default Prometheus (`default_prometheus_url`)."""
-    parsed = parse_spec(json.loads(json.dumps(dict(spec))))
+    # model_paths=False: a model is a Hugging Face id or a catalog name here, never a path the
+    # operator would open on its own filesystem (and whose existence its messages would reveal).
+    parsed = parse_spec(json.loads(json.dumps(dict(spec))), model_paths=False)
     prom = parsed.workload.prometheus
     if prom is not None and not prom.url:
         if not default_prometheus_url:

@@ -75,7 +75,7 @@ def search_payload(spec: dict[str, Any], anchor_dirs: list[str], name: str, name
     from inferasim.spec import TuningSpec
 
     t0 = time.perf_counter()
-    parsed = TuningSpec.model_validate(spec)
+    parsed = TuningSpec.model_validate(spec, context={"model_paths": False})
     result = tune(parsed, anchor_dirs=[Path(d) for d in anchor_dirs], stage2_top=stage2_top)
     full = result.as_dict()
     out: dict[str, Any] = {
@@ -132,6 +132,11 @@ def _child(conn: Any, args: tuple[Any, ...]) -> None:
     # Its own process group: tune may start worker processes, and a timeout must end them all.
     os.setsid()
     try:
+        from inferasim.catalog.models import refuse_model_paths
+
+        # A fresh (spawned) process: it refuses model paths as the operator does, everywhere in the
+        # library (tune, rendering), not only in the spec's validation.
+        refuse_model_paths()
         conn.send(("ok", search_payload(*args)))
     except ValueError as exc:
         conn.send(("invalid", str(exc)))
