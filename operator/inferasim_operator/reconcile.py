@@ -182,13 +182,22 @@ def backoff(settings: Settings, retries: int) -> float:
     return min(settings.backoff_base_s * 2 ** min(max(retries - 1, 0), 32), settings.backoff_max_s)
 
 
+MAX_DURATION_S = 366 * 86400.0
+
+
 def parse_duration(text: str | None, field_name: str) -> float | None:
-    """`24h`, `30m`, `1h30m` -> seconds; SpecError naming the field otherwise."""
+    """`24h`, `30m`, `1h30m` -> seconds, at most a year; SpecError naming the field otherwise."""
     if text is None:
         return None
+    shown = repr(text[:40] + "...") if isinstance(text, str) and len(text) > 40 else repr(text)
     if not isinstance(text, str) or not _DURATION.match(text.strip()):
-        raise SpecError(f"{field_name}: {text!r} is not a duration such as 30m, 24h or 1h30m")
-    return sum(float(n) * _UNIT_S[u] for n, u in re.findall(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)", text))
+        raise SpecError(f"{field_name}: {shown} is not a duration such as 30m, 24h or 1h30m")
+    seconds = sum(float(n) * _UNIT_S[u] for n, u in re.findall(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)", text))
+    # Bounded: thousands of digits read as an infinite float, which then reached the status patch
+    # (a canary's GPU-hours) and made the API server refuse the whole status write.
+    if not math.isfinite(seconds) or seconds > MAX_DURATION_S:
+        raise SpecError(f"{field_name}: {shown} is longer than a year (366d)")
+    return seconds
 
 
 # --------------------------------------------------------------------------------------------
