@@ -672,6 +672,37 @@ def recommendation_of(payload: dict[str, Any], config_map: str) -> Recommendatio
                           manifest=payload.get("manifest", ""), manifest_config_map=config_map)
 
 
+def infeasible_reason(rec: Recommendation, payload: dict[str, Any], spec: TuningSpec) -> str:
+    """Why the search's first candidate must not be published ('' when it may): it misses the SLO
+    (the search ranks the closest miss first when no deployment meets it), or its predicted
+    throughput at the SLO is zero or not a finite number. The message names the closest candidate
+    and the SLO term it misses."""
+    what = f"{rec.engine} {rec.precision} {rec.layout_label} x{rec.replicas} ({rec.gpus} GPUs)"
+    slo = spec.objective.slo.model_dump(by_alias=True, exclude_none=True)
+    terms = ", ".join(f"objective.slo.{k} {v:g}" for k, v in slo.items()) or "no SLO terms set"
+    if not rec.meets_slo:
+        miss = str(payload.get("slo_miss") or "") or _p90_miss(rec, spec)
+        return (f"no deployment of {payload.get('candidates', 0)} candidates meets the SLO ({terms}); the closest, "
+                f"{what}, misses {miss}")
+    tp = rec.predicted.throughput_per_gpu  # None when the search's figure was not finite
+    if tp is None or tp <= 0:
+        raw = ((payload.get("recommendation") or {}).get("predicted") or {}).get("throughput_per_gpu_at_slo")
+        return (f"no deployment of {payload.get('candidates', 0)} candidates serves a positive throughput within "
+                f"the SLO ({terms}); the closest, {what}, predicts {raw!r} tok/s/GPU")
+    return ""
+
+
+def _p90_miss(rec: Recommendation, spec: TuningSpec) -> str:
+    """The p90 term `rec` misses most, from its predicted figures (a payload without `slo_miss`)."""
+    slo, p = spec.objective.slo, rec.predicted
+    worst, words = 1.0, "the SLO"
+    terms = (("TTFT p90", p.ttft_p90_ms, slo.ttft_p90_ms), ("ITL p90", p.itl_p90_ms, slo.itl_p90_ms))
+    for name, value, target in terms:
+        if value is not None and target and value / target > worst:
+            worst, words = value / target, f"{name} {value:,.1f} ms against {target:g} ms"
+    return words
+
+
 def shortlist_of(payload: dict[str, Any], window_s: float) -> list[Candidate]:
     out = []
     for e in payload.get("shortlist", [])[:SHORTLIST_SIZE]:
@@ -955,18 +986,29 @@ async def _reconcile(body: dict[str, Any], book: StatusBook, kube: Kube, setting
     window_s = parse_duration(spec.confirmation.window, "confirmation.window") or 0.0
     cm_name = config_map_name(book.name)
     rec = recommendation_of(payload, cm_name)
+    unmet = infeasible_reason(rec, payload, spec) if rec is not None else ""
+    if unmet:
+        # The search ranks the closest miss first when nothing meets the SLO: shown as what was
+        # closest, never published (its throughput at the SLO is nil: "0 tok/s/GPU" was published).
+        rec = None
     shortlist = shortlist_of(payload, window_s)
     entry = HistoryEntry(time=now_iso(), generation=gen, reason=reason[:200],
                          request_rate=observed.request_rate if observed else None)
+    publish_config_map, notice = False, ""
     if rec is None:
-        # Engine x precision pairs dropped before the search say why (ATOM on NVIDIA, fp4 for an
-        # FP8 checkpoint): with no candidate left, that is the reason, not the GPU budget.
-        excluded = "; ".join(f"{x['what']}: {x['why']}" for x in payload.get("excluded") or [])
-        book.condition("Recommended", "False", "NoFeasibleConfig",
-                       f"none of {payload['candidates']} candidates fits {spec.hardware.max_gpus} GPUs"
+        if unmet:
+            message = unmet
+        else:
+            # Engine x precision pairs dropped before the search say why (ATOM on NVIDIA, fp4 for an
+            # FP8 checkpoint): with no candidate left, that is the reason, not the GPU budget.
+            excluded = "; ".join(f"{x['what']}: {x['why']}" for x in payload.get("excluded") or [])
+            message = (f"none of {payload['candidates']} candidates fits {spec.hardware.max_gpus} GPUs"
                        + (f"; not considered: {excluded}" if excluded else ""))
-        book.set(phase="Harvesting" if harvesting else "Failed", recommendation=None, shortlist=[])
+        book.condition("Recommended", "False", "NoFeasibleConfig", message)
+        book.set(phase="Harvesting" if harvesting else "Failed", recommendation=None, shortlist=[],
+                 message=message[:1000])
         await _withdraw_config_map(body, book, kube, cm_name, "no recommendation")
+        notice = message  # posted once the status saying so is written
     else:
         if payload.get("render_error"):
             rec.manifest = ""
@@ -974,7 +1016,7 @@ async def _reconcile(body: dict[str, Any], book: StatusBook, kube: Kube, setting
             book.condition("Recommended", "True", "NotRenderable", f"{rec.engine} {rec.layout_label}: "
                                                                    f"{payload['render_error']}")
         else:
-            await asyncio.to_thread(kube.apply_config_map, config_map_for(body, rec, payload))
+            publish_config_map = True  # once the status holding the recommendation is written
             why = "Provisional" if harvesting else "SearchComplete"
             book.condition("Recommended", "True", why,
                            f"{rec.engine} {rec.precision} {rec.layout_label} x{rec.replicas} ({rec.gpus} GPUs): "
@@ -984,15 +1026,12 @@ async def _reconcile(body: dict[str, Any], book: StatusBook, kube: Kube, setting
         entry.engine, entry.layout_label, entry.gpus = rec.engine, rec.layout_label, rec.gpus
         entry.throughput_per_gpu = rec.predicted.throughput_per_gpu
         book.set(recommendation=dump(rec), shortlist=[dump(c) for c in shortlist])
-        post_event(body, "Normal", "Recommended", f"{rec.engine} {rec.layout_label} x{rec.replicas}, "
-                                                  f"{_fmt(rec.predicted.throughput_per_gpu)} tok/s/GPU; "
-                                                  f"manifest in ConfigMap {cm_name}")
     history = [dump(entry), *(book.get("history") or [])][:HISTORY_SIZE]
     book.set(history=history, lastTuneTime=now_iso(), observedGeneration=gen, retries=0,
              search={"candidates": payload["candidates"], "seconds": round(seconds, 3),
                      "workload": payload["workload"]})
 
-    # 7. phase (and confirmation, once the anchors are in)
+    # 7. phase, the status write, then what is published (and confirmation, once the anchors are in)
     canaries: set[str] = set()
     old_template = (book.get("confirmation") or {}).get("analysisTemplate")
     if old_template:
@@ -1001,7 +1040,21 @@ async def _reconcile(body: dict[str, Any], book: StatusBook, kube: Kube, setting
         book.set(phase="Harvesting", message=f"waiting for {len(harvesting)} harvest Job(s)")
     elif rec is not None:
         book.set(phase="Recommended", message=f"recommended {rec.engine} {rec.layout_label}")
-        if spec.confirmation.mode != "none" and spec.confirmation.candidates > 0 and not payload.get("render_error"):
+    # Nothing is published (ConfigMap, event, AnalysisTemplate, canaries) before the status that
+    # holds the recommendation is written: a refused status write once left a ConfigMap and a
+    # Recommended event for a tuning whose status still read Searching. flush raises if refused.
+    await book.flush()
+    if notice:
+        post_event(body, "Warning", "NoFeasibleConfig", notice)
+    if rec is not None:
+        if publish_config_map:
+            await asyncio.to_thread(kube.apply_config_map, config_map_for(body, rec, payload))
+        post_event(body, "Normal", "Recommended", f"{rec.engine} {rec.layout_label} x{rec.replicas}, "
+                                                  f"{_fmt(rec.predicted.throughput_per_gpu)} tok/s/GPU; "
+                                                  + (f"manifest in ConfigMap {cm_name}" if publish_config_map else
+                                                     "not renderable, no manifest"))
+        if not harvesting and spec.confirmation.mode != "none" and spec.confirmation.candidates > 0 and \
+                not payload.get("render_error"):
             from inferasim_operator.confirm import start_confirmation
 
             canaries = await start_confirmation(body, spec, payload, book, kube)

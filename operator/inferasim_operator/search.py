@@ -93,6 +93,11 @@ def search_payload(spec: dict[str, Any], anchor_dirs: list[str], name: str, name
     out["anchors_provenance"] = {k: used_provenance(stored, v) for k, v in full["anchors_used"].items()}
     rec = result.recommendation
     if rec is not None:
+        from inferasim.search.tune import slo_miss
+
+        # The SLO term the first candidate misses ('' when it meets them): the operator names it
+        # when no deployment meets the SLO, and publishes nothing.
+        out["slo_miss"] = slo_miss(rec, parsed.objective.slo)
         try:
             manifests = recommendation_manifests(result, rec, name, namespace)
             if rec.candidate.disagg is None:
