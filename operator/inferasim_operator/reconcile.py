@@ -214,8 +214,24 @@ def set_condition(conditions: list[dict[str, Any]], type_: str, status: str, rea
                          last_transition_time=when or now_iso(), observed_generation=generation))
     out = [c for c in conditions if c.get("type") != type_] + [new]
     order = {"WorkloadObserved": 0, "AnchorsReady": 1, "Priced": 2, "Recommended": 3, "Confirmed": 4,
-             "PredictionDrift": 5}
+             "PredictionDrift": 5, "Degraded": 6}
     return sorted(out, key=lambda c: order.get(c.get("type", ""), 9))
+
+
+class StatusNotWritable(ValueError):
+    """A status patch the API server would refuse (a number JSON cannot carry); never sent."""
+
+
+def non_finite_paths(obj: Any, path: str = "status") -> list[str]:
+    """Where ``obj`` holds a float that is inf or nan (JSON has no such number: the API server
+    refuses the whole patch, HTTP 500 Invalid JSON Patch)."""
+    if isinstance(obj, float):
+        return [] if math.isfinite(obj) else [path]
+    if isinstance(obj, dict):
+        return [p for k, v in obj.items() for p in non_finite_paths(v, f"{path}.{k}")]
+    if isinstance(obj, list | tuple):
+        return [p for i, v in enumerate(obj) for p in non_finite_paths(v, f"{path}[{i}]")]
+    return []
 
 
 class StatusBook:
@@ -248,6 +264,13 @@ class StatusBook:
         self.set(conditions=set_condition(self.status.get("conditions") or [], type_, status, reason, message,
                                           self.generation))
 
+    def discard(self) -> None:
+        """Forget the changes not written yet (a pass that failed half-way): the book reads as the
+        server holds the status again."""
+        for k, old in self._written.items():
+            self.status[k] = old
+        self._pending, self._written = {}, {}
+
     def cond(self, type_: str) -> dict[str, Any] | None:
         return next((c for c in self.status.get("conditions") or [] if c.get("type") == type_), None)
 
@@ -258,6 +281,13 @@ class StatusBook:
         # server holds and the new value lacks (a removed price's cost, an old prediction error's
         # figures next to a message that nothing was computed).
         patch = {k: kube_mod.merge_patch_to(self._written.get(k), v) for k, v in self._pending.items()}
+        bad = non_finite_paths(patch)
+        if bad:
+            # Refused here, whole: the book goes back to what the server holds, and the caller's pass
+            # ends (reconcile's guard reports it as Degraded) before anything is published.
+            self.discard()
+            raise StatusNotWritable(f"the status patch holds numbers JSON cannot carry (inf or nan) at "
+                                    f"{', '.join(bad[:5])}; it was not sent")
         self._pending, self._written = {}, {}
         try:
             await asyncio.to_thread(self.kube.patch_tuning_status, self.namespace, self.name, patch)
@@ -743,6 +773,7 @@ _locks: dict[str, asyncio.Lock] = {}
 _last_observe: dict[str, float] = {}
 _next_attempt: dict[str, float] = {}
 _retuned_for: dict[str, set[str]] = {}  # ServingAnchors (name@resourceVersion) a tuning was re-tuned for
+_timer_failures: dict[str, int] = {}  # consecutive timer passes that raised (their backoff), per tuning
 
 
 def _lock(uid: str) -> asyncio.Lock:
@@ -750,7 +781,7 @@ def _lock(uid: str) -> asyncio.Lock:
 
 
 def forget(uid: str) -> None:
-    for d in (_locks, _last_observe, _next_attempt, _retuned_for):
+    for d in (_locks, _last_observe, _next_attempt, _retuned_for, _timer_failures):
         d.pop(uid, None)
     metrics.forget(uid)
 
@@ -849,8 +880,57 @@ async def reconcile(body: dict[str, Any], kube: Kube, settings: Settings, *, tri
         except kopf.PermanentError:
             metrics.RECONCILES.labels(trigger=trigger, result="invalid").inc()
             raise
+        except Exception as exc:  # noqa: BLE001 - every pass ends in a condition, never a bare traceback
+            metrics.RECONCILES.labels(trigger=trigger, result="error").inc()
+            raise await pass_failed(body, book, kube, settings, exc) from exc
         metrics.RECONCILES.labels(trigger=trigger, result=result).inc()
         return result
+
+
+def _summary(exc: BaseException) -> str:
+    """A short, one-line account of an exception for a condition and an Event (an ApiException's
+    text is headers and a body over many lines)."""
+    if isinstance(exc, ApiException):
+        body = " ".join(str(exc.body or "").split())[:240]
+        text = f"Kubernetes API: HTTP {exc.status} {exc.reason}" + (f": {body}" if body else "")
+    else:
+        text = " ".join(f"{type(exc).__name__}: {exc}".split())
+    return text if len(text) <= 400 else text[:397] + "..."
+
+
+async def pass_failed(body: dict[str, Any], book: StatusBook, kube: Kube, settings: Settings,
+                      exc: Exception, timer_failures: int | None = None) -> kopf.PermanentError | kopf.TemporaryError:
+    """What a pass that raised becomes: a spec error parks the tuning Invalid (naming the field, as
+    the spec's own check does); anything else is the operator's own failure, `Degraded=True` with a
+    short summary, an Event and a metric, retried with the same growing backoff as a failed search
+    (it was retried blindly every 60 s, each time at the full cost of a search, with no condition
+    saying why). A timer pass (confirmation, harvest progress, drift) gives ``timer_failures``: its
+    backoff counts those, and `status.retries` is left alone, since the timer re-runs a whole search
+    for a tuning whose retries are above zero (and would retire the canaries being measured).
+    Returns the exception for the caller to raise."""
+    if isinstance(exc, SpecError):
+        metrics.PASS_ERRORS.labels(kind="spec", reason="InvalidSpec").inc()
+        book.discard()
+        return await _park_invalid(body, book, kube, f"invalid spec: {exc}", condition=("Recommended", "InvalidSpec"),
+                                   event="InvalidSpec")
+    reason = ("StatusNotWritable" if isinstance(exc, StatusNotWritable) else
+              "KubernetesApiError" if isinstance(exc, ApiException) else "InternalError")
+    summary = _summary(exc)
+    metrics.PASS_ERRORS.labels(kind="internal", reason=reason).inc()
+    log.error("%s/%s: pass failed (%s)", book.namespace, book.name, summary, exc_info=exc)
+    book.discard()  # half a pass is not written: the patch holds the failure only
+    retries = timer_failures or int(book.get("retries") or 0) + 1
+    delay = backoff(settings, retries)
+    book.condition("Degraded", "True", reason, f"{summary}; retry {retries} in {delay:.0f} s")
+    book.set(message=f"the last pass failed: {summary}"[:1000])
+    if timer_failures is None:
+        book.set(retries=retries)
+    try:
+        await book.flush()
+    except Exception as again:  # noqa: BLE001 - the status cannot be written either: the Event and log say it
+        log.error("%s/%s: cannot write the Degraded condition: %s", book.namespace, book.name, _summary(again))
+    post_event(body, "Warning", "Degraded", f"{summary} (retry in {delay:.0f} s)")
+    return kopf.TemporaryError(summary, delay=delay)
 
 
 async def _reconcile(body: dict[str, Any], book: StatusBook, kube: Kube, settings: Settings, reason: str,
@@ -1030,6 +1110,8 @@ async def _reconcile(body: dict[str, Any], book: StatusBook, kube: Kube, setting
     book.set(history=history, lastTuneTime=now_iso(), observedGeneration=gen, retries=0,
              search={"candidates": payload["candidates"], "seconds": round(seconds, 3),
                      "workload": payload["workload"]})
+    if (book.cond("Degraded") or {}).get("status") == "True":
+        book.condition("Degraded", "False", "PassCompleted", "the last pass completed")
 
     # 7. phase, the status write, then what is published (and confirmation, once the anchors are in)
     canaries: set[str] = set()
@@ -1172,7 +1254,23 @@ async def tick(body: dict[str, Any], kube: Kube, settings: Settings) -> str:
     if time.monotonic() < _next_attempt.get(uid, 0.0):
         return "backoff"
     try:
-        return await _tick(body, uid, phase, kube, settings)
+        try:
+            result = await _tick(body, uid, phase, kube, settings)
+        except (kopf.TemporaryError, kopf.PermanentError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - a timer pass ends in a condition too (reconcile's are already)
+            failures = _timer_failures[uid] = _timer_failures.get(uid, 0) + 1
+            async with _lock(uid):
+                body, book = await fresh_book(body, kube)
+                raise await pass_failed(body, book, kube, settings, exc, timer_failures=failures) from exc
+        if _timer_failures.pop(uid, None):
+            # The timer's pass works again: Degraded, which its failure set, is lifted.
+            async with _lock(uid):
+                body, book = await fresh_book(body, kube)
+                if (book.cond("Degraded") or {}).get("status") == "True":
+                    book.condition("Degraded", "False", "PassCompleted", "the timer's last pass completed")
+                    await book.flush()
+        return result
     except kopf.TemporaryError as exc:
         retries = int(((await asyncio.to_thread(kube.get_tuning, meta["namespace"], meta["name"])).get("status")
                        or {}).get("retries") or 1)

@@ -1,5 +1,8 @@
 """Hostile specs from a run on a real control plane: a recommendation that met no SLO published as
-"0 tok/s/GPU". Each case drives the operator's pass against an in-memory API server."""
+"0 tok/s/GPU", passes that raised and left no condition, a status patch the API server refused
+while the ConfigMap and the Recommended event went out, and model names that made the operator
+open files of its own (test_operator_model_names). Each case drives the operator's pass against an
+in-memory API server."""
 
 from __future__ import annotations
 
@@ -10,10 +13,12 @@ import math
 from pathlib import Path
 from typing import Any
 
+import kopf
 import pytest
 from inferasim_operator import metrics, reconcile, search
 from inferasim_operator.kube import ApiException
 from test_operator_reconcile import BODY, SPEC
+from test_operator_spec_bounds import HOSTILE
 
 
 def _merge(old: Any, patch: Any) -> Any:
@@ -200,3 +205,125 @@ def test_a_zero_or_non_finite_throughput_is_never_published(
     kube = FakeKube(SPEC)
     payload["recommendation"]["predicted"]["throughput_per_gpu_at_slo"] = 10.0
     assert _run(kube, offline) == "Recommended" and kube.applied_config_maps == ["chat-recommendation"]
+
+
+# -- 2. every pass is guarded ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("change,field", HOSTILE)
+def test_hostile_spec_values_park_the_tuning_invalid(change: dict[str, Any], field: str, offline: reconcile.Settings,
+                                                     events: list[tuple[str, str]]) -> None:
+    """Each once raised out of the pass (no condition; retried every 60 s) or reached the status
+    patch; now the tuning is Invalid, the message names the field, and nothing is published."""
+    kube = FakeKube({**SPEC, **change}, config_maps=("chat-recommendation",))
+    with pytest.raises(reconcile.Invalid) as err:
+        _run(kube, offline)
+    assert field in str(err.value)
+    cond = kube.cond("Recommended")
+    assert kube.status["phase"] == "Invalid" and cond["reason"] == "InvalidSpec" and field in cond["message"]
+    assert len(cond["message"]) <= 1024 and kube.applied_config_maps == [] and kube.config_maps == set()
+    assert "InvalidSpec" in [r for r, _ in events]
+
+
+def test_an_internal_error_becomes_degraded_with_backoff_and_a_later_pass_clears_it(
+        offline: reconcile.Settings, events: list[tuple[str, str]], monkeypatch: pytest.MonkeyPatch,
+        feasible_payload: dict[str, Any]) -> None:
+    async def boom(*a: Any, **k: Any) -> int:
+        raise RuntimeError("the anchor cache is on a read-only filesystem")
+
+    monkeypatch.setattr(reconcile, "sync_anchors", boom)
+    kube = FakeKube(SPEC)
+    before = _errors("internal", "InternalError")
+    delays = []
+    for _ in range(2):
+        with pytest.raises(kopf.TemporaryError) as err:
+            _run(kube, offline)
+        delays.append(err.value.delay)
+    assert delays[0] is not None and delays[1] is not None and delays[0] < delays[1]
+    cond = kube.cond("Degraded")
+    assert cond["status"] == "True" and cond["reason"] == "InternalError"
+    assert "RuntimeError: the anchor cache is on a read-only filesystem" in cond["message"]
+    assert kube.status["retries"] == 2 and _errors("internal", "InternalError") == before + 2
+    assert [r for r, _ in events].count("Degraded") == 2 and kube.applied_config_maps == []
+
+    async def fine(*a: Any, **k: Any) -> int:
+        return 0
+
+    async def found(*a: Any, **k: Any) -> dict[str, Any]:
+        return feasible_payload
+
+    monkeypatch.setattr(reconcile, "sync_anchors", fine)
+    monkeypatch.setattr(reconcile, "run_search", found)
+    assert _run(kube, offline) == "Recommended"
+    assert kube.cond("Degraded")["status"] == "False" and kube.status["retries"] == 0
+
+
+def test_a_refused_status_write_publishes_nothing(offline: reconcile.Settings, events: list[tuple[str, str]],
+                                                  monkeypatch: pytest.MonkeyPatch,
+                                                  feasible_payload: dict[str, Any]) -> None:
+    """The API server refused the status patch (HTTP 500) after the ConfigMap and the Recommended
+    Event had gone out: now they go out only once the status holding the recommendation is written."""
+    async def found(*a: Any, **k: Any) -> dict[str, Any]:
+        return feasible_payload
+
+    monkeypatch.setattr(reconcile, "run_search", found)
+    kube = FakeKube({**SPEC, "confirmation": {"mode": "argo-rollouts"}}, refuse=("recommendation",))
+    with pytest.raises(kopf.TemporaryError):
+        _run(kube, offline)
+    assert kube.applied_config_maps == [] and kube.applied_templates == [] and kube.applied_deployments == []
+    assert "Recommended" not in [r for r, _ in events] and "Degraded" in [r for r, _ in events]
+    cond = kube.cond("Degraded")
+    assert cond["status"] == "True" and cond["reason"] == "KubernetesApiError" and "HTTP 500" in cond["message"]
+    assert "recommendation" not in kube.status
+
+
+def test_a_non_finite_number_is_refused_before_the_status_is_sent(
+        offline: reconcile.Settings, events: list[tuple[str, str]], monkeypatch: pytest.MonkeyPatch,
+        feasible_payload: dict[str, Any]) -> None:
+    book = reconcile.StatusBook(FakeKube(SPEC).body(), FakeKube(SPEC))  # type: ignore[arg-type]
+    book.set(phase="Recommended", search={"seconds": math.inf})
+    with pytest.raises(reconcile.StatusNotWritable, match=r"status\.search\.seconds"):
+        asyncio.run(book.flush())
+    assert book.get("phase") is None and book.get("search") is None  # the book reads as the server's again
+    # In a pass: a search figure that is not finite ends it Degraded, publishing nothing.
+    payload = copy.deepcopy(feasible_payload)
+    payload["candidates"] = math.inf
+    monkeypatch.setattr(reconcile, "run_search", lambda *a, **k: _async(payload))
+    kube = FakeKube(SPEC)
+    with pytest.raises(kopf.TemporaryError):
+        _run(kube, offline)
+    cond = kube.cond("Degraded")
+    assert cond["reason"] == "StatusNotWritable" and "status.search.candidates" in cond["message"]
+    assert kube.applied_config_maps == [] and "Recommended" not in [r for r, _ in events]
+    assert all("Infinity" not in json.dumps(p) for p in kube.patches)
+
+
+async def _async(value: Any) -> Any:
+    return value
+
+
+def test_a_timer_pass_that_raises_is_degraded_and_backs_off(monkeypatch: pytest.MonkeyPatch,
+                                                            events: list[tuple[str, str]]) -> None:
+    async def boom(*a: Any, **k: Any) -> str:
+        raise KeyError("canaries")
+
+    monkeypatch.setattr(reconcile, "_tick", boom)
+    kube = FakeKube(SPEC, {"phase": "Confirming", "observedGeneration": 3})
+    uid = "u-tick-guard"
+    body = {**kube.body(), "metadata": {**BODY["metadata"], "uid": uid}}
+    reconcile.forget(uid)
+    assert asyncio.run(reconcile.tick(body, kube, reconcile.Settings())) == "retry"  # type: ignore[arg-type]
+    assert kube.cond("Degraded")["reason"] == "InternalError" and "KeyError" in kube.cond("Degraded")["message"]
+    assert asyncio.run(reconcile.tick(body, kube, reconcile.Settings())) == "backoff"  # type: ignore[arg-type]
+    # status.retries stays as it was: above zero, the timer would re-run a whole search (and retire
+    # the canaries being measured) instead of the pass that failed
+    assert "retries" not in kube.status
+
+    async def steady(*a: Any, **k: Any) -> str:
+        return "steady"
+
+    monkeypatch.setattr(reconcile, "_tick", steady)
+    reconcile._next_attempt[uid] = 0.0  # the backoff waited out
+    assert asyncio.run(reconcile.tick(body, kube, reconcile.Settings())) == "steady"  # type: ignore[arg-type]
+    assert kube.cond("Degraded")["status"] == "False"
+    reconcile.forget(uid)
