@@ -335,6 +335,11 @@ class PrometheusClient:
         promql = params["query"]
         try:
             resp = self._client.get(path, params=params)
+        except httpx.InvalidURL as exc:
+            # Not an HTTPError: a query no URL can carry (2,000 selector labels made it "too long").
+            # No retry fixes it; an edit of the selector does.
+            raise ObservationError(f"the query for workload.prometheus.selector cannot be sent to {self.url}: {exc}",
+                                   promql[:200], reason="BadSelector") from None
         except httpx.HTTPError as exc:
             raise ObservationError(f"Prometheus at {self.url} is unreachable: {type(exc).__name__}: {exc}",
                                    promql, reason="Unreachable") from None

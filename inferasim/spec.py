@@ -12,7 +12,15 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 
 from inferasim.catalog.engines import ENGINES
@@ -22,21 +30,48 @@ from inferasim.userfile import UserFileError, read_user_text
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+    # No inf or nan anywhere in a spec (YAML spells them .inf and .nan): a number that no JSON
+    # carries ends up in the operator's status patch, which the API server then refuses whole.
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", allow_inf_nan=False)
+
+
+# Bounds of the spec's fields. The CRD schema is generated from these models, so the API server
+# refuses what exceeds them before the operator reads it; each is far beyond any real deployment
+# and far below what would make the operator's searches, URLs, names or status patches fail.
+MAX_NAME = 253  # a Kubernetes object name (DNS subdomain)
+MAX_SHORT = 64  # GPU, engine and precision names
+MAX_DURATION = 32  # `1h30m`: a duration string, never thousands of digits
+MAX_URL = 2048
+MAX_LABELS = 32  # label matchers of a selector, entries of a node selector
+MAX_LABEL_KEY = 317  # a Kubernetes label key: a 253-character prefix, '/', a 63-character name
+MAX_LABEL_VALUE = 256  # a Prometheus label value in a matcher (a Kubernetes label value is 63 at most)
+MAX_IMAGE = 512
+MAX_LIST = 32
+MAX_MS = 86_400_000.0  # a day, in milliseconds
+MAX_TOKENS = 10_000_000
+MAX_RATE = 1_000_000.0
+# A model name: the CLI also takes a path to a config.json (PATH_MAX); the operator takes names
+# only (inferasim.catalog.models.check_model_id) and its CRD bounds them tighter (crds.py).
+MAX_MODEL = 4096
+
+LabelKey = Annotated[str, Field(min_length=1, max_length=MAX_LABEL_KEY)]
+LabelValue = Annotated[str, Field(max_length=MAX_LABEL_VALUE)]
 
 
 class TargetRef(_Model):
     """The live deployment being tuned (the operator recommends; it never changes it)."""
 
     kind: Literal["Deployment", "StatefulSet", "LeaderWorkerSet"] = "Deployment"
-    name: str = Field(description="Name of the workload in the ServingTuning's namespace.")
+    name: str = Field(min_length=1, max_length=MAX_NAME,
+                      description="Name of the workload in the ServingTuning's namespace.")
 
 
 class Hardware(_Model):
-    gpu: str = Field(description="GPU product, any accepted spelling: MI355X, AMD_Instinct_MI355X, NVIDIA-H200 ...")
-    gpus_per_node: int = Field(8, ge=1, description="GPUs per node (scale-up domain of one node).")
-    max_gpus: int = Field(8, ge=1, alias="maxGPUs", description="GPU budget of the recommended deployment.")
-    price_per_gpu_hour: float | None = Field(None, ge=0, description="For the cost view ($/GPU-hour).")
+    gpu: str = Field(max_length=MAX_SHORT,
+                     description="GPU product, any accepted spelling: MI355X, AMD_Instinct_MI355X, NVIDIA-H200 ...")
+    gpus_per_node: int = Field(8, ge=1, le=1024, description="GPUs per node (scale-up domain of one node).")
+    max_gpus: int = Field(8, ge=1, le=65536, alias="maxGPUs", description="GPU budget of the recommended deployment.")
+    price_per_gpu_hour: float | None = Field(None, ge=0, le=10_000, description="For the cost view ($/GPU-hour).")
 
     @field_validator("gpu")
     @classmethod
@@ -46,10 +81,10 @@ class Hardware(_Model):
 
 
 class SLO(_Model):
-    ttft_p90_ms: float | None = Field(None, gt=0, description="90th percentile time to first token, ms.")
-    itl_p90_ms: float | None = Field(None, gt=0, description="90th percentile inter-token latency, ms.")
-    ttft_p99_ms: float | None = Field(None, gt=0)
-    itl_p99_ms: float | None = Field(None, gt=0)
+    ttft_p90_ms: float | None = Field(None, gt=0, le=MAX_MS, description="90th percentile time to first token, ms.")
+    itl_p90_ms: float | None = Field(None, gt=0, le=MAX_MS, description="90th percentile inter-token latency, ms.")
+    ttft_p99_ms: float | None = Field(None, gt=0, le=MAX_MS)
+    itl_p99_ms: float | None = Field(None, gt=0, le=MAX_MS)
 
 
 # Shorthands of `objective` (no SLO: give the object form for one).
@@ -97,16 +132,16 @@ class StaticWorkload(_Model):
     """A workload described by its shape; `kind` picks the arrival process."""
 
     kind: Literal["closed", "poisson", "multi-turn"] = "poisson"
-    request_rate: float | None = Field(None, gt=0, description="Requests/s (poisson).")
-    sessions_per_second: float | None = Field(None, gt=0, description="New sessions/s (multi-turn).")
-    concurrency: int | None = Field(None, ge=1, description="Clients (closed loop).")
-    input_tokens: int = Field(1024, ge=1, description="Prompt tokens (first turn for multi-turn).")
-    output_tokens: int = Field(256, ge=1, description="Output tokens per request.")
-    turns: int = Field(1, ge=1, description="Turns per session (multi-turn).")
-    think_time_s: float = Field(0.0, ge=0, description="Pause between a reply and the next turn.")
-    user_tokens_per_turn: int = Field(0, ge=0, description="New user tokens added by each later turn.")
+    request_rate: float | None = Field(None, gt=0, le=MAX_RATE, description="Requests/s (poisson).")
+    sessions_per_second: float | None = Field(None, gt=0, le=MAX_RATE, description="New sessions/s (multi-turn).")
+    concurrency: int | None = Field(None, ge=1, le=1_000_000, description="Clients (closed loop).")
+    input_tokens: int = Field(1024, ge=1, le=MAX_TOKENS, description="Prompt tokens (first turn for multi-turn).")
+    output_tokens: int = Field(256, ge=1, le=MAX_TOKENS, description="Output tokens per request.")
+    turns: int = Field(1, ge=1, le=1000, description="Turns per session (multi-turn).")
+    think_time_s: float = Field(0.0, ge=0, le=86_400, description="Pause between a reply and the next turn.")
+    user_tokens_per_turn: int = Field(0, ge=0, le=MAX_TOKENS, description="New user tokens added by each later turn.")
     prefix_hit_rate: float | None = Field(None, ge=0, le=1, description="Observed prefix-cache hit rate.")
-    num_requests: int = Field(2000, ge=1, description="Requests to simulate in stage 2.")
+    num_requests: int = Field(2000, ge=1, le=1_000_000, description="Requests to simulate in stage 2.")
 
     @model_validator(mode="after")
     def _rate_given(self) -> StaticWorkload:
@@ -117,18 +152,21 @@ class StaticWorkload(_Model):
 
 
 class PrometheusWorkload(_Model):
-    url: str = Field("", description=(
+    url: str = Field("", max_length=MAX_URL, description=(
         "Prometheus HTTP API base URL. Empty: the operator's default (chart value prometheus.url); "
         "the CLI needs it."))
-    selector: dict[str, str] = Field(default_factory=dict, description="Label matchers of the target's series.")
-    window: str = Field("1h", description="Range of the rate() windows, e.g. 5m, 6h.")
+    # Bounded so that every query built from it stays a URL an HTTP client sends (2,000 matchers
+    # once made the query component too long, an error no retry fixes).
+    selector: dict[LabelKey, LabelValue] = Field(default_factory=dict, max_length=MAX_LABELS,
+                                                 description="Label matchers of the target's series.")
+    window: str = Field("1h", max_length=MAX_DURATION, description="Range of the rate() windows, e.g. 5m, 6h.")
 
 
 class TraceWorkload(_Model):
-    path: str = Field(description="Mooncake JSONL or Azure CSV trace file.")
+    path: str = Field(max_length=4096, description="Mooncake JSONL or Azure CSV trace file.")
     format: Literal["mooncake", "azure", "auto"] = "auto"
-    time_scale: float = Field(1.0, gt=0, description="Multiply arrival times by this (0.5 = twice the rate).")
-    sample: int | None = Field(None, ge=1, description="Use only the first N requests.")
+    time_scale: float = Field(1.0, gt=0, le=1e6, description="Multiply arrival times by this (0.5 = twice the rate).")
+    sample: int | None = Field(None, ge=1, le=100_000_000, description="Use only the first N requests.")
 
 
 class WorkloadSource(_Model):
@@ -144,13 +182,39 @@ class WorkloadSource(_Model):
         return self
 
 
+class Toleration(_Model):
+    """A Kubernetes pod toleration (core/v1 Toleration), for the harvest Jobs' pods."""
+
+    key: str | None = Field(None, max_length=MAX_LABEL_KEY, description="Taint key; empty with Exists: every taint.")
+    operator: Literal["Exists", "Equal"] | None = Field(None, description="Exists or Equal (the default).")
+    value: str | None = Field(None, max_length=63, description="Taint value (Equal).")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        None, description="Taint effect to tolerate; empty: all.")
+    toleration_seconds: int | None = Field(None, ge=0, le=2**31 - 1,
+                                           description="How long a NoExecute taint is tolerated, seconds.")
+
+    @model_validator(mode="after")
+    def _kubernetes_rules(self) -> Toleration:
+        # The API server's own rules for a Toleration: refused here, the Job is not refused later.
+        if self.operator == "Exists" and self.value:
+            raise ValueError("a toleration with operator Exists takes no value")
+        if not self.key and self.operator != "Exists":
+            raise ValueError("a toleration without a key needs operator Exists")
+        if self.toleration_seconds is not None and self.effect != "NoExecute":
+            raise ValueError("tolerationSeconds needs effect NoExecute")
+        return self
+
+
 class HarvestPolicy(_Model):
     allowed: bool = False
-    max_gpu_hours: float = Field(4.0, ge=0, alias="maxGPUHours", description="GPU-hours all harvests may use.")
-    deadline_minutes: int = Field(60, ge=1)
-    images: dict[str, str] = Field(default_factory=dict, description="Engine -> image to harvest with.")
-    node_selector: dict[str, str] = Field(default_factory=dict)
-    tolerations: list[dict[str, Any]] = Field(default_factory=list)
+    max_gpu_hours: float = Field(4.0, ge=0, le=1_000_000, alias="maxGPUHours",
+                                 description="GPU-hours all harvests may use.")
+    deadline_minutes: int = Field(60, ge=1, le=10_080)  # a week
+    images: dict[Annotated[str, Field(max_length=MAX_SHORT)], Annotated[str, Field(max_length=MAX_IMAGE)]] = Field(
+        default_factory=dict, max_length=len(ENGINES), description="Engine -> image to harvest with.")
+    node_selector: dict[LabelKey, Annotated[str, Field(max_length=63)]] = Field(default_factory=dict,
+                                                                               max_length=MAX_LABELS)
+    tolerations: list[Toleration] = Field(default_factory=list, max_length=MAX_LIST)
 
     @field_validator("images")
     @classmethod
@@ -170,20 +234,22 @@ class HarvestPolicy(_Model):
 
 class Confirmation(_Model):
     mode: Literal["none", "canary", "argo-rollouts"] = "none"
-    window: str = Field("30m", description="How long each canary serves before it is measured, counted from when it "
-                                           "becomes available (its pods Ready), not from its creation.")
+    window: str = Field("30m", max_length=MAX_DURATION,
+                        description="How long each canary serves before it is measured, counted from when it "
+                                    "becomes available (its pods Ready), not from its creation.")
     # Pulling an engine image and loading the weights of a large model take minutes to tens of
     # minutes; a canary not available by then holds GPUs it will never be measured on.
-    startup_timeout: str = Field("1h", description="How long a canary may take to become available before it is "
-                                                   "given up (Failed) and its GPUs released.")
+    startup_timeout: str = Field("1h", max_length=MAX_DURATION,
+                                 description="How long a canary may take to become available before it is "
+                                             "given up (Failed) and its GPUs released.")
     candidates: int = Field(2, ge=0, le=5)
 
 
 class Retune(_Model):
-    every: str | None = Field(None, description="Re-tune period, e.g. 24h.")
-    drift_threshold: float = Field(0.25, gt=0, description="Re-tune when the workload moves this much.")
+    every: str | None = Field(None, max_length=MAX_DURATION, description="Re-tune period, e.g. 24h.")
+    drift_threshold: float = Field(0.25, gt=0, le=100, description="Re-tune when the workload moves this much.")
     prediction_error_threshold: float = Field(
-        0.25, gt=0, description="PredictionDrift when observed TTFT, ITL or throughput of the running "
+        0.25, gt=0, le=100, description="PredictionDrift when observed TTFT, ITL or throughput of the running "
                                 "configuration is off its anchor's prediction by more than this fraction.")
 
 
@@ -192,11 +258,11 @@ class SearchSpace(_Model):
 
     # Each list is tried as given: an empty one would leave nothing to search, a limit below one
     # request (or one token per step) no engine accepts.
-    max_num_seqs: list[Annotated[int, Field(ge=1)]] = Field(
-        default_factory=lambda: [64, 128, 256, 512, 1024], min_length=1)
-    max_num_batched_tokens: list[Annotated[int, Field(ge=1)]] = Field(
-        default_factory=lambda: [2048, 4096, 8192, 16384], min_length=1)
-    chunked_prefill: list[bool] = Field(default_factory=lambda: [True, False], min_length=1)
+    max_num_seqs: list[Annotated[int, Field(ge=1, le=1_000_000)]] = Field(
+        default_factory=lambda: [64, 128, 256, 512, 1024], min_length=1, max_length=MAX_LIST)
+    max_num_batched_tokens: list[Annotated[int, Field(ge=1, le=MAX_TOKENS)]] = Field(
+        default_factory=lambda: [2048, 4096, 8192, 16384], min_length=1, max_length=MAX_LIST)
+    chunked_prefill: list[bool] = Field(default_factory=lambda: [True, False], min_length=1, max_length=2)
     disaggregation: bool = Field(True, description="Also consider prefill/decode pools.")
     expert_parallel: bool = True
     attention_dp: bool = True
@@ -207,10 +273,13 @@ class TuningSpec(_Model):
     """Everything `inferasim tune` needs: the same fields as a ServingTuning's spec."""
 
     target: TargetRef | None = None
-    model: str = Field(description="Hugging Face id, or a path to a config.json.")
-    precision: list[str] = Field(default_factory=lambda: ["auto"], description="Precisions to consider.")
+    model: str = Field(max_length=MAX_MODEL, description="Hugging Face id, or a path to a config.json (the "
+                                                         "operator takes Hugging Face ids only).")
+    precision: list[Annotated[str, Field(max_length=MAX_SHORT)]] = Field(
+        default_factory=lambda: ["auto"], max_length=MAX_LIST, description="Precisions to consider.")
     hardware: Hardware
-    engines: list[str] = Field(default_factory=lambda: list(ENGINES))
+    engines: list[Annotated[str, Field(max_length=MAX_SHORT)]] = Field(default_factory=lambda: list(ENGINES),
+                                                                       max_length=MAX_LIST)
     objective: Objective = Field(default_factory=Objective)
     workload: WorkloadSource
     search: SearchSpace = Field(default_factory=SearchSpace)
@@ -245,8 +314,11 @@ class TuningSpec(_Model):
 
     @field_validator("model")
     @classmethod
-    def _model_known(cls, v: str) -> str:
-        get_model(v)  # a catalog id, alias or config.json path; the error names the fix
+    def _model_known(cls, v: str, info: ValidationInfo) -> str:
+        # A catalog id, alias or config.json path; the error names the fix. A service validating
+        # specs of others (the operator) passes context {"model_paths": False}: names only, and no
+        # file is opened or even looked for.
+        get_model(v, allow_path=(info.context or {}).get("model_paths"))
         return v
 
 
@@ -265,8 +337,10 @@ def plain_validation_error(exc: ValidationError, whole: str = "spec") -> str:
     return "; ".join(parts)
 
 
-def parse_spec(data: dict[str, Any]) -> TuningSpec:
-    """A TuningSpec from a dict: a bare spec, or a whole ServingTuning manifest (its `spec`)."""
+def parse_spec(data: dict[str, Any], *, model_paths: bool | None = None) -> TuningSpec:
+    """A TuningSpec from a dict: a bare spec, or a whole ServingTuning manifest (its `spec`).
+    ``model_paths=False``: `model` must be a Hugging Face id or a catalog name, never a path (the
+    operator's rule; the CLI accepts a path to a config.json). None: get_model's process default."""
     if not isinstance(data, dict):
         raise SpecError("the spec must be a YAML mapping")
     if "kind" in data or "apiVersion" in data:
@@ -279,7 +353,8 @@ def parse_spec(data: dict[str, Any]) -> TuningSpec:
                             f"{', '.join(extra)}")
         data = data.get("spec") or {}
     try:
-        return TuningSpec.model_validate(data)
+        ctx = None if model_paths is None else {"model_paths": model_paths}
+        return TuningSpec.model_validate(data, context=ctx)
     except ValidationError as exc:
         raise SpecError(plain_validation_error(exc)) from None
 

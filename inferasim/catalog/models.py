@@ -1011,9 +1011,10 @@ def known_models() -> list[str]:
     return sorted(_catalog_files())
 
 
-def resolve_model_name(name: str) -> str:
+def resolve_model_name(name: str, *, paths_hint: bool = True) -> str:
     """Hugging Face id of a known model for `name` (exact id, file-style `org--name`, alias, or
-    a spelling that differs only in org, `Meta-` prefix or checkpoint suffix)."""
+    a spelling that differs only in org, `Meta-` prefix or checkpoint suffix). ``paths_hint``: the
+    error suggests a config.json path (not where paths are refused)."""
     files = _catalog_files()
     candidate = name.strip().replace("--", "/")
     if candidate in files:
@@ -1039,8 +1040,9 @@ def resolve_model_name(name: str) -> str:
     close = difflib.get_close_matches(candidate, list(files), n=3, cutoff=0.5)
     hint = f"; did you mean {', '.join(close)}?" if close else ""
     raise UnknownModelError(
-        f"unknown model {name!r}: give a Hugging Face id from `inferasim models` or a path to a "
-        f"config.json{hint}"
+        f"unknown model {name!r}: give a Hugging Face id from `inferasim models`"
+        + (" or a path to a config.json" if paths_hint else " (paths to config files are not accepted here)")
+        + hint
     )
 
 
@@ -1093,12 +1095,56 @@ def sibling_checkpoints(name: str) -> dict[str, str]:
     return out
 
 
-def get_model(name_or_path: str | Path) -> ModelSpec:
+# A Hugging Face repo id, `org/name` (or `name`, or the shared files' `org--name`): letters, digits,
+# `-`, `_` and `.`, each part starting with a letter or digit. No leading `/`, `.` or `~`, at most one
+# `/`, and no `..`: nothing that names a place on a filesystem other than as a relative `org/name`.
+MODEL_ID_MAX_LENGTH = 200
+MODEL_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$"
+_MODEL_ID = re.compile(MODEL_ID_PATTERN)
+
+
+def check_model_id(name: str) -> str:
+    """`name` if it is shaped as a Hugging Face id (MODEL_ID_PATTERN); UnknownModelError otherwise.
+
+    Pure string rules: the message is one and the same whatever exists on the filesystem, so that a
+    service resolving names for others (the operator) never reveals which paths exist."""
+    if not isinstance(name, str) or len(name) > MODEL_ID_MAX_LENGTH or not _MODEL_ID.match(name) or ".." in name \
+            or name.lower().endswith(".json"):
+        shown = repr(name[:60] + "...") if isinstance(name, str) and len(name) > 60 else repr(name)
+        raise UnknownModelError(f"{shown} is not a Hugging Face id (org/name, at most {MODEL_ID_MAX_LENGTH} "
+                                "characters of letters, digits, '-', '_' and '.') nor a model the catalog knows; "
+                                "paths to config files are not accepted here")
+    return name
+
+
+_model_paths = True  # the process default of get_model's allow_path (see refuse_model_paths)
+
+
+def refuse_model_paths() -> None:
+    """From now on, in this process, get_model resolves names only unless a caller passes
+    ``allow_path=True``: the operator calls it at startup and in its search process, so that no
+    code path of the library (the search, rendering, calibration) opens a file a spec named."""
+    global _model_paths
+    _model_paths = False
+
+
+def get_model(name_or_path: str | Path, *, allow_path: bool | None = None) -> ModelSpec:
     """A ModelSpec by Hugging Face id / alias, or from a config.json path (a file, or a folder
-    holding config.json)."""
+    holding config.json).
+
+    ``allow_path=False`` resolves names only, through the shipped catalog, and never touches the
+    filesystem for the name: a service taking model names from others (the Kubernetes operator)
+    must not open ``/etc/passwd`` because a spec named it, nor say whether it exists. None: the
+    process default (True unless refuse_model_paths was called)."""
     text = str(name_or_path)
+    if not (_model_paths if allow_path is None else allow_path):
+        return _load_known(resolve_model_name(check_model_id(text), paths_hint=False))
     path = Path(text)
-    if text.endswith(".json") or path.is_dir() or (path.exists() and path.is_file()):
+    try:
+        is_path = text.endswith(".json") or path.is_dir() or (path.exists() and path.is_file())
+    except OSError:  # a name no filesystem takes (a component over 255 bytes): not a path, so a name
+        is_path = False
+    if is_path:
         if path.is_dir():
             path = path / "config.json"
         if not path.exists():

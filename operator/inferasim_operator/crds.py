@@ -21,6 +21,7 @@ import yaml
 
 from inferasim.anchors import Anchor
 from inferasim.catalog.engines import ENGINES
+from inferasim.catalog.models import MODEL_ID_MAX_LENGTH, MODEL_ID_PATTERN
 from inferasim.spec import TuningSpec
 from inferasim_operator.models import (
     ANCHOR_KIND,
@@ -50,6 +51,11 @@ def _tuning_spec_schema() -> dict[str, Any]:
     # TuningSpec checks engine names in a validator; on the cluster an enum refuses them at once.
     s["properties"]["engines"]["items"]["enum"] = list(ENGINES)
     s["properties"]["engines"]["minItems"] = 1
+    # The operator takes a model by name only (a Hugging Face id or a catalog name, never a path it
+    # would open: inferasim.catalog.models.check_model_id); the CLI's model also takes a path, so
+    # the pydantic model bounds it at PATH_MAX and the CRD at the id's shape.
+    s["properties"]["model"]["maxLength"] = MODEL_ID_MAX_LENGTH
+    s["properties"]["model"]["pattern"] = MODEL_ID_PATTERN
     # WorkloadSource's "exactly one of static, prometheus, trace" as a structural oneOf of `required`.
     s["properties"]["workload"]["oneOf"] = [{"required": [k]} for k in ("static", "prometheus", "trace")]
     return s

@@ -41,6 +41,11 @@ def configure(settings: kopf.OperatorSettings, logger: logging.Logger, **_: Any)
     settings.peering.standalone = True
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
+    # Model names come from specs others wrote: the library resolves them through its catalog only,
+    # never as paths on the operator's filesystem (parse_tuning_spec refuses paths as well).
+    from inferasim.catalog.models import refuse_model_paths
+
+    refuse_model_paths()
     port = int(os.environ.get("INFERASIM_METRICS_PORT", "8080") or 0)
     if port:
         metrics.serve(port, os.environ.get("INFERASIM_METRICS_ADDR", "0.0.0.0"))

@@ -172,8 +172,8 @@ def build_job(target: HarvestTarget, policy: HarvestPolicy, limits: JobLimits, *
     }
     # The spec's nodeSelector when it gives one, else the GPU's own placement (gpu_node_placement).
     placement = {"nodeSelector": dict(policy.node_selector)} if policy.node_selector else gpu_node_placement(gpu)
-    tolerations = list(policy.tolerations) or [{"key": gpu.resource_name, "operator": "Exists",
-                                                "effect": "NoSchedule"}]
+    tolerations = [t.model_dump(by_alias=True, exclude_none=True) for t in policy.tolerations] or [
+        {"key": gpu.resource_name, "operator": "Exists", "effect": "NoSchedule"}]
     labels = {LABEL_MANAGED: MANAGER, LABEL_TUNING: label_value(tuning), LABEL_ANCHOR: target.key,
               LABEL_KIND: "harvest", "inferasim.io/engine": target.engine}
     pod_volumes = list(pod_spec["volumes"])

@@ -30,6 +30,9 @@ PREDICTION_ERROR = Gauge("inferasim_prediction_error",
                          "(ttft, itl, throughput).", ["namespace", "tuning", "metric"], registry=REGISTRY)
 PASSIVE_FITS = Counter("inferasim_passive_fits_total", "Passive anchor fits from live traffic, by result.", ["result"],
                        registry=REGISTRY)
+PASS_ERRORS = Counter("inferasim_pass_errors_total",
+                      "Passes (reconcile or timer) that ended in an exception, by kind (spec: the tuning is "
+                      "Invalid; internal: Degraded) and reason.", ["kind", "reason"], registry=REGISTRY)
 RECONCILES = Counter("inferasim_reconciles_total", "Reconcile runs, by trigger and result.", ["trigger", "result"],
                      registry=REGISTRY)
 

@@ -24,7 +24,9 @@ PHASES = ("Pending", "Observing", "Harvesting", "Searching", "Recommended", "Con
           "Failed")
 Phase = Literal["Pending", "Observing", "Harvesting", "Searching", "Recommended", "Confirming", "Confirmed",
                 "Invalid", "Failed"]
-CONDITION_TYPES = ("WorkloadObserved", "AnchorsReady", "Recommended", "Confirmed", "Priced", "PredictionDrift")
+# Degraded: the last pass ended in an error of the operator's own (not of the spec), with a summary.
+CONDITION_TYPES = ("WorkloadObserved", "AnchorsReady", "Recommended", "Confirmed", "Priced", "PredictionDrift",
+                   "Degraded")
 SHORTLIST_SIZE = 5
 HISTORY_SIZE = 10
 
@@ -58,7 +60,8 @@ class _Wire(BaseModel):
 
 
 class Condition(_Wire):
-    type: Literal["WorkloadObserved", "AnchorsReady", "Recommended", "Confirmed", "Priced", "PredictionDrift"]
+    type: Literal["WorkloadObserved", "AnchorsReady", "Recommended", "Confirmed", "Priced", "PredictionDrift",
+                  "Degraded"]
     status: Literal["True", "False", "Unknown"]
     reason: str = Field(description="CamelCase reason, e.g. MetricsAvailable, MissingSeries, SearchComplete.")
     message: str = Field("", description="Human-readable detail (the failing query, counts, durations).")

@@ -182,13 +182,22 @@ def backoff(settings: Settings, retries: int) -> float:
     return min(settings.backoff_base_s * 2 ** min(max(retries - 1, 0), 32), settings.backoff_max_s)
 
 
+MAX_DURATION_S = 366 * 86400.0
+
+
 def parse_duration(text: str | None, field_name: str) -> float | None:
-    """`24h`, `30m`, `1h30m` -> seconds; SpecError naming the field otherwise."""
+    """`24h`, `30m`, `1h30m` -> seconds, at most a year; SpecError naming the field otherwise."""
     if text is None:
         return None
+    shown = repr(text[:40] + "...") if isinstance(text, str) and len(text) > 40 else repr(text)
     if not isinstance(text, str) or not _DURATION.match(text.strip()):
-        raise SpecError(f"{field_name}: {text!r} is not a duration such as 30m, 24h or 1h30m")
-    return sum(float(n) * _UNIT_S[u] for n, u in re.findall(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)", text))
+        raise SpecError(f"{field_name}: {shown} is not a duration such as 30m, 24h or 1h30m")
+    seconds = sum(float(n) * _UNIT_S[u] for n, u in re.findall(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)", text))
+    # Bounded: thousands of digits read as an infinite float, which then reached the status patch
+    # (a canary's GPU-hours) and made the API server refuse the whole status write.
+    if not math.isfinite(seconds) or seconds > MAX_DURATION_S:
+        raise SpecError(f"{field_name}: {shown} is longer than a year (366d)")
+    return seconds
 
 
 # --------------------------------------------------------------------------------------------
@@ -205,8 +214,24 @@ def set_condition(conditions: list[dict[str, Any]], type_: str, status: str, rea
                          last_transition_time=when or now_iso(), observed_generation=generation))
     out = [c for c in conditions if c.get("type") != type_] + [new]
     order = {"WorkloadObserved": 0, "AnchorsReady": 1, "Priced": 2, "Recommended": 3, "Confirmed": 4,
-             "PredictionDrift": 5}
+             "PredictionDrift": 5, "Degraded": 6}
     return sorted(out, key=lambda c: order.get(c.get("type", ""), 9))
+
+
+class StatusNotWritable(ValueError):
+    """A status patch the API server would refuse (a number JSON cannot carry); never sent."""
+
+
+def non_finite_paths(obj: Any, path: str = "status") -> list[str]:
+    """Where ``obj`` holds a float that is inf or nan (JSON has no such number: the API server
+    refuses the whole patch, HTTP 500 Invalid JSON Patch)."""
+    if isinstance(obj, float):
+        return [] if math.isfinite(obj) else [path]
+    if isinstance(obj, dict):
+        return [p for k, v in obj.items() for p in non_finite_paths(v, f"{path}.{k}")]
+    if isinstance(obj, list | tuple):
+        return [p for i, v in enumerate(obj) for p in non_finite_paths(v, f"{path}[{i}]")]
+    return []
 
 
 class StatusBook:
@@ -239,6 +264,13 @@ class StatusBook:
         self.set(conditions=set_condition(self.status.get("conditions") or [], type_, status, reason, message,
                                           self.generation))
 
+    def discard(self) -> None:
+        """Forget the changes not written yet (a pass that failed half-way): the book reads as the
+        server holds the status again."""
+        for k, old in self._written.items():
+            self.status[k] = old
+        self._pending, self._written = {}, {}
+
     def cond(self, type_: str) -> dict[str, Any] | None:
         return next((c for c in self.status.get("conditions") or [] if c.get("type") == type_), None)
 
@@ -249,6 +281,13 @@ class StatusBook:
         # server holds and the new value lacks (a removed price's cost, an old prediction error's
         # figures next to a message that nothing was computed).
         patch = {k: kube_mod.merge_patch_to(self._written.get(k), v) for k, v in self._pending.items()}
+        bad = non_finite_paths(patch)
+        if bad:
+            # Refused here, whole: the book goes back to what the server holds, and the caller's pass
+            # ends (reconcile's guard reports it as Degraded) before anything is published.
+            self.discard()
+            raise StatusNotWritable(f"the status patch holds numbers JSON cannot carry (inf or nan) at "
+                                    f"{', '.join(bad[:5])}; it was not sent")
         self._pending, self._written = {}, {}
         try:
             await asyncio.to_thread(self.kube.patch_tuning_status, self.namespace, self.name, patch)
@@ -278,7 +317,9 @@ def post_event(body: dict[str, Any], type_: str, reason: str, message: str) -> N
 def parse_tuning_spec(spec: dict[str, Any], default_prometheus_url: str = "") -> TuningSpec:
     """The spec as the operator accepts it: TuningSpec plus the operator's own rules. An empty
     `workload.prometheus.url` is the operator's default Prometheus (`default_prometheus_url`)."""
-    parsed = parse_spec(json.loads(json.dumps(dict(spec))))
+    # model_paths=False: a model is a Hugging Face id or a catalog name here, never a path the
+    # operator would open on its own filesystem (and whose existence its messages would reveal).
+    parsed = parse_spec(json.loads(json.dumps(dict(spec))), model_paths=False)
     prom = parsed.workload.prometheus
     if prom is not None and not prom.url:
         if not default_prometheus_url:
@@ -661,6 +702,37 @@ def recommendation_of(payload: dict[str, Any], config_map: str) -> Recommendatio
                           manifest=payload.get("manifest", ""), manifest_config_map=config_map)
 
 
+def infeasible_reason(rec: Recommendation, payload: dict[str, Any], spec: TuningSpec) -> str:
+    """Why the search's first candidate must not be published ('' when it may): it misses the SLO
+    (the search ranks the closest miss first when no deployment meets it), or its predicted
+    throughput at the SLO is zero or not a finite number. The message names the closest candidate
+    and the SLO term it misses."""
+    what = f"{rec.engine} {rec.precision} {rec.layout_label} x{rec.replicas} ({rec.gpus} GPUs)"
+    slo = spec.objective.slo.model_dump(by_alias=True, exclude_none=True)
+    terms = ", ".join(f"objective.slo.{k} {v:g}" for k, v in slo.items()) or "no SLO terms set"
+    if not rec.meets_slo:
+        miss = str(payload.get("slo_miss") or "") or _p90_miss(rec, spec)
+        return (f"no deployment of {payload.get('candidates', 0)} candidates meets the SLO ({terms}); the closest, "
+                f"{what}, misses {miss}")
+    tp = rec.predicted.throughput_per_gpu  # None when the search's figure was not finite
+    if tp is None or tp <= 0:
+        raw = ((payload.get("recommendation") or {}).get("predicted") or {}).get("throughput_per_gpu_at_slo")
+        return (f"no deployment of {payload.get('candidates', 0)} candidates serves a positive throughput within "
+                f"the SLO ({terms}); the closest, {what}, predicts {raw!r} tok/s/GPU")
+    return ""
+
+
+def _p90_miss(rec: Recommendation, spec: TuningSpec) -> str:
+    """The p90 term `rec` misses most, from its predicted figures (a payload without `slo_miss`)."""
+    slo, p = spec.objective.slo, rec.predicted
+    worst, words = 1.0, "the SLO"
+    terms = (("TTFT p90", p.ttft_p90_ms, slo.ttft_p90_ms), ("ITL p90", p.itl_p90_ms, slo.itl_p90_ms))
+    for name, value, target in terms:
+        if value is not None and target and value / target > worst:
+            worst, words = value / target, f"{name} {value:,.1f} ms against {target:g} ms"
+    return words
+
+
 def shortlist_of(payload: dict[str, Any], window_s: float) -> list[Candidate]:
     out = []
     for e in payload.get("shortlist", [])[:SHORTLIST_SIZE]:
@@ -701,6 +773,7 @@ _locks: dict[str, asyncio.Lock] = {}
 _last_observe: dict[str, float] = {}
 _next_attempt: dict[str, float] = {}
 _retuned_for: dict[str, set[str]] = {}  # ServingAnchors (name@resourceVersion) a tuning was re-tuned for
+_timer_failures: dict[str, int] = {}  # consecutive timer passes that raised (their backoff), per tuning
 
 
 def _lock(uid: str) -> asyncio.Lock:
@@ -708,7 +781,7 @@ def _lock(uid: str) -> asyncio.Lock:
 
 
 def forget(uid: str) -> None:
-    for d in (_locks, _last_observe, _next_attempt, _retuned_for):
+    for d in (_locks, _last_observe, _next_attempt, _retuned_for, _timer_failures):
         d.pop(uid, None)
     metrics.forget(uid)
 
@@ -807,8 +880,57 @@ async def reconcile(body: dict[str, Any], kube: Kube, settings: Settings, *, tri
         except kopf.PermanentError:
             metrics.RECONCILES.labels(trigger=trigger, result="invalid").inc()
             raise
+        except Exception as exc:  # noqa: BLE001 - every pass ends in a condition, never a bare traceback
+            metrics.RECONCILES.labels(trigger=trigger, result="error").inc()
+            raise await pass_failed(body, book, kube, settings, exc) from exc
         metrics.RECONCILES.labels(trigger=trigger, result=result).inc()
         return result
+
+
+def _summary(exc: BaseException) -> str:
+    """A short, one-line account of an exception for a condition and an Event (an ApiException's
+    text is headers and a body over many lines)."""
+    if isinstance(exc, ApiException):
+        body = " ".join(str(exc.body or "").split())[:240]
+        text = f"Kubernetes API: HTTP {exc.status} {exc.reason}" + (f": {body}" if body else "")
+    else:
+        text = " ".join(f"{type(exc).__name__}: {exc}".split())
+    return text if len(text) <= 400 else text[:397] + "..."
+
+
+async def pass_failed(body: dict[str, Any], book: StatusBook, kube: Kube, settings: Settings,
+                      exc: Exception, timer_failures: int | None = None) -> kopf.PermanentError | kopf.TemporaryError:
+    """What a pass that raised becomes: a spec error parks the tuning Invalid (naming the field, as
+    the spec's own check does); anything else is the operator's own failure, `Degraded=True` with a
+    short summary, an Event and a metric, retried with the same growing backoff as a failed search
+    (it was retried blindly every 60 s, each time at the full cost of a search, with no condition
+    saying why). A timer pass (confirmation, harvest progress, drift) gives ``timer_failures``: its
+    backoff counts those, and `status.retries` is left alone, since the timer re-runs a whole search
+    for a tuning whose retries are above zero (and would retire the canaries being measured).
+    Returns the exception for the caller to raise."""
+    if isinstance(exc, SpecError):
+        metrics.PASS_ERRORS.labels(kind="spec", reason="InvalidSpec").inc()
+        book.discard()
+        return await _park_invalid(body, book, kube, f"invalid spec: {exc}", condition=("Recommended", "InvalidSpec"),
+                                   event="InvalidSpec")
+    reason = ("StatusNotWritable" if isinstance(exc, StatusNotWritable) else
+              "KubernetesApiError" if isinstance(exc, ApiException) else "InternalError")
+    summary = _summary(exc)
+    metrics.PASS_ERRORS.labels(kind="internal", reason=reason).inc()
+    log.error("%s/%s: pass failed (%s)", book.namespace, book.name, summary, exc_info=exc)
+    book.discard()  # half a pass is not written: the patch holds the failure only
+    retries = timer_failures or int(book.get("retries") or 0) + 1
+    delay = backoff(settings, retries)
+    book.condition("Degraded", "True", reason, f"{summary}; retry {retries} in {delay:.0f} s")
+    book.set(message=f"the last pass failed: {summary}"[:1000])
+    if timer_failures is None:
+        book.set(retries=retries)
+    try:
+        await book.flush()
+    except Exception as again:  # noqa: BLE001 - the status cannot be written either: the Event and log say it
+        log.error("%s/%s: cannot write the Degraded condition: %s", book.namespace, book.name, _summary(again))
+    post_event(body, "Warning", "Degraded", f"{summary} (retry in {delay:.0f} s)")
+    return kopf.TemporaryError(summary, delay=delay)
 
 
 async def _reconcile(body: dict[str, Any], book: StatusBook, kube: Kube, settings: Settings, reason: str,
@@ -944,18 +1066,29 @@ async def _reconcile(body: dict[str, Any], book: StatusBook, kube: Kube, setting
     window_s = parse_duration(spec.confirmation.window, "confirmation.window") or 0.0
     cm_name = config_map_name(book.name)
     rec = recommendation_of(payload, cm_name)
+    unmet = infeasible_reason(rec, payload, spec) if rec is not None else ""
+    if unmet:
+        # The search ranks the closest miss first when nothing meets the SLO: shown as what was
+        # closest, never published (its throughput at the SLO is nil: "0 tok/s/GPU" was published).
+        rec = None
     shortlist = shortlist_of(payload, window_s)
     entry = HistoryEntry(time=now_iso(), generation=gen, reason=reason[:200],
                          request_rate=observed.request_rate if observed else None)
+    publish_config_map, notice = False, ""
     if rec is None:
-        # Engine x precision pairs dropped before the search say why (ATOM on NVIDIA, fp4 for an
-        # FP8 checkpoint): with no candidate left, that is the reason, not the GPU budget.
-        excluded = "; ".join(f"{x['what']}: {x['why']}" for x in payload.get("excluded") or [])
-        book.condition("Recommended", "False", "NoFeasibleConfig",
-                       f"none of {payload['candidates']} candidates fits {spec.hardware.max_gpus} GPUs"
+        if unmet:
+            message = unmet
+        else:
+            # Engine x precision pairs dropped before the search say why (ATOM on NVIDIA, fp4 for an
+            # FP8 checkpoint): with no candidate left, that is the reason, not the GPU budget.
+            excluded = "; ".join(f"{x['what']}: {x['why']}" for x in payload.get("excluded") or [])
+            message = (f"none of {payload['candidates']} candidates fits {spec.hardware.max_gpus} GPUs"
                        + (f"; not considered: {excluded}" if excluded else ""))
-        book.set(phase="Harvesting" if harvesting else "Failed", recommendation=None, shortlist=[])
+        book.condition("Recommended", "False", "NoFeasibleConfig", message)
+        book.set(phase="Harvesting" if harvesting else "Failed", recommendation=None, shortlist=[],
+                 message=message[:1000])
         await _withdraw_config_map(body, book, kube, cm_name, "no recommendation")
+        notice = message  # posted once the status saying so is written
     else:
         if payload.get("render_error"):
             rec.manifest = ""
@@ -963,7 +1096,7 @@ async def _reconcile(body: dict[str, Any], book: StatusBook, kube: Kube, setting
             book.condition("Recommended", "True", "NotRenderable", f"{rec.engine} {rec.layout_label}: "
                                                                    f"{payload['render_error']}")
         else:
-            await asyncio.to_thread(kube.apply_config_map, config_map_for(body, rec, payload))
+            publish_config_map = True  # once the status holding the recommendation is written
             why = "Provisional" if harvesting else "SearchComplete"
             book.condition("Recommended", "True", why,
                            f"{rec.engine} {rec.precision} {rec.layout_label} x{rec.replicas} ({rec.gpus} GPUs): "
@@ -973,15 +1106,14 @@ async def _reconcile(body: dict[str, Any], book: StatusBook, kube: Kube, setting
         entry.engine, entry.layout_label, entry.gpus = rec.engine, rec.layout_label, rec.gpus
         entry.throughput_per_gpu = rec.predicted.throughput_per_gpu
         book.set(recommendation=dump(rec), shortlist=[dump(c) for c in shortlist])
-        post_event(body, "Normal", "Recommended", f"{rec.engine} {rec.layout_label} x{rec.replicas}, "
-                                                  f"{_fmt(rec.predicted.throughput_per_gpu)} tok/s/GPU; "
-                                                  f"manifest in ConfigMap {cm_name}")
     history = [dump(entry), *(book.get("history") or [])][:HISTORY_SIZE]
     book.set(history=history, lastTuneTime=now_iso(), observedGeneration=gen, retries=0,
              search={"candidates": payload["candidates"], "seconds": round(seconds, 3),
                      "workload": payload["workload"]})
+    if (book.cond("Degraded") or {}).get("status") == "True":
+        book.condition("Degraded", "False", "PassCompleted", "the last pass completed")
 
-    # 7. phase (and confirmation, once the anchors are in)
+    # 7. phase, the status write, then what is published (and confirmation, once the anchors are in)
     canaries: set[str] = set()
     old_template = (book.get("confirmation") or {}).get("analysisTemplate")
     if old_template:
@@ -990,7 +1122,21 @@ async def _reconcile(body: dict[str, Any], book: StatusBook, kube: Kube, setting
         book.set(phase="Harvesting", message=f"waiting for {len(harvesting)} harvest Job(s)")
     elif rec is not None:
         book.set(phase="Recommended", message=f"recommended {rec.engine} {rec.layout_label}")
-        if spec.confirmation.mode != "none" and spec.confirmation.candidates > 0 and not payload.get("render_error"):
+    # Nothing is published (ConfigMap, event, AnalysisTemplate, canaries) before the status that
+    # holds the recommendation is written: a refused status write once left a ConfigMap and a
+    # Recommended event for a tuning whose status still read Searching. flush raises if refused.
+    await book.flush()
+    if notice:
+        post_event(body, "Warning", "NoFeasibleConfig", notice)
+    if rec is not None:
+        if publish_config_map:
+            await asyncio.to_thread(kube.apply_config_map, config_map_for(body, rec, payload))
+        post_event(body, "Normal", "Recommended", f"{rec.engine} {rec.layout_label} x{rec.replicas}, "
+                                                  f"{_fmt(rec.predicted.throughput_per_gpu)} tok/s/GPU; "
+                                                  + (f"manifest in ConfigMap {cm_name}" if publish_config_map else
+                                                     "not renderable, no manifest"))
+        if not harvesting and spec.confirmation.mode != "none" and spec.confirmation.candidates > 0 and \
+                not payload.get("render_error"):
             from inferasim_operator.confirm import start_confirmation
 
             canaries = await start_confirmation(body, spec, payload, book, kube)
@@ -1108,7 +1254,23 @@ async def tick(body: dict[str, Any], kube: Kube, settings: Settings) -> str:
     if time.monotonic() < _next_attempt.get(uid, 0.0):
         return "backoff"
     try:
-        return await _tick(body, uid, phase, kube, settings)
+        try:
+            result = await _tick(body, uid, phase, kube, settings)
+        except (kopf.TemporaryError, kopf.PermanentError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - a timer pass ends in a condition too (reconcile's are already)
+            failures = _timer_failures[uid] = _timer_failures.get(uid, 0) + 1
+            async with _lock(uid):
+                body, book = await fresh_book(body, kube)
+                raise await pass_failed(body, book, kube, settings, exc, timer_failures=failures) from exc
+        if _timer_failures.pop(uid, None):
+            # The timer's pass works again: Degraded, which its failure set, is lifted.
+            async with _lock(uid):
+                body, book = await fresh_book(body, kube)
+                if (book.cond("Degraded") or {}).get("status") == "True":
+                    book.condition("Degraded", "False", "PassCompleted", "the timer's last pass completed")
+                    await book.flush()
+        return result
     except kopf.TemporaryError as exc:
         retries = int(((await asyncio.to_thread(kube.get_tuning, meta["namespace"], meta["name"])).get("status")
                        or {}).get("retries") or 1)

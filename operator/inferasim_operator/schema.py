@@ -19,7 +19,7 @@ __all__ = ["SchemaConversionError", "structural"]
 # Keys a structural schema node may carry (value validations and metadata we keep).
 # A tuple, not a set: the generated YAML must not depend on string hashing (the drift test).
 _KEEP = ("description", "enum", "minimum", "maximum", "minLength", "maxLength", "pattern", "minItems", "maxItems",
-         "uniqueItems", "multipleOf")
+         "uniqueItems", "multipleOf", "minProperties", "maxProperties")
 # Formats Kubernetes 1.20 validates (others are rejected at CRD creation or ignored).
 _FORMATS = {"date-time", "date", "byte", "int32", "int64", "float", "double", "uri", "email", "hostname",
             "ipv4", "ipv6", "uuid", "duration"}

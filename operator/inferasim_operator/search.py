@@ -75,7 +75,7 @@ def search_payload(spec: dict[str, Any], anchor_dirs: list[str], name: str, name
     from inferasim.spec import TuningSpec
 
     t0 = time.perf_counter()
-    parsed = TuningSpec.model_validate(spec)
+    parsed = TuningSpec.model_validate(spec, context={"model_paths": False})
     result = tune(parsed, anchor_dirs=[Path(d) for d in anchor_dirs], stage2_top=stage2_top)
     full = result.as_dict()
     out: dict[str, Any] = {
@@ -93,6 +93,11 @@ def search_payload(spec: dict[str, Any], anchor_dirs: list[str], name: str, name
     out["anchors_provenance"] = {k: used_provenance(stored, v) for k, v in full["anchors_used"].items()}
     rec = result.recommendation
     if rec is not None:
+        from inferasim.search.tune import slo_miss
+
+        # The SLO term the first candidate misses ('' when it meets them): the operator names it
+        # when no deployment meets the SLO, and publishes nothing.
+        out["slo_miss"] = slo_miss(rec, parsed.objective.slo)
         try:
             manifests = recommendation_manifests(result, rec, name, namespace)
             if rec.candidate.disagg is None:
@@ -132,6 +137,11 @@ def _child(conn: Any, args: tuple[Any, ...]) -> None:
     # Its own process group: tune may start worker processes, and a timeout must end them all.
     os.setsid()
     try:
+        from inferasim.catalog.models import refuse_model_paths
+
+        # A fresh (spawned) process: it refuses model paths as the operator does, everywhere in the
+        # library (tune, rendering), not only in the spec's validation.
+        refuse_model_paths()
         conn.send(("ok", search_payload(*args)))
     except ValueError as exc:
         conn.send(("invalid", str(exc)))

@@ -41,8 +41,8 @@ def walk(node: dict[str, Any], path: str = "") -> list[tuple[str, dict[str, Any]
     return out
 
 
-@pytest.mark.parametrize("crd,free_form", [(crds.tuning_crd(), [".spec.harvest.tolerations[]"]),
-                                           (crds.anchor_crd(), [])], ids=["tuning", "anchor"])
+# No free-form value left in either CRD: tolerations are typed (core/v1 Toleration's fields).
+@pytest.mark.parametrize("crd,free_form", [(crds.tuning_crd(), []), (crds.anchor_crd(), [])], ids=["tuning", "anchor"])
 def test_structural(crd: dict[str, Any], free_form: list[str]) -> None:
     v = crd["spec"]["versions"][0]
     assert v["subresources"] == {"status": {}}
@@ -56,7 +56,7 @@ def test_structural(crd: dict[str, Any], free_form: list[str]) -> None:
         if "exclusiveMinimum" in node:
             assert node["exclusiveMinimum"] is True and "minimum" in node
         if node.get("x-kubernetes-preserve-unknown-fields"):
-            # only free-form values: tolerations entries, harvest policy maps of Any
+            # only free-form values (maps of Any)
             assert node["type"] == "object" and "properties" not in node, path
     # unknown fields are kept only where values are free form
     assert [p for p, n in walk(schema) if n.get("x-kubernetes-preserve-unknown-fields")] == free_form
@@ -71,12 +71,51 @@ def test_tuning_spec_validation() -> None:
     assert props["hardware"]["properties"]["maxGPUs"]["minimum"] == 1
     slo = props["objective"]["properties"]["slo"]["properties"]["ttftP90Ms"]
     assert slo == {"type": "number", "description": slo["description"], "minimum": 0, "exclusiveMinimum": True,
-                   "nullable": True}
+                   "maximum": 86_400_000, "nullable": True}
     assert props["confirmation"]["properties"]["mode"]["enum"] == ["none", "canary", "argo-rollouts"]
     assert props["workload"]["oneOf"] == [{"required": ["static"]}, {"required": ["prometheus"]},
                                           {"required": ["trace"]}]
-    assert props["harvest"]["properties"]["tolerations"]["items"] == {
-        "type": "object", "x-kubernetes-preserve-unknown-fields": True}
+    tol = props["harvest"]["properties"]["tolerations"]
+    assert tol["maxItems"] == 32 and "x-kubernetes-preserve-unknown-fields" not in tol["items"]
+    assert set(tol["items"]["properties"]) == {"key", "operator", "value", "effect", "tolerationSeconds"}
+    assert tol["items"]["properties"]["operator"]["enum"] == ["Exists", "Equal"]
+    assert tol["items"]["properties"]["effect"]["enum"] == ["NoSchedule", "PreferNoSchedule", "NoExecute"]
+    assert tol["items"]["properties"]["tolerationSeconds"]["minimum"] == 0
+
+
+def test_the_api_server_bounds_what_once_broke_the_operator() -> None:
+    """Strings, maps and numbers that made a pass fail (a 100,000-character model, 2,000 selector
+    labels, a 5,000-digit window) are bounded in the schema, so the API server refuses them."""
+    props = crds.tuning_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    from inferasim.catalog.models import MODEL_ID_PATTERN
+
+    assert props["model"]["maxLength"] == 200 and props["model"]["pattern"] == MODEL_ID_PATTERN
+    prom = props["workload"]["properties"]["prometheus"]["properties"]
+    assert prom["selector"]["maxProperties"] == 32 and prom["selector"]["additionalProperties"]["maxLength"] == 256
+    assert prom["url"]["maxLength"] == 2048 and prom["window"]["maxLength"] == 32
+    conf = props["confirmation"]["properties"]
+    assert conf["window"]["maxLength"] == 32 and conf["startupTimeout"]["maxLength"] == 32
+    assert props["retune"]["properties"]["every"]["maxLength"] == 32
+    assert props["target"]["properties"]["name"]["maxLength"] == 253
+    hw = props["hardware"]["properties"]
+    assert hw["maxGPUs"]["maximum"] == 65536 and hw["gpusPerNode"]["maximum"] == 1024
+    assert hw["pricePerGpuHour"]["maximum"] == 10_000
+    static = props["workload"]["properties"]["static"]["properties"]
+    assert static["requestRate"]["maximum"] == 1e6 and static["inputTokens"]["maximum"] == 10_000_000
+    harvest = props["harvest"]["properties"]
+    assert harvest["nodeSelector"]["maxProperties"] == 32 and harvest["images"]["maxProperties"] == 3
+    assert harvest["deadlineMinutes"]["maximum"] == 10_080
+    # Every string, number, map and list of the spec carries a bound (an enum bounds itself).
+    spec = crds.tuning_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    for path, node in walk(spec):
+        if node.get("type") == "string" and "enum" not in node:
+            assert "maxLength" in node, path
+        if node.get("type") == "object" and "additionalProperties" in node:
+            assert "maxProperties" in node, path
+        if node.get("type") == "array":
+            assert "maxItems" in node, path
+        if node.get("type") in ("number", "integer"):
+            assert "maximum" in node, path
 
 
 def test_printer_columns_and_names() -> None:
