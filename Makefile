@@ -19,10 +19,12 @@ demo: $(STAMP)
 
 test: test-deps $(STAMP)
 	$(BIN)/ruff check inferasim operator tests benchmarks
+	$(BIN)/lint-imports --no-cache
 	$(BIN)/python -m pytest
 
 lint: $(STAMP)
 	$(BIN)/ruff check inferasim operator tests benchmarks
+	$(BIN)/lint-imports --no-cache
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/run.py

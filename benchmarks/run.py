@@ -26,12 +26,13 @@ sys.path.insert(0, str(REPO))
 
 from inferasim.catalog.gpus import get_gpu  # noqa: E402
 from inferasim.catalog.models import get_model  # noqa: E402
-from inferasim.layout import Layout  # noqa: E402
-from inferasim.layoutcost import layout_cost  # noqa: E402
-from inferasim.predictor import AnchoredPredictor  # noqa: E402
+from inferasim.core.layout import Layout  # noqa: E402
+from inferasim.core.runs import BenchRow, RowPrediction, load_rows  # noqa: E402
+from inferasim.model.layoutcost import layout_cost  # noqa: E402
+from inferasim.model.predictor import AnchoredPredictor  # noqa: E402
+from inferasim.model.steptime import StepParams, step_time  # noqa: E402
 from inferasim.sources import read_as_run  # noqa: E402
-from inferasim.steptime import StepParams, step_time  # noqa: E402
-from inferasim.validate import BenchRow, RowPrediction, load_rows, run_validation  # noqa: E402
+from inferasim.validate import run_validation  # noqa: E402
 
 DATA = REPO.parent / "shared" / "data"
 BUDGET_S = 60.0
@@ -138,8 +139,8 @@ def bench_steptime() -> None:
 def bench_tune() -> None:
     """Issue 5's target: >= 5,000 candidates, the simulator on the best 50, a 2,000-request
     multi-turn workload, under 10 s on the 2-core machine."""
+    from inferasim.core.spec import parse_spec
     from inferasim.search.tune import tune
-    from inferasim.spec import parse_spec
 
     spec = parse_spec({
         "model": "Qwen/Qwen3-235B-A22B", "precision": ["fp8", "bf16"],

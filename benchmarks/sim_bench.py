@@ -25,9 +25,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from inferasim.anchors import load_anchor  # noqa: E402
-from inferasim.layout import Layout  # noqa: E402
-from inferasim.predictor import fitted_from_anchor  # noqa: E402
+from inferasim.core.layout import Layout  # noqa: E402
+from inferasim.model.anchors import load_anchor  # noqa: E402
+from inferasim.model.predictor import fitted_from_anchor  # noqa: E402
 from inferasim.sim.api import simulate_workload  # noqa: E402
 from inferasim.sim.workload import Driver, load_trace  # noqa: E402
 

@@ -14,7 +14,7 @@ only what one point does identify:
 
 Everything else stays the parent's. Without a parent anchor the measurement-free defaults of the
 GPU family are calibrated the same way, and the provenance says so. The result is an
-:class:`~inferasim.anchors.Anchor` with provenance ``canary``, its measured points, the residuals
+:class:`~inferasim.model.anchors.Anchor` with provenance ``canary``, its measured points, the residuals
 before (the parent's prediction error at the canary's point) and after the calibration.
 """
 
@@ -27,16 +27,17 @@ from typing import Any
 
 import numpy as np
 
-from inferasim.anchors import Anchor, BenchPoint, FitReport, KernelSet, LayoutModel, Provenance
 from inferasim.catalog.engines import normalize_engine
 from inferasim.catalog.gpus import get_gpu
 from inferasim.catalog.models import get_model
-from inferasim.fit import predict_points
-from inferasim.layout import Layout
-from inferasim.layoutcost import layout_cost
-from inferasim.predictor import fit_points
-from inferasim.sim.benchmark import engine_sched
-from inferasim.steptime import PARAM_BOUNDS, STEP_MODEL_REVISION, StepParams, default_params
+from inferasim.core.layout import Layout
+from inferasim.errors import UserError
+from inferasim.model.anchors import Anchor, BenchPoint, FitReport, KernelSet, LayoutModel, Provenance
+from inferasim.model.fit import predict_points
+from inferasim.model.layoutcost import layout_cost
+from inferasim.model.predictor import fit_points
+from inferasim.model.steady import engine_sched
+from inferasim.model.steptime import PARAM_BOUNDS, STEP_MODEL_REVISION, StepParams, default_params
 
 __all__ = [
     "Calibration",
@@ -59,7 +60,7 @@ _EFFICIENCIES = ("e_bw", "e_kv", "e_flops", "e_attn")
 CONVERGED_LOG = 1e-3
 
 
-class CalibrationError(ValueError):
+class CalibrationError(UserError):
     """A measurement that cannot be calibrated; the message says which quantity is wrong."""
 
 
@@ -168,7 +169,7 @@ def calibrate(kernel_set: KernelSet, layout: Layout, points: Sequence[BenchPoint
         if parent.params:
             base = StepParams.from_dict(parent.params)
         else:  # an anchor stored without parameters: fit it as the predictor would
-            from inferasim.predictor import fitted_from_anchor
+            from inferasim.model.predictor import fitted_from_anchor
 
             base = fitted_from_anchor(parent).params
     else:

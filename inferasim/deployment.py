@@ -33,7 +33,6 @@ from typing import Any
 
 import yaml
 
-from inferasim.anchors import KernelSet
 from inferasim.catalog.engines import (
     UnknownEngineError,
     default_port,
@@ -42,7 +41,11 @@ from inferasim.catalog.engines import (
     normalize_engine,
 )
 from inferasim.catalog.gpus import GPU, UnknownGPUError, get_gpu
-from inferasim.layout import Layout, LayoutError
+from inferasim.catalog.precision import PRECISIONS
+from inferasim.catalog.userfile import UserFileError, read_user_text
+from inferasim.core.layout import Layout, LayoutError
+from inferasim.errors import UserError
+from inferasim.model.anchors import KernelSet
 from inferasim.render import (
     _KV_DTYPES,
     _PRODUCT_LABEL_KEY,
@@ -50,13 +53,11 @@ from inferasim.render import (
     AMD_DEVICE_IDS,
     LABEL_GPU,
     LABEL_ROLE,
-    PRECISIONS,
     ServingConfig,
     _alias_map,
     _image,
     flag_spelling,
 )
-from inferasim.userfile import UserFileError, read_user_text
 
 __all__ = ["DeploymentError", "LiveDeployment", "engine_version_from_image", "kernel_set_of", "read_deployment"]
 
@@ -80,7 +81,7 @@ _SERVER_ROLES = ("host", "port", "enable_metrics")
 _VERSION = r"\d+\.\d+(?:\.\d+)*(?:rc\d+|\.post\d+|\.dev\d+)?"
 
 
-class DeploymentError(ValueError):
+class DeploymentError(UserError):
     """The manifest does not say something inferasim needs; the message names the field and the fix."""
 
 
@@ -117,13 +118,13 @@ class LiveDeployment:
         """The kernel set this deployment runs, spelled as the harvester spells it (so a harvested
         and a passive anchor of one deployment compare equal): precision "" for the checkpoint's own,
         the KV dtype "fp8" for any fp8 cache, and for an unset cache dtype the benchmark rule of
-        :func:`inferasim.predictor.benchmark_kv_dtype` that the harvester and the emulator use."""
+        :func:`inferasim.model.predictor.benchmark_kv_dtype` that the harvester and the emulator use."""
         return kernel_set_of(self.config, self.attention_backend, self.graph_mode)
 
 
 def kernel_set_of(cfg: ServingConfig, attention_backend: str = "auto", graph_mode: str = "default") -> KernelSet:
     """The kernel set of a serving configuration (see :meth:`LiveDeployment.kernel_set`)."""
-    from inferasim.predictor import benchmark_kv_dtype
+    from inferasim.model.predictor import benchmark_kv_dtype
 
     precision = "" if cfg.precision == "auto" else cfg.precision
     kv = cfg.kv_cache_dtype.lower()

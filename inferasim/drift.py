@@ -23,14 +23,14 @@ from typing import Any
 
 import numpy as np
 
-from inferasim.anchors import AnchorStore
 from inferasim.deployment import LiveDeployment, kernel_set_of
-from inferasim.layoutcost import layout_cost
+from inferasim.model.anchors import AnchorStore
+from inferasim.model.layoutcost import layout_cost
+from inferasim.model.predictor import FittedAnchor, fitted_from_anchor
+from inferasim.model.steady import closed_loop, engine_sched
 from inferasim.observe import ObservedWorkload
 from inferasim.passive import Window
-from inferasim.predictor import FittedAnchor, fitted_from_anchor
 from inferasim.render import ServingConfig
-from inferasim.sim.benchmark import closed_loop, engine_sched
 
 __all__ = ["METRICS", "PredictionError", "prediction_error"]
 

@@ -1,6 +1,7 @@
-"""Helpers for watching a live deployment over time (what the operator needs beside fit_live and
+"""Helpers for watching a live deployment over time (what the operator needs beside
 prediction_error, kept here so that the operator stays a thin adapter).
 
+* :func:`fit_live` fits a passive anchor of a running Deployment from its Prometheus series.
 * :func:`read_live` reads a Deployment for passive fits and prediction checks: a manifest that
   names no precision runs the checkpoint's own, which is how the search names that kernel set.
 * :func:`search_view` is the set of anchors a search should see: a passive anchor only where no
@@ -14,14 +15,20 @@ prediction_error, kept here so that the operator stays a thin adapter).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from inferasim.anchors import Anchor, method_rank
 from inferasim.deployment import LiveDeployment, read_deployment
+from inferasim.model.anchors import Anchor, method_rank
+from inferasim.passive import fit_passive, iso_utc
 
-__all__ = ["drift_transition", "read_live", "refit_range", "search_view", "used_provenance"]
+if TYPE_CHECKING:  # pragma: no cover
+    import httpx
+
+__all__ = ["drift_transition", "fit_live", "read_live", "refit_range", "search_view", "used_provenance"]
 
 
 def read_live(manifest: Mapping[str, Any] | str | Path, *, gpu: str | None = None,
@@ -45,7 +52,7 @@ def _search_key(anchor: Anchor) -> tuple[str, str, str, str]:
     """What the search matches an anchor on: engine, model, GPU, precision (any version), with
     names resolved as the anchor store resolves them (`KernelSet.normalized`) and the precision's
     aliases folded ("" is the checkpoint's own, as "auto")."""
-    from inferasim.catalog.models import normalize_precision
+    from inferasim.catalog.precision import normalize_precision
 
     engine, _version, model, gpu, precision, *_ = anchor.kernel_set.normalized()
     try:
@@ -99,3 +106,48 @@ def drift_transition(previous: str | None, worst: float, threshold: float) -> tu
     if worst > threshold:
         return None if previous == "True" else ("True", "PredictionError")
     return None if previous == "False" else ("False", "WithinThreshold")
+
+
+def fit_live(deployment: LiveDeployment | Mapping[str, Any] | str | Path, prometheus: str,
+             selector: Mapping[str, str], *, window_s: float = 3600.0, step_s: float = 60.0,
+             end: float | None = None, gpu: str | None = None, engine_version: str | None = None,
+             timeout: float = 10.0, transport: httpx.BaseTransport | None = None,
+             clock: Callable[[], float] = time.time) -> Anchor:
+    """A passive anchor of a live deployment: its manifest names the kernel set and layout, its
+    Prometheus series over ``[end - window_s, end]`` (one window per ``step_s``) are the points.
+
+    ``deployment`` is a :class:`~inferasim.deployment.LiveDeployment` or what
+    :func:`~inferasim.deployment.read_deployment` reads (``gpu`` and ``engine_version`` are passed
+    to it); ``selector`` picks the deployment's series (e.g. ``{"namespace": "llm", "pod": ...}``).
+    Requests in flight are divided by the replicas: a window describes one replica.
+
+    The anchor's provenance is ``passive``, with the Prometheus URL, selector, range and step in
+    ``source``, the windows used in ``measured_at`` (ISO 8601 interval) and the PromQL in ``notes``.
+    Raises NotIdentifiable (what is missing: usable windows, load spread, one model for all windows),
+    :class:`~inferasim.observe.ObservationError` (the failing query) and
+    :class:`~inferasim.deployment.DeploymentError` (the manifest field).
+    """
+    from inferasim.catalog.models import get_model
+    from inferasim.deployment import LiveDeployment, read_deployment
+    from inferasim.observe import observe_windows, range_queries, selector_matchers
+
+    live = deployment if isinstance(deployment, LiveDeployment) else read_deployment(
+        deployment, gpu=gpu, engine_version=engine_version)
+    if not window_s > step_s > 0:
+        raise ValueError(f"window ({window_s:g} s) must be longer than step ({step_s:g} s), and both positive")
+    end = clock() if end is None else end
+    start = end - window_s
+    source = {"url": prometheus, "selector": dict(selector)}
+    queries = range_queries(live.engine, selector, step_s)
+    windows = observe_windows(source, start, end, step_s, live.engine, timeout=timeout, transport=transport)
+    replicas = live.config.replicas
+    if replicas > 1:
+        windows = [replace(w, in_flight=w.in_flight / replicas) for w in windows]
+    cfg = live.config
+    anchor = fit_passive(
+        live.kernel_set(), get_model(cfg.model), cfg.gpu_spec, cfg.layout, windows,
+        source=(f"{prometheus} {selector_matchers(selector)} {iso_utc(start)}/{iso_utc(end)} step {step_s:g}s "
+                f"({live.namespace}/{live.name}, {replicas} replica(s))"),
+        queries=[q for alts in queries.values() for q in alts])
+    anchor.provenance.engine_image = live.image
+    return anchor

@@ -4,7 +4,7 @@ Instant queries (`/api/v1/query`) of the serving engine's own metrics, by engine
 vLLM `vllm:*`, SGLang `sglang:*`, ATOM `atom:*` (PromQL of shared/notes/engine-facts.md section 4),
 restricted to the target's series by a label selector. The result is an :class:`ObservedWorkload`
 (request rate, prompt/output length means and quantiles, prefix-cache hit rate, running and
-waiting requests, observed TTFT and ITL) and, from it, the :class:`~inferasim.spec.StaticWorkload`
+waiting requests, observed TTFT and ITL) and, from it, the :class:`~inferasim.core.spec.StaticWorkload`
 that ``tune`` reads.
 
 A quantity is never made up: a series the engine should export but Prometheus does not have, an
@@ -27,8 +27,9 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
+from inferasim.core.spec import PrometheusWorkload, StaticWorkload
+from inferasim.errors import InferasimError
 from inferasim.passive import Window
-from inferasim.spec import PrometheusWorkload, StaticWorkload
 
 __all__ = [
     "ENGINE_PREFIX",
@@ -58,7 +59,7 @@ _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 _DURATION = re.compile(r"^([0-9]+(ms|s|m|h|d|w|y))+$")
 
 
-class ObservationError(RuntimeError):
+class ObservationError(InferasimError, RuntimeError):
     """The workload could not be observed. ``query`` is the PromQL (or URL) that failed and
     ``reason`` a short CamelCase word for a Kubernetes condition (Unreachable, MissingSeries,
     QueryError, NoTraffic, BadSelector)."""

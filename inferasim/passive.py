@@ -14,27 +14,24 @@ that only fits one operating point.
 from __future__ import annotations
 
 import datetime as dt
-import time
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from inferasim.anchors import Anchor, BenchPoint, FitReport, KernelSet, LayoutModel, Provenance
 from inferasim.catalog.gpus import GPU
 from inferasim.catalog.models import ModelSpec
-from inferasim.fit import FitPoint, fit_params
-from inferasim.layout import Layout
-from inferasim.layoutcost import layout_cost
-from inferasim.sim.benchmark import engine_sched
-from inferasim.steptime import STEP_MODEL_REVISION, default_params
+from inferasim.core.layout import Layout
+from inferasim.errors import UserError
+from inferasim.model.anchors import Anchor, BenchPoint, FitReport, KernelSet, LayoutModel, Provenance
+from inferasim.model.fit import FitPoint, fit_params
+from inferasim.model.layoutcost import layout_cost
+from inferasim.model.steady import engine_sched
+from inferasim.model.steptime import STEP_MODEL_REVISION, default_params
 
 if TYPE_CHECKING:
-    import httpx
 
-    from inferasim.deployment import LiveDeployment
+    pass
 
 MIN_WINDOWS = 3
 MIN_BATCH_SPREAD = 2.0
@@ -60,7 +57,7 @@ class Window:
     requests: float  # finished in the window
 
 
-class NotIdentifiable(ValueError):
+class NotIdentifiable(UserError):
     """The windows do not pin the parameters; the message says what is missing."""
 
 
@@ -148,56 +145,11 @@ def fit_passive(kernel_set: KernelSet, model: ModelSpec, gpu: GPU, layout: Layou
                       converged=result.converged, message=(unidentified + result.message)[:500],
                       step_model=STEP_MODEL_REVISION),
         provenance=Provenance(method="passive", source=source,
-                              measured_at=f"{_iso(min(w.start for w in win))}/{_iso(max(w.end for w in win))}",
+                              measured_at=f"{iso_utc(min(w.start for w in win))}/{iso_utc(max(w.end for w in win))}",
                               measured_by="inferasim passive fit", rows=[b.row_id for b in bench],
                               notes=unidentified + "queries: " + " | ".join(queries or [])),
     )
 
 
-def _iso(ts: float) -> str:
+def iso_utc(ts: float) -> str:
     return dt.datetime.fromtimestamp(ts, dt.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
-
-
-def fit_live(deployment: LiveDeployment | Mapping[str, Any] | str | Path, prometheus: str,
-             selector: Mapping[str, str], *, window_s: float = 3600.0, step_s: float = 60.0,
-             end: float | None = None, gpu: str | None = None, engine_version: str | None = None,
-             timeout: float = 10.0, transport: httpx.BaseTransport | None = None,
-             clock: Callable[[], float] = time.time) -> Anchor:
-    """A passive anchor of a live deployment: its manifest names the kernel set and layout, its
-    Prometheus series over ``[end - window_s, end]`` (one window per ``step_s``) are the points.
-
-    ``deployment`` is a :class:`~inferasim.deployment.LiveDeployment` or what
-    :func:`~inferasim.deployment.read_deployment` reads (``gpu`` and ``engine_version`` are passed
-    to it); ``selector`` picks the deployment's series (e.g. ``{"namespace": "llm", "pod": ...}``).
-    Requests in flight are divided by the replicas: a window describes one replica.
-
-    The anchor's provenance is ``passive``, with the Prometheus URL, selector, range and step in
-    ``source``, the windows used in ``measured_at`` (ISO 8601 interval) and the PromQL in ``notes``.
-    Raises NotIdentifiable (what is missing: usable windows, load spread, one model for all windows),
-    :class:`~inferasim.observe.ObservationError` (the failing query) and
-    :class:`~inferasim.deployment.DeploymentError` (the manifest field).
-    """
-    from inferasim.catalog.models import get_model
-    from inferasim.deployment import LiveDeployment, read_deployment
-    from inferasim.observe import observe_windows, range_queries, selector_matchers
-
-    live = deployment if isinstance(deployment, LiveDeployment) else read_deployment(
-        deployment, gpu=gpu, engine_version=engine_version)
-    if not window_s > step_s > 0:
-        raise ValueError(f"window ({window_s:g} s) must be longer than step ({step_s:g} s), and both positive")
-    end = clock() if end is None else end
-    start = end - window_s
-    source = {"url": prometheus, "selector": dict(selector)}
-    queries = range_queries(live.engine, selector, step_s)
-    windows = observe_windows(source, start, end, step_s, live.engine, timeout=timeout, transport=transport)
-    replicas = live.config.replicas
-    if replicas > 1:
-        windows = [replace(w, in_flight=w.in_flight / replicas) for w in windows]
-    cfg = live.config
-    anchor = fit_passive(
-        live.kernel_set(), get_model(cfg.model), cfg.gpu_spec, cfg.layout, windows,
-        source=(f"{prometheus} {selector_matchers(selector)} {_iso(start)}/{_iso(end)} step {step_s:g}s "
-                f"({live.namespace}/{live.name}, {replicas} replica(s))"),
-        queries=[q for alts in queries.values() for q in alts])
-    anchor.provenance.engine_image = live.image
-    return anchor

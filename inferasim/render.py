@@ -34,6 +34,7 @@ from typing import Any
 
 import yaml
 
+from inferasim.catalog.checkpoints import names_quantized_checkpoint, precision_error
 from inferasim.catalog.engines import (
     DEFAULT_HOST,
     SGLANG_MAX_PREFILL_TOKENS,
@@ -47,14 +48,9 @@ from inferasim.catalog.engines import (
     normalize_engine,
 )
 from inferasim.catalog.gpus import GPU, get_gpu
-from inferasim.catalog.models import (
-    ModelSpec,
-    exact_catalog_id,
-    get_model,
-    normalize_precision,
-    sibling_checkpoints,
-)
-from inferasim.layout import Layout
+from inferasim.catalog.models import get_model
+from inferasim.catalog.precision import PRECISIONS
+from inferasim.core.layout import Layout
 
 __all__ = [
     "ANNOTATION_FP8_KERNELS",
@@ -64,7 +60,6 @@ __all__ = [
     "LABEL_ENGINE",
     "LABEL_LAYOUT",
     "LABEL_NAME",
-    "PRECISIONS",
     "SPEC_METHODS",
     "ServingConfig",
     "engine_args",
@@ -72,9 +67,6 @@ __all__ = [
     "gpu_node_label",
     "gpu_node_placement",
     "fp8_kernels_note",
-    "precision_error",
-    "priced_precision",
-    "weight_class",
     "served_model_id",
     "render_deployment",
     "render_manifests",
@@ -111,28 +103,6 @@ _SHM_GIB_MULTI_GPU = 32
 # Probes: weights download + load + graph capture of a large model can take many minutes, so a
 # startup probe (up to 30 min) guards the liveness probe.
 _PROBE_PATH = "/health"  # vLLM / ATOM: notes 5.1 and 5.3; SGLang http_server /health (not in the notes)
-
-# Precision spellings accepted in ServingConfig.precision.
-PRECISIONS: tuple[str, ...] = (
-    "auto",
-    "bf16",
-    "fp16",
-    "fp8",
-    "fp4",
-    "mxfp4",
-    "nvfp4",
-    "int4",
-    "int8",
-    "w4a16",
-    "w8a8",
-    "awq",
-    "gptq",
-)
-# Model ids that already name a quantised checkpoint: the engine reads the scheme from the
-# checkpoint's config.json and an explicit --quantization would have to match it, so none is passed.
-_PREQUANTIZED_ID = re.compile(
-    r"(fp8|fp4|int4|int8|awq|gptq|w8a8|w4a16|w4a8|quark|mxfp|nvfp|ptpc|bnb|gguf)", re.IGNORECASE
-)
 
 # Speculative decoding methods and their per-engine spellings.
 SPEC_METHODS: tuple[str, ...] = ("none", "eagle", "eagle3", "mtp", "ngram")
@@ -226,7 +196,7 @@ class ServingConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "engine", normalize_engine(self.engine))
         if not isinstance(self.layout, Layout):
-            raise ValueError(f"layout must be an inferasim.layout.Layout, got {type(self.layout).__name__}")
+            raise ValueError(f"layout must be an inferasim.core.layout.Layout, got {type(self.layout).__name__}")
         if not isinstance(self.model, str) or not self.model.strip() or self.model.startswith("-"):
             raise ValueError(f"model must be a Hugging Face id or path, got {self.model!r}")
         if any(c.isspace() for c in self.model):
@@ -518,7 +488,7 @@ def _parallel_args(cfg: ServingConfig, args: _Args) -> None:
 
 
 def _online_fp8(cfg: ServingConfig) -> bool:
-    return _norm(cfg.precision) == "fp8" and not _PREQUANTIZED_ID.search(cfg.model)
+    return _norm(cfg.precision) == "fp8" and not names_quantized_checkpoint(cfg.model)
 
 
 # Annotation of a manifest whose online FP8 runs other kernels than the price assumed.
@@ -549,22 +519,6 @@ def fp8_kernels_note(cfg: ServingConfig) -> str | None:
             "prediction). Point the model at the published FP8 checkpoint to run the priced kernels.")
 
 
-def weight_class(precision: str) -> str | None:
-    """The weights a precision asks for or a checkpoint format holds (None: auto). The catalog's
-    normalize_precision folds the aliases (nvfp4, w8a8, awq ...); on top of it the 16-bit formats
-    are one class, and a 4-bit float request is met by NVFP4 and MXFP4 checkpoints alike (the
-    public data calls gpt-oss's MXFP4 "fp4")."""
-    p = normalize_precision(precision)
-    return None if p == "auto" else {"bf16": "16-bit", "fp16": "16-bit", "mxfp4": "fp4"}.get(p, p)
-
-
-# A quantised checkpoint's format from its id where the catalog does not hold that exact id
-# (RedHatAI/Meta-Llama-3.1-70B-Instruct-FP8, Qwen/Qwen3-235B-A22B-Instruct-2507-FP8).
-_ID_FORMAT = (("mxfp4", "mxfp4"), ("nvfp4", "nvfp4"), ("fp4", "nvfp4"), ("fp8", "fp8"), ("w8a8", "fp8"),
-              ("ptpc", "fp8"), ("int8", "int8"), ("int4", "int4"), ("awq", "int4"), ("gptq", "int4"),
-              ("w4a16", "int4"), ("w4a8", "int4"))
-
-
 def served_model_id(model: str, spec_name: str) -> str:
     """The id a manifest serves for a model the user named ``model`` (``spec_name``: the catalog's
     name for it): the user's own id, which may be a variant the catalog only prices by its base
@@ -577,63 +531,6 @@ def served_model_id(model: str, spec_name: str) -> str:
         return spec_name
     raise ValueError(f"model {model!r} is a config.json path that names no Hugging Face id; a manifest needs "
                      "the id the pod downloads: give model as that id (org/name)")
-
-
-def checkpoint_format(model: str) -> str | None:
-    """The weight format of the checkpoint ``model`` names, as the engine will load it: a
-    config.json path's own, an exact catalog id's, the format an id spells out (-FP8, -AWQ ...),
-    else that of the catalog model it is a variant of (an -Instruct of a BF16 base is BF16).
-    None when nothing says (an unknown id, or a scheme the catalog does not price)."""
-    try:
-        path = Path(model)
-        if model.endswith(".json") or path.is_dir():
-            return get_model(model).checkpoint_format
-        exact = exact_catalog_id(model)
-        if exact is not None:
-            return get_model(exact).checkpoint_format
-        if _PREQUANTIZED_ID.search(model):
-            tokens = set(re.split(r"[^a-z0-9]+", model.lower()))
-            return next((fmt for token, fmt in _ID_FORMAT if token in tokens), None)
-        return get_model(model).checkpoint_format
-    except (ValueError, OSError):
-        return None
-
-
-def priced_precision(precision: str, model_id: str, model: ModelSpec) -> str:
-    """The precision a deployment of ``model_id`` (as the user named it; ``model`` is the catalog
-    model it is priced by) runs at, normalised (nvfp4 -> fp4): ``auto`` reads the weights of the
-    named checkpoint (checkpoint_format: an -FP8 variant of a BF16 catalog model is fp8), else
-    those of the catalog model. Every command resolves ``--precision`` / ``precision`` this way."""
-    if normalize_precision(precision) == "auto":
-        precision = checkpoint_format(model_id) or model.checkpoint_format
-    return normalize_precision(precision)
-
-
-def precision_error(engine: str, model: str, precision: str) -> str | None:
-    """Why ``engine`` would not serve ``model`` (the id or config path as the user wrote it) at
-    ``precision`` (None: it would). The engine runs the weights of the checkpoint it loads: a
-    quantised checkpoint at its own format, a 16-bit one at 16 bits or, where the engine quantises
-    online (vLLM and SGLang --quantization fp8), at fp8. Rendering ``deepseek-ai/DeepSeek-R1``
-    (FP8) for a price at fp4 would run twice the weight bytes that were priced. A checkpoint whose
-    format nothing states (checkpoint_format) is not judged."""
-    want = weight_class(precision)
-    if want is None:  # auto: the checkpoint's own format, which is what the price uses
-        return None
-    fmt = checkpoint_format(model)
-    if fmt is None:
-        return None
-    have = weight_class(fmt)
-    if have == want:
-        return None
-    online = flag_for(normalize_engine(engine), "quantization") is not None
-    if want == "fp8" and have == "16-bit" and online:
-        return None
-    how = ("quantises online only from 16-bit weights to fp8" if online else "has no online quantization")
-    siblings = [hf for hf, f in sibling_checkpoints(model).items() if weight_class(f) == want]
-    fix = (f"point the model at {' or '.join(siblings)}" if siblings else
-           f"point the model at a {precision} checkpoint of it")
-    return (f"{engine} would serve {model} at {fmt}, not {precision}: the checkpoint holds {fmt} weights and "
-            f"{engine} {how}; {fix}, or choose precision {fmt if have != '16-bit' else 'bf16'}")
 
 
 def _quantization_args(cfg: ServingConfig, args: _Args) -> None:

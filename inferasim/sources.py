@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 
 from inferasim.catalog.engines import ROCM_FORK_TAG
 from inferasim.catalog.gpus import UnknownGPUError, get_gpu
-from inferasim.validate import BenchRow, Layout
+from inferasim.core.runs import BenchRow, Layout
 
 
 @dataclass(frozen=True)

@@ -13,58 +13,44 @@ an object with ``predict(row)`` will do (see :class:`Predictor`). This module ha
 :func:`write_outputs`.
 """
 
-import csv
 import dataclasses
-import json
 import math
-import re
 from collections import defaultdict
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 
-from inferasim.catalog.engines import UnknownEngineError, normalize_engine
+from inferasim.anchor_rules import AnchorChoice, anchor_gpu_time_share, check_rule, select_anchors
+from inferasim.core.runs import (
+    HIDDEN_COLUMNS,
+    MODES,
+    BenchRow,
+    KernelKey,
+    Layout,
+    RowPrediction,
+    Unreadable,
+    filter_rows,
+    is_target,
+)
+from inferasim.errors import CannotPredict
 
 __all__ = [
-    "ANCHOR_RULES",
     "METRICS",
     "SPLIT_KEYS",
-    "TARGET_ENGINES",
-    "AnchorChoice",
-    "BenchRow",
-    "CannotPredict",
     "FittedKernel",
-    "Layout",
-    "PoolLayout",
     "Predictor",
-    "RowPrediction",
     "RowResult",
     "ValidationResult",
-    "filter_rows",
-    "load_rows",
     "metric_values",
     "ranking_fidelity",
     "row_reach",
     "run_validation",
-    "select_anchors",
     "throughput_per_gpu",
-    "write_outputs",
 ]
 
-KernelKey = tuple[str, str, str, str, str]
 
-TARGET_ENGINES = ("vllm", "sglang", "atom")
-ANCHOR_RULES = ("min-gpus", "harvest")
-# What `inferasim harvest run` measures by default (harvest.plan): the short pair at these client
-# counts, the long prompt at one. The harvest anchor rule takes the rows nearest to it.
-HARVEST_SHORT = (512, 128)
-HARVEST_CONCURRENCIES = (1, 4, 16, 64)
-HARVEST_LONG_CONCURRENCY = 8
-MODES = ("agg", "disagg")
-SCENARIOS = ("closed", "offline")
 METRICS = ("tpot", "ttft", "throughput_per_gpu", "batch_latency")
 # Split key -> the BenchRow field it groups by; "reach" is derived (see row_reach).
 SPLIT_KEYS: dict[str, str] = {"engine": "backend", "gpu": "system", "model": "model_path", "reach": ""}
@@ -80,117 +66,6 @@ REACH_BOTH = "layout+lengths"
 REACH_DISAGG = "disagg"  # disaggregated pools, carried from the aggregated anchor
 REACH_NONE = "no anchor"
 
-REQUIRED_COLUMNS = (
-    "backend",
-    "backend_version",
-    "model_path",
-    "system",
-    "precision",
-    "mode",
-    "isl",
-    "osl",
-    "batch_size",
-    "tp_size",
-)
-LAYOUT_COLUMNS = ("tp_size", "pp_size", "attention_dp_size", "moe_tp_size", "moe_ep_size")
-# measured columns, first present wins; these are hidden from the predictor's `predict` input
-MEASURED_COLUMNS: dict[str, tuple[str, ...]] = {
-    "ttft_ms": ("silicon_ttft_ms", "ttft_ms"),
-    "tpot_ms": ("silicon_tpot_ms", "tpot_ms"),
-    "batch_latency_s": ("batch_latency_s",),
-    "throughput_tok_s": ("throughput_tok_s",),
-}
-_HIDDEN_COLUMNS = frozenset(c for cols in MEASURED_COLUMNS.values() for c in cols)
-_CONCURRENCY_IN_SOURCE = re.compile(r"silicon_concurrency\s*=\s*(\d+)")
-
-
-# --------------------------------------------------------------------------------------------
-# the predictor interface
-
-
-class CannotPredict(Exception):
-    """Raised by a predictor (fit or predict) with a human-readable reason."""
-
-
-@dataclass(frozen=True)
-class Layout:
-    tp: int = 1
-    pp: int = 1
-    dp: int = 1
-    moe_tp: int = 1
-    moe_ep: int = 1
-
-    @property
-    def gpus(self) -> int:
-        return self.tp * self.pp * self.dp
-
-    def as_tuple(self) -> tuple[int, int, int, int, int]:
-        return (self.tp, self.pp, self.dp, self.moe_tp, self.moe_ep)
-
-    def __str__(self) -> str:
-        return f"tp{self.tp}.pp{self.pp}.dp{self.dp}.moe_tp{self.moe_tp}.moe_ep{self.moe_ep}"
-
-
-@dataclass(frozen=True)
-class PoolLayout:
-    """One pool (prefill or decode) of a disaggregated row."""
-
-    workers: int
-    layout: Layout
-    batch_size: int | None
-
-    @property
-    def gpus(self) -> int:
-        return self.workers * self.layout.gpus
-
-    def __str__(self) -> str:
-        return f"{self.workers}x{self.layout}"
-
-
-@dataclass(frozen=True)
-class BenchRow:
-    id: str
-    backend: str
-    backend_version: str
-    model_path: str
-    system: str
-    precision: str
-    mode: str
-    scenario: str
-    isl: int
-    osl: int
-    concurrency: int
-    layout: Layout
-    prefill: PoolLayout | None
-    decode: PoolLayout | None
-    ttft_ms: float | None
-    tpot_ms: float | None
-    batch_latency_s: float | None
-    throughput_tok_s: float | None
-    raw: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
-
-    @property
-    def kernel_key(self) -> KernelKey:
-        return (self.backend, self.backend_version, self.model_path, self.system, self.precision)
-
-    @property
-    def gpus(self) -> int:
-        if self.mode == "disagg" and (self.prefill is not None or self.decode is not None):
-            return sum(p.gpus for p in (self.prefill, self.decode) if p is not None)
-        return self.layout.gpus
-
-
-@dataclass(frozen=True)
-class RowPrediction:
-    ttft_ms: float | None
-    tpot_ms: float | None
-    batch_latency_s: float | None = None
-    throughput_tok_s: float | None = None
-    interval: dict[str, tuple[float, float]] = field(default_factory=dict)
-    extrapolated: bool = False
-    anchor: str = ""
-
-
 class FittedKernel(Protocol):
     def predict(self, row: BenchRow) -> RowPrediction: ...
 
@@ -204,379 +79,6 @@ class Predictor(Protocol):
 
 
 Deployment = Callable[[BenchRow], Hashable]
-
-
-# --------------------------------------------------------------------------------------------
-# loading
-
-
-class CellError(ValueError):
-    """A cell load_rows cannot read: the message names the file, row, line, column and what is
-    accepted; the fields let a lenient reader list it."""
-
-    def __init__(self, message: str, column: str, value: str) -> None:
-        super().__init__(message)
-        self.column = column
-        self.value = value
-
-
-@dataclass(frozen=True)
-class Unreadable:
-    """A cell load_rows could not read in lenient mode: its row left out (`kept` False: a field the
-    row cannot be placed without) or kept without that measurement (`kept` True)."""
-
-    id: str
-    line: int
-    column: str
-    value: str
-    reason: str
-    kept: bool
-    target: bool  # the row is one validate scores (agg/disagg of vllm, sglang or atom)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "line": self.line, "column": self.column, "value": self.value,
-                "reason": self.reason, "row": "scored without this value" if self.kept else "left out"}
-
-
-def _cell(raw: dict[str, str], col: str) -> str:
-    value = raw.get(col)
-    return "" if value is None else value.strip()
-
-
-class _RowReader:
-    def __init__(self, path: Path, rownum: int, line: int, raw: dict[str, str],
-                 skipped: list[Unreadable] | None = None) -> None:
-        self.path = path
-        self.rownum = rownum
-        self.line = line
-        self.raw = raw
-        # Lenient mode (a list): a measured cell it cannot read is listed here and the row kept.
-        self.skipped = skipped
-
-    def error(self, col: str, value: str, accepted: str) -> CellError:
-        return CellError(
-            f"{self.path}: row {self.rownum} (line {self.line}), column '{col}': "
-            f"cannot read {value!r}; accepted: {accepted}",
-            col, value,
-        )
-
-    def unreadable(self, exc: CellError, kept: bool) -> Unreadable:
-        return Unreadable(id=_cell(self.raw, "id") or str(self.rownum), line=self.line, column=exc.column,
-                          value=exc.value, reason=str(exc), kept=kept, target=_raw_is_target(self.raw))
-
-    def integer(self, col: str, *, empty: int | None, minimum: int, accepted: str) -> int | None:
-        text = _cell(self.raw, col)
-        if text == "":
-            return empty
-        try:
-            number = float(text)
-        except ValueError:
-            raise self.error(col, text, accepted) from None
-        if not math.isfinite(number) or number != int(number) or number < minimum:
-            raise self.error(col, text, accepted)
-        return int(number)
-
-    def layout_field(self, col: str) -> int:
-        # The public data writes 0 for an unused attention-dp or MoE dimension; a deployment has
-        # at least one tensor- and one pipeline-parallel rank, so 0 there is an error, not a 1.
-        if col.endswith(("tp_size", "pp_size")) and not col.endswith("moe_tp_size"):
-            return self.integer(col, empty=1, minimum=1, accepted="a positive integer (empty reads as 1)") or 1
-        accepted = "a non-negative integer (0 or empty reads as 1)"
-        value = self.integer(col, empty=1, minimum=0, accepted=accepted)
-        return 1 if not value else value
-
-    def measured(self, cols: Iterable[str]) -> float | None:
-        for col in cols:
-            text = _cell(self.raw, col)
-            if text == "":
-                continue
-            accepted = "a positive number, or empty (or NaN) when not measured"
-            try:
-                number = float(text)
-            except ValueError:
-                number = math.inf  # refused below, with the cell as written
-            if math.isnan(number):
-                return None  # NaN is how data frames write a missing value
-            if number <= 0 or math.isinf(number):
-                exc = self.error(col, text, accepted)
-                if self.skipped is None:
-                    raise exc
-                self.skipped.append(self.unreadable(exc, kept=True))
-                return None
-            return number
-        return None
-
-
-def recorded_clients(row: BenchRow) -> int | None:
-    """The client count a row's `silicon_data_source` records ("silicon_concurrency=N"), if any."""
-    found = _CONCURRENCY_IN_SOURCE.search(_cell(row.raw, "silicon_data_source"))
-    return int(found.group(1)) if found and int(found.group(1)) > 0 else None
-
-
-def _pool(reader: _RowReader, prefix: str) -> PoolLayout | None:
-    cols = [f"{prefix}_{c}" for c in ("num_workers", "batch_size", *LAYOUT_COLUMNS)]
-    if all(_cell(reader.raw, c) == "" for c in cols):
-        return None
-    workers = reader.integer(
-        f"{prefix}_num_workers", empty=1, minimum=1, accepted="a positive integer (empty reads as 1)"
-    )
-    layout = Layout(*(reader.layout_field(f"{prefix}_{c}") for c in LAYOUT_COLUMNS))
-    batch = reader.integer(
-        f"{prefix}_batch_size", empty=None, minimum=1, accepted="a positive integer or empty"
-    )
-    return PoolLayout(workers=workers or 1, layout=layout, batch_size=batch)
-
-
-def _concurrency(reader: _RowReader, mode: str) -> int:
-    value = reader.integer("batch_size", empty=None, minimum=1, accepted="a positive integer")
-    if value is not None:
-        return value
-    # disaggregated silicon rows leave batch_size empty and record the client concurrency in the
-    # data-source note ("silicon_concurrency=N")
-    found = _CONCURRENCY_IN_SOURCE.search(_cell(reader.raw, "silicon_data_source"))
-    if found and int(found.group(1)) > 0:
-        return int(found.group(1))
-    if mode == "disagg":
-        return 0  # reported as unpredicted by run_validation
-    raise reader.error(
-        "batch_size", "", "a positive integer (the client concurrency; empty only for disagg rows)"
-    )
-
-
-def _parse_row(reader: _RowReader) -> BenchRow:
-    raw = reader.raw
-    mode = _mode(_cell(raw, "mode"))
-    scenario = _cell(raw, "scenario").lower().replace("_", "-").removesuffix("-loop") or "closed"
-    # A serving benchmark ("online", "serving") in this schema is a closed loop: the row gives its
-    # clients (batch_size), and there is no column for an arrival rate.
-    scenario = {"online": "closed", "serving": "closed"}.get(scenario, scenario)
-    if scenario not in SCENARIOS:
-        raise reader.error("scenario", _cell(raw, "scenario"), f"one of {', '.join(SCENARIOS)} (empty reads as "
-                           "closed)")
-    isl = reader.integer("isl", empty=None, minimum=1, accepted="a positive integer")
-    osl = reader.integer("osl", empty=None, minimum=1, accepted="a positive integer")
-    if isl is None:
-        raise reader.error("isl", "", "a positive integer")
-    if osl is None:
-        raise reader.error("osl", "", "a positive integer")
-    disagg = mode == "disagg"
-    return BenchRow(
-        id=_cell(raw, "id") or str(reader.rownum),
-        backend=raw.get("backend") or "",
-        backend_version=raw.get("backend_version") or "",
-        model_path=raw.get("model_path") or "",
-        system=raw.get("system") or "",
-        precision=raw.get("precision") or "",
-        mode=mode,
-        scenario=scenario,
-        isl=isl,
-        osl=osl,
-        concurrency=_concurrency(reader, mode),
-        layout=Layout(*(reader.layout_field(c) for c in LAYOUT_COLUMNS)),
-        prefill=_pool(reader, "prefill") if disagg else None,
-        decode=_pool(reader, "decode") if disagg else None,
-        ttft_ms=reader.measured(MEASURED_COLUMNS["ttft_ms"]),
-        tpot_ms=reader.measured(MEASURED_COLUMNS["tpot_ms"]),
-        batch_latency_s=reader.measured(MEASURED_COLUMNS["batch_latency_s"]),
-        throughput_tok_s=reader.measured(MEASURED_COLUMNS["throughput_tok_s"]),
-        raw=raw,
-    )
-
-
-def _raw_is_target(raw: dict[str, str]) -> bool:
-    return _mode(_cell(raw, "mode")) in MODES and _target_engine(_cell(raw, "backend"))
-
-
-def _mode(text: str) -> str:
-    mode = text.strip().lower()
-    return {"aggregated": "agg", "disaggregated": "disagg"}.get(mode, mode)
-
-
-def load_rows(path: str | Path, notes: list[str] | None = None,
-              unreadable: list[Unreadable] | None = None) -> list[BenchRow]:
-    """Read a CSV of measured runs (schema of shared/data/aic-silicon/silicon_dev.csv).
-
-    Raises ValueError naming the file, the row and the column on anything it cannot read, and
-    when no measured column is there at all; appends to `notes` a line per measured metric whose
-    column is absent (that metric is not scored). Given an `unreadable` list, a cell it cannot
-    read is listed there instead: a row without a readable isl, osl, concurrency, layout or
-    scenario is left out, one with an unreadable measurement is kept without it. A file it cannot
-    read as a whole (no header, a missing column, not CSV) raises either way.
-    """
-    path = Path(path)
-    try:
-        handle = path.open(newline="", encoding="utf-8-sig")
-    except OSError as exc:
-        raise ValueError(f"{path}: cannot open: {exc.strerror or exc}") from None
-    rows: list[BenchRow] = []
-    with handle:
-        try:
-            reader = csv.DictReader(handle)
-            header = [h.strip() for h in (reader.fieldnames or [])]
-            if not header:
-                raise ValueError(
-                    f"{path}: empty file, expected a CSV header with columns {', '.join(REQUIRED_COLUMNS)}"
-                )
-            reader.fieldnames = header
-            missing = [c for c in REQUIRED_COLUMNS if c not in header]
-            if missing:
-                # One column holding several names: the file is separated by something else than commas.
-                other = next((sep for sep in (";", "\t", "|") if len(header) == 1 and sep in header[0]), None)
-                hint = f" (the header is one column holding {other!r}: write the file comma-separated)" if other else ""
-                raise ValueError(
-                    f"{path}: missing required column(s) {', '.join(repr(c) for c in missing)}; "
-                    f"required columns are {', '.join(REQUIRED_COLUMNS)}{hint}"
-                )
-            absent = {metric: cols for metric, cols in MEASURED_COLUMNS.items() if not any(c in header for c in cols)}
-            if len(absent) == len(MEASURED_COLUMNS):
-                raise ValueError(
-                    f"{path}: no measured column: give at least one of "
-                    + ", ".join(" or ".join(cols) for cols in MEASURED_COLUMNS.values())
-                )
-            if notes is not None:
-                for metric, cols in absent.items():
-                    if metric in ("ttft_ms", "tpot_ms"):  # the other two are for offline rows only
-                        notes.append(f"{path}: no column {' or '.join(cols)}: {metric.removesuffix('_ms').upper()} "
-                                     "is not scored")
-            for rownum, record in enumerate(reader, start=1):
-                if None in record.values() or None in record:  # fewer or more cells than the header names
-                    cells = sum(v is not None for k, v in record.items() if k is not None) + len(record.get(None) or [])
-                    raise ValueError(f"{path}: row {rownum} (line {reader.line_num}) has {cells} cells where the "
-                                     f"header names {len(header)} columns")
-                raw = dict(record)  # every cell present: the count was checked above
-                row_reader = _RowReader(path, rownum, reader.line_num, raw, unreadable)
-                try:
-                    rows.append(_parse_row(row_reader))
-                except CellError as exc:
-                    if unreadable is None:
-                        raise
-                    unreadable.append(row_reader.unreadable(exc, kept=False))
-        except UnicodeDecodeError as exc:
-            raise ValueError(f"{path}: not UTF-8 text ({exc.reason})") from None
-        except csv.Error as exc:
-            raise ValueError(f"{path}: malformed CSV: {exc}") from None
-    return rows
-
-
-# --------------------------------------------------------------------------------------------
-# filter and anchors
-
-
-@dataclass(frozen=True)
-class AnchorChoice:
-    layout: Layout
-    isl: int
-    osl: int
-    rows: list[BenchRow]
-
-    def describe(self) -> str:
-        pairs = sorted({(r.isl, r.osl) for r in self.rows} - {(self.isl, self.osl)})
-        more = "".join(f"+{i}x{o}" for i, o in pairs)
-        return f"{self.layout}@{self.isl}x{self.osl}{more}"
-
-
-def _target_engine(backend: str) -> bool:
-    """vLLM, SGLang or ATOM under any of their names (vllm-rocm, sglang-rocm, atom-dev ...); the
-    kernel set still keys on the backend as written."""
-    try:
-        return normalize_engine(backend) in TARGET_ENGINES
-    except UnknownEngineError:
-        return False
-
-
-def _is_target(row: BenchRow) -> bool:
-    return row.mode in MODES and _target_engine(row.backend)
-
-
-def filter_rows(rows: Sequence[BenchRow]) -> list[BenchRow]:
-    """Rows that take part in validation: mode agg or disagg, engine vllm, sglang or atom."""
-    return [r for r in rows if _is_target(r)]
-
-
-def _check_rule(rule: str) -> None:
-    if rule not in ANCHOR_RULES:
-        raise ValueError(f"unknown anchor rule {rule!r}; accepted: {', '.join(ANCHOR_RULES)}")
-
-
-def _anchor_layout(rows: list[BenchRow]) -> tuple[Layout, list[BenchRow]]:
-    """The fewest-GPU layout (tie: most rows, then smallest tp, then the smallest layout tuple)."""
-    by_layout: dict[Layout, list[BenchRow]] = defaultdict(list)
-    for r in rows:
-        by_layout[r.layout].append(r)
-    layout = min(by_layout, key=lambda lo: (lo.gpus, -len(by_layout[lo]), lo.tp, lo.as_tuple()))
-    return layout, by_layout[layout]
-
-
-def _choose_anchor(rows: list[BenchRow]) -> AnchorChoice:
-    layout, at_layout = _anchor_layout(rows)
-    isl, osl = min({(r.isl, r.osl) for r in at_layout}, key=lambda p: (p[0] + p[1], p[0]))
-    chosen = [r for r in at_layout if r.isl == isl and r.osl == osl]
-    return AnchorChoice(layout=layout, isl=isl, osl=osl, rows=chosen)
-
-
-def _log_distance(a: float, b: float) -> float:
-    return abs(math.log(a / b))
-
-
-def _choose_harvest_anchor(rows: list[BenchRow]) -> AnchorChoice:
-    """DESIGN section 7, rule `harvest`: at the min-gpus layout, the length pair nearest the harvest
-    plan's short pair at up to four concurrencies (each of 1, 4, 16, 64 in turn takes the nearest
-    unused one in log scale; tie: the smaller), plus the longest prompt at the concurrency nearest 8
-    (its output length nearest the plan's 64) unless already in. Every row at a chosen (length
-    pair, concurrency) is anchor, duplicates included, as under min-gpus."""
-    layout, at_layout = _anchor_layout(rows)
-    s_isl, s_osl = HARVEST_SHORT
-    isl, osl = min({(r.isl, r.osl) for r in at_layout},
-                   key=lambda p: (_log_distance(p[0], s_isl) + _log_distance(p[1], s_osl), p[0] + p[1], p[0]))
-    pair = [r for r in at_layout if r.isl == isl and r.osl == osl]
-    left = sorted({r.concurrency for r in pair})
-    taken: list[int] = []
-    for want in HARVEST_CONCURRENCIES:
-        if not left:
-            break
-        pick = min(left, key=lambda c: (_log_distance(c, want), c))
-        taken.append(pick)
-        left.remove(pick)
-    chosen = [r for r in pair if r.concurrency in taken]
-    long_isl = max(r.isl for r in at_layout)
-    longest = [r for r in at_layout if r.isl == long_isl]
-    conc = min({r.concurrency for r in longest},
-               key=lambda c: (_log_distance(c, HARVEST_LONG_CONCURRENCY), c))
-    at_conc = [r for r in longest if r.concurrency == conc]
-    long_osl = min({r.osl for r in at_conc}, key=lambda o: (_log_distance(o, 64), o))
-    ids = {id(r) for r in chosen}
-    chosen += [r for r in at_conc if r.osl == long_osl and id(r) not in ids]
-    return AnchorChoice(layout=layout, isl=isl, osl=osl, rows=chosen)
-
-
-def select_anchors(rows: Sequence[BenchRow], rule: str = "min-gpus") -> dict[KernelKey, AnchorChoice]:
-    """One anchor per kernel set, formed among the filtered agg rows."""
-    _check_rule(rule)
-    by_kernel: dict[KernelKey, list[BenchRow]] = defaultdict(list)
-    for r in rows:
-        if _is_target(r) and r.mode == "agg":
-            by_kernel[r.kernel_key].append(r)
-    choose = _choose_harvest_anchor if rule == "harvest" else _choose_anchor
-    return {key: choose(members) for key, members in by_kernel.items()}
-
-
-def gpu_seconds(row: BenchRow) -> float | None:
-    """GPU time a row's measurement cost (DESIGN section 7, anchor cost): GPUs x batch latency for an
-    offline batch, GPUs x one request cycle (TTFT + (osl - 1) x TPOT) for a closed loop; None
-    without the measurement."""
-    if row.scenario == "offline":
-        return row.gpus * row.batch_latency_s if row.batch_latency_s else None
-    if row.ttft_ms is None or row.tpot_ms is None:
-        return None
-    return row.gpus * (row.ttft_ms + (row.osl - 1) * row.tpot_ms) / 1000.0
-
-
-def anchor_gpu_time_share(rows: Sequence[BenchRow], anchor_ids: set[int]) -> float | None:
-    """The anchors' share of the measured GPU time of `rows` (rows without a measured cost left out):
-    how the InferaSim paper states its 4.5% of GPU-hours."""
-    cost = [(id(r) in anchor_ids, gpu_seconds(r)) for r in rows]
-    total = sum(c for _, c in cost if c)
-    return sum(c for a, c in cost if a and c) / total if total else None
 
 
 # --------------------------------------------------------------------------------------------
@@ -835,7 +337,7 @@ def _section(
 
 
 def _hide_measurements(row: BenchRow) -> BenchRow:
-    raw = {k: v for k, v in row.raw.items() if k not in _HIDDEN_COLUMNS}
+    raw = {k: v for k, v in row.raw.items() if k not in HIDDEN_COLUMNS}
     return dataclasses.replace(
         row, ttft_ms=None, tpot_ms=None, batch_latency_s=None, throughput_tok_s=None, raw=raw
     )
@@ -933,7 +435,7 @@ def run_validation(
     """Run the protocol of DESIGN.md section 7 with `predictor` on `rows`. `unreadable`: what a
     lenient load_rows could not read; rows it left out that validate would have scored count as
     unpredicted, with the cell that stopped them as the reason, and every entry is listed."""
-    _check_rule(rule)
+    check_rule(rule)
     splits = _check_splits(split_by)
     filtered = filter_rows(rows)
     anchors = select_anchors(filtered, rule)
@@ -1004,7 +506,7 @@ def run_validation(
                              "rows": [r.id for r in anchor.rows], "reason": kernel})
     n_anchor = sum(len(a.rows) for a in anchors.values())
     excluded = {
-        "excluded_engine": sum(1 for r in rows if r.mode in MODES and not _is_target(r)),
+        "excluded_engine": sum(1 for r in rows if r.mode in MODES and not is_target(r)),
         "excluded_mode": sum(1 for r in rows if r.mode not in MODES),
         "unpredicted_errors": sum(
             1 for r in results if r.reason.startswith(("predictor error", "fit failed: predictor error"))
@@ -1038,81 +540,3 @@ def run_validation(
             )
         summary["splits"][split] = per_value
     return ValidationResult(rule=rule, split_by=splits, anchors=anchors, results=results, summary=summary)
-
-
-# --------------------------------------------------------------------------------------------
-# outputs
-
-_CSV_HEAD = (
-    "id",
-    "mode",
-    "scenario",
-    "backend",
-    "backend_version",
-    "model_path",
-    "system",
-    "precision",
-    "tp",
-    "pp",
-    "dp",
-    "moe_tp",
-    "moe_ep",
-    "prefill_pool",
-    "decode_pool",
-    "gpus",
-    "isl",
-    "osl",
-    "concurrency",
-)
-_CSV_TAIL = ("extrapolated", "anchor", "reach", "status", "reason")
-
-
-def _fmt(value: float | None) -> str:
-    return "" if value is None else repr(float(value))
-
-
-def _csv_record(r: RowResult, reach: str) -> list[str]:
-    row = r.row
-    lay = row.layout
-    record = [
-        row.id,
-        row.mode,
-        row.scenario,
-        *row.kernel_key,
-        *(str(v) for v in lay.as_tuple()),
-        "" if row.prefill is None else str(row.prefill),
-        "" if row.decode is None else str(row.decode),
-        str(row.gpus),
-        str(row.isl),
-        str(row.osl),
-        str(row.concurrency),
-    ]
-    for m in METRICS:
-        lo_hi = r.interval.get(m)
-        record += [
-            _fmt(r.measured.get(m)),
-            _fmt(r.predicted.get(m)),
-            _fmt(lo_hi[0] if lo_hi else None),
-            _fmt(lo_hi[1] if lo_hi else None),
-            _fmt(r.ape(m)),
-        ]
-    record += ["true" if r.extrapolated else "false", r.anchor, reach, r.status, r.reason]
-    return record
-
-
-def write_outputs(result: ValidationResult, out_dir: Path) -> None:
-    """Write out_dir/predictions.csv (one line per filtered non-anchor row) and out_dir/summary.json."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    header = list(_CSV_HEAD)
-    for m in METRICS:
-        header += [f"{m}_measured", f"{m}_predicted", f"{m}_lo", f"{m}_hi", f"{m}_ape"]
-    header += list(_CSV_TAIL)
-    with (out_dir / "predictions.csv").open("w", newline="", encoding="utf-8") as fh:
-        writer = csv.writer(fh)
-        writer.writerow(header)
-        for r in result.results:
-            writer.writerow(_csv_record(r, r.reach))
-    (out_dir / "summary.json").write_text(
-        json.dumps(result.summary, indent=2, allow_nan=False) + "\n", encoding="utf-8"
-    )

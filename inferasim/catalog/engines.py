@@ -22,6 +22,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from inferasim.errors import UserError
+
 __all__ = [
     "ENGINES",
     "METRIC_PREFIX",
@@ -63,7 +65,7 @@ MiB: int = 1 << 20
 # --------------------------------------------------------------------------------------------------
 
 
-class UnknownEngineError(ValueError):
+class UnknownEngineError(UserError):
     """Raised for an engine name that is not one of :data:`ENGINES`."""
 
     def __init__(self, name: object) -> None:

@@ -28,6 +28,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 
+from inferasim.errors import UserError
+
 __all__ = [
     "DTYPES",
     "GPU",
@@ -246,7 +248,7 @@ class GPU:
         return self.hbm_bytes / _HBM_GB
 
 
-class UnknownGPUError(ValueError):
+class UnknownGPUError(UserError):
     """Raised for a GPU name that does not resolve to a catalog entry."""
 
 

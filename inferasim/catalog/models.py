@@ -27,7 +27,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-from inferasim.userfile import UserFileError, read_user_text
+from inferasim.catalog.precision import normalize_precision
+from inferasim.catalog.userfile import UserFileError, read_user_text
+from inferasim.errors import UserError
 
 AttentionKind = Literal["gqa", "mla", "linear", "mamba"]
 
@@ -46,61 +48,14 @@ WEIGHT_FORMAT_BYTES: dict[str, float] = {
     "int4": 0.5 + 2.0 / 32,
 }
 
-# Serving precision names accepted from users and data files -> canonical precision.
-PRECISION_ALIASES: dict[str, str] = {
-    "": "auto",
-    "auto": "auto",
-    "bf16": "bf16",
-    "bfloat16": "bf16",
-    "fp16": "fp16",
-    "float16": "fp16",
-    "half": "fp16",
-    "fp8": "fp8",
-    "fp8_e4m3": "fp8",
-    "e4m3": "fp8",
-    "fp8_block": "fp8",
-    "block_fp8": "fp8",
-    # torch / HF dtype names of the OCP and AMD (fnuz) e4m3 flavours, vLLM's dynamic per-token
-    # scheme, AMD Quark's per-token-per-channel FP8 and SGLang's --quantization w8a8_fp8.
-    "fp8_e4m3fn": "fp8",
-    "fp8_e4m3fnuz": "fp8",
-    "float8_e4m3fn": "fp8",
-    "float8_e4m3fnuz": "fp8",
-    "e4m3fnuz": "fp8",
-    "fp8_dynamic": "fp8",
-    "ptpc_fp8": "fp8",
-    "fp8_ptpc": "fp8",
-    "w8a8_fp8": "fp8",
-    "w8a8": "fp8",
-    "w8a8_int8": "int8",
-    "none": "auto",
-    "int8": "int8",
-    "fp4": "fp4",
-    "nvfp4": "fp4",
-    "mxfp4": "mxfp4",
-    "int4": "int4",
-    "w4a16": "int4",
-    "awq": "int4",
-    "gptq": "int4",
-}
-PRECISIONS: tuple[str, ...] = ("auto", "bf16", "fp16", "fp8", "int8", "fp4", "mxfp4", "int4")
 
 
-class ModelConfigError(ValueError):
+class ModelConfigError(UserError):
     """A config.json that inferasim cannot turn into a ModelSpec; the message names the field."""
 
 
-class UnknownModelError(ValueError):
+class UnknownModelError(UserError):
     """A model name that is neither a known Hugging Face id, an alias, nor a config.json path."""
-
-
-def normalize_precision(precision: str) -> str:
-    key = (precision or "").strip().lower().replace("-", "_")
-    if key not in PRECISION_ALIASES:
-        raise ValueError(
-            f"unknown precision {precision!r}; accepted: {', '.join(sorted(set(PRECISION_ALIASES) - {''}))}"
-        )
-    return PRECISION_ALIASES[key]
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,6 @@ real engine's metric names (vLLM `vllm:*` or SGLang `sglang:*`), at `speedup` ti
 GPU-free tests of the harvester, the observer and the operator, and demos.
 """
 
-from inferasim.emulator.cli import add_cli, cmd_emulate
 from inferasim.emulator.config import EmulatorConfig, resolve
 from inferasim.emulator.server import (
     Emulator,
@@ -17,6 +16,6 @@ from inferasim.emulator.server import (
     start_emulator,
 )
 
-__all__ = ["Emulator", "EmulatorConfig", "EmulatorHandle", "EmulatorProcess", "add_cli", "cmd_emulate", "resolve",
+__all__ = ["Emulator", "EmulatorConfig", "EmulatorHandle", "EmulatorProcess", "resolve",
            "run_foreground", "spawn_emulator",
            "start_emulator"]

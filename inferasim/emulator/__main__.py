@@ -2,6 +2,6 @@
 
 import sys
 
-from inferasim.emulator.cli import main
+from inferasim.cli.emulate import main
 
 sys.exit(main())

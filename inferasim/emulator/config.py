@@ -1,7 +1,7 @@
 """What an emulator emulates: model, GPU, engine, layout, step-time parameters, limits.
 
 The step-time model, the layout costs and the scheduler limits are exactly those the predictor
-uses (`layoutcost.layout_cost`, `sim.benchmark.engine_sched`, the KV dtype rule of
+uses (`layoutcost.layout_cost`, `model.steady.engine_sched`, the KV dtype rule of
 `predictor.benchmark_kv_dtype`), so that an anchor harvested from the emulator and the
 emulator's own timing can be compared like for like.
 """
@@ -11,15 +11,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from inferasim.anchors import load_anchor
 from inferasim.catalog.engines import normalize_engine
 from inferasim.catalog.gpus import GPU, get_gpu, normalize_gpu_name
 from inferasim.catalog.models import ModelSpec, get_model, resolve_model_name
-from inferasim.layout import Layout
-from inferasim.layoutcost import LayoutCost, layout_cost
-from inferasim.memory import layout_problems
-from inferasim.sim.benchmark import EngineSched, engine_sched
-from inferasim.steptime import StepParams, default_params
+from inferasim.core.layout import Layout
+from inferasim.model.anchors import load_anchor
+from inferasim.model.layoutcost import LayoutCost, layout_cost
+from inferasim.model.memory import layout_problems
+from inferasim.model.steady import EngineSched, engine_sched
+from inferasim.model.steptime import StepParams, default_params
 
 # Without `ignore_eos` a real model stops at an end-of-sequence token of its own choosing; the
 # emulator draws that length from a geometric distribution with this mean (seeded).
@@ -78,7 +78,7 @@ class Resolved:
 
 
 def _kv_dtype_for(precision: str) -> str:
-    from inferasim.predictor import benchmark_kv_dtype
+    from inferasim.model.predictor import benchmark_kv_dtype
 
     return benchmark_kv_dtype(precision)
 
@@ -102,7 +102,7 @@ def resolve(config: EmulatorConfig) -> Resolved:
     precision = config.precision or "auto"
     params: StepParams
     if config.params is not None:
-        from inferasim.emulator.server import ApiError, merge_params
+        from inferasim.emulator.api import ApiError, merge_params
 
         try:
             params = merge_params(config.params, config.params.as_dict())  # range checks only
@@ -146,7 +146,7 @@ def _check_layout(model: ModelSpec, layout: Layout, engine: str) -> None:
 
 
 def _params_from_anchor(path: Path, engine: str, model: ModelSpec, gpu: GPU) -> tuple[StepParams, str, str]:
-    from inferasim.predictor import fitted_from_anchor
+    from inferasim.model.predictor import fitted_from_anchor
 
     anchor = load_anchor(path)  # AnchorFileError is a ValueError naming the file and fields
     ks = anchor.kernel_set

@@ -44,10 +44,11 @@ import numpy as np
 
 from inferasim.emulator.metrics import EngineMetrics
 from inferasim.emulator.timing import VirtualClock
-from inferasim.layoutcost import LayoutCost
-from inferasim.sim.benchmark import EngineSched
+from inferasim.errors import InferasimError, UserError
+from inferasim.model.layoutcost import LayoutCost
+from inferasim.model.steady import EngineSched
+from inferasim.model.steptime import StepParams, step_time
 from inferasim.sim.scheduler import Batch, Request, RunningSet, Scheduler, SglangScheduler, make_scheduler
-from inferasim.steptime import StepParams, step_time
 
 # Real seconds between wakes: a floor, plus a share per open stream (one write each per wake),
 # capped so that delivery is never more than a few ms late in real time.
@@ -60,11 +61,11 @@ MAX_LAG_REAL = 0.5
 MAX_JUMP = 512  # pure decode steps evaluated at once when catching up
 
 
-class RequestRejected(ValueError):
+class RequestRejected(UserError):
     """A request no engine would accept (too long for the model or the KV pool)."""
 
 
-class EngineUnavailable(RuntimeError):
+class EngineUnavailable(InferasimError, RuntimeError):
     """The engine loop has stopped (shutdown or crash)."""
 
 

@@ -27,13 +27,13 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 from urllib.parse import urlsplit
 
 import numpy as np
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from inferasim.emulator.api import ApiError, merge_params
 from inferasim.emulator.config import EmulatorConfig, Resolved, resolve
 from inferasim.emulator.engine import (
     EmuRequest,
@@ -44,7 +44,7 @@ from inferasim.emulator.engine import (
 )
 from inferasim.emulator.metrics import EngineMetrics
 from inferasim.emulator.timing import VirtualClock, new_event_loop
-from inferasim.steptime import StepParams, param_error
+from inferasim.model.steptime import StepParams
 
 MAX_HEADER_BYTES = 256 * 1024
 MAX_BODY_BYTES = 64 * 1024 * 1024
@@ -68,24 +68,6 @@ _MASK = len(VOCAB) - 1  # 64 words
 _REASONS = {200: "OK", 100: "Continue", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
             411: "Length Required", 413: "Payload Too Large", 431: "Request Header Fields Too Large",
             500: "Internal Server Error", 503: "Service Unavailable"}
-_ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 405: "MethodNotAllowedError",
-                413: "BadRequestError", 431: "BadRequestError", 500: "InternalServerError",
-                503: "ServiceUnavailableError"}
-
-
-class ApiError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-
-    def body(self) -> bytes:
-        # OpenAI's error shape: the openai client reads body["error"]["message"].
-        return json.dumps({"error": {"message": self.message, "type": _ERROR_TYPES.get(self.status, "Error"),
-                                     "param": self.param, "code": self.status}}).encode()
-
-
 # ------------------------------------------------------------------------------------------------
 # token sinks: what the engine calls when tokens of a request are due
 # ------------------------------------------------------------------------------------------------
@@ -595,21 +577,6 @@ async def _wait_eof(reader: asyncio.StreamReader) -> None:
         # StreamReader has no public "wait for more data"; its _wait_for_data returns on new data
         # or EOF and leaves the buffer alone (AttributeError on a Python without it: no watch).
         await reader._wait_for_data("inferasim-eof-watch")
-
-
-def merge_params(current: StepParams, values: dict[str, Any]) -> StepParams:
-    """`current` with `values` applied; ApiError naming unknown or out-of-range fields."""
-    known = StepParams.__dataclass_fields__
-    unknown = sorted(set(values) - set(known))
-    if unknown:
-        raise ApiError(400, f"unknown step-time parameters {unknown}; known: {sorted(known)}", unknown[0])
-    clean: dict[str, float] = {}
-    for name, value in values.items():
-        error = param_error(name, value)  # the rule stored anchors follow too
-        if error:
-            raise ApiError(400, error, name)
-        clean[name] = float(value)
-    return replace(current, **clean)
 
 
 def _parse_json(body: bytes) -> dict[str, Any]:

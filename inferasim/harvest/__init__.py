@@ -4,7 +4,6 @@ few closed-loop benchmark points, fit the step-time parameters, write the anchor
 `inferasim harvest run --endpoint URL ...` or, from Python, `harvest(HarvestConfig(...))`.
 """
 
-from inferasim.harvest.cli import add_cli, cmd_harvest
 from inferasim.harvest.client import HarvestError, PointResult, RequestResult
 from inferasim.harvest.plan import DEFAULT_PLAN_TEXT, PlanPoint, default_plan, parse_plan
 from inferasim.harvest.run import (
@@ -19,5 +18,5 @@ from inferasim.harvest.run import (
 )
 
 __all__ = ["DEFAULT_PLAN_TEXT", "EXIT_FAILED", "EXIT_OK", "EXIT_POOR_FIT", "HarvestConfig", "HarvestError",
-           "HarvestReport", "PlanPoint", "PointResult", "RequestResult", "add_cli", "cmd_harvest", "default_plan",
+           "HarvestReport", "PlanPoint", "PointResult", "RequestResult", "default_plan",
            "harvest", "harvest_async", "parse_plan", "write_anchor"]

@@ -2,6 +2,6 @@
 
 import sys
 
-from inferasim.harvest.cli import main
+from inferasim.cli.harvest import main
 
 sys.exit(main())

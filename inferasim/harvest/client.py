@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import httpx
 import numpy as np
 
+from inferasim.errors import InferasimError
 from inferasim.harvest.plan import PlanPoint
 from inferasim.harvest.rawhttp import RawConnection, RawHTTPError
 
@@ -49,7 +50,7 @@ _fast_missing_sniffio()
 TOKEN_ID_RANGE = (1000, 30000)
 
 
-class HarvestError(RuntimeError):
+class HarvestError(InferasimError, RuntimeError):
     """The endpoint failed in a way that makes the measurement meaningless."""
 
 

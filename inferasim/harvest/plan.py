@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from inferasim.catalog.models import ModelSpec
-from inferasim.layout import Layout
-from inferasim.memory import weight_bytes_per_gpu
+from inferasim.core.layout import Layout
+from inferasim.model.memory import weight_bytes_per_gpu
 
 # Requests per point: at least MIN_REQUESTS, and REQUESTS_PER_CLIENT per client so that each
 # client runs a few requests back to back (the start-up wave is then a third of the sample).

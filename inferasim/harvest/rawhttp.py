@@ -21,10 +21,12 @@ import ssl
 from collections.abc import AsyncIterator
 from urllib.parse import urlsplit
 
+from inferasim.errors import InferasimError
+
 MAX_HEAD = 64 * 1024
 
 
-class RawHTTPError(ConnectionError):
+class RawHTTPError(InferasimError, ConnectionError):
     pass
 
 

@@ -1,6 +1,6 @@
 """The anchor harvester: measure an endpoint, fit the step-time parameters, write an Anchor.
 
-The fit is the predictor's own (`inferasim.fit.fit_anchor_params` on closed-loop FitPoints, with the
+The fit is the predictor's own (`inferasim.model.fit.fit_anchor_params` on closed-loop FitPoints, with the
 LayoutCost and EngineSched that `predictor.FittedAnchor.predict_layout` builds for the same
 kernel set and layout, and the GPU-family defaults as priors), so the written anchor predicts
 other layouts exactly as a shipped anchor would.
@@ -28,19 +28,10 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from inferasim.anchors import (
-    Anchor,
-    BenchPoint,
-    FitReport,
-    KernelSet,
-    LayoutModel,
-    Provenance,
-    write_anchor_file,
-)
 from inferasim.catalog.engines import normalize_engine
 from inferasim.catalog.gpus import get_gpu
 from inferasim.catalog.models import get_model
-from inferasim.fit import FitPoint, FitResult, fit_anchor_params
+from inferasim.core.layout import Layout
 from inferasim.harvest.client import (
     HarvestError,
     PointResult,
@@ -54,10 +45,19 @@ from inferasim.harvest.client import (
     warm_up,
 )
 from inferasim.harvest.plan import PlanPoint, default_plan
-from inferasim.layout import Layout
-from inferasim.layoutcost import layout_cost
-from inferasim.sim.benchmark import engine_sched
-from inferasim.steptime import STEP_MODEL_REVISION, default_params
+from inferasim.model.anchors import (
+    Anchor,
+    BenchPoint,
+    FitReport,
+    KernelSet,
+    LayoutModel,
+    Provenance,
+    write_anchor_file,
+)
+from inferasim.model.fit import FitPoint, FitResult, fit_anchor_params
+from inferasim.model.layoutcost import layout_cost
+from inferasim.model.steady import engine_sched
+from inferasim.model.steptime import STEP_MODEL_REVISION, default_params
 
 DEFAULT_MAX_RMS_LOG_ERROR = 0.25
 DEFAULT_BUDGET_S = 900.0
@@ -141,7 +141,7 @@ async def harvest_async(cfg: HarvestConfig, progress: Callable[[str], None] | No
         raise ValueError(f"--timing must be client or server, got {cfg.timing!r}")
     endpoint = base_url(cfg.endpoint)
     precision = cfg.precision or "auto"
-    from inferasim.predictor import benchmark_kv_dtype
+    from inferasim.model.predictor import benchmark_kv_dtype
 
     kv_dtype = cfg.kv_dtype or benchmark_kv_dtype(precision)
     # Same cost and scheduler limits as FittedAnchor.predict_layout for this kernel set and layout.

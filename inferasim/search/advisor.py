@@ -13,11 +13,11 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from inferasim.layoutcost import layout_cost
-from inferasim.memory import kv_bytes_per_token_per_gpu, plan_memory
-from inferasim.predictor import FittedAnchor
+from inferasim.model.layoutcost import layout_cost
+from inferasim.model.memory import kv_bytes_per_token_per_gpu, plan_memory
+from inferasim.model.predictor import FittedAnchor
+from inferasim.model.steady import closed_loop, engine_sched
 from inferasim.search.estimate import ITL_P90_RATIO
-from inferasim.sim.benchmark import closed_loop, engine_sched
 
 BATCH_GRID = np.array([1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024], dtype=float)
 

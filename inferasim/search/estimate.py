@@ -15,13 +15,13 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from inferasim.layoutcost import layout_cost
-from inferasim.predictor import FittedAnchor
+from inferasim.core.spec import SLO
+from inferasim.model.layoutcost import layout_cost
+from inferasim.model.predictor import FittedAnchor
+from inferasim.model.steady import closed_loop, engine_sched, rank_chunk
+from inferasim.model.transfer import disagg_point
 from inferasim.search.space import Candidate
 from inferasim.search.workload import WorkloadShape
-from inferasim.sim.benchmark import closed_loop, engine_sched, rank_chunk
-from inferasim.spec import SLO
-from inferasim.transfer import disagg_point
 
 CONC_GRID = np.array([1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024], dtype=float)
 DISAGG_GRID = np.array([4, 16, 64, 256, 1024], dtype=float)  # pools are priced point by point

@@ -17,9 +17,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
-from inferasim.anchors import SHIPPED_ANCHORS, AnchorStore
+from inferasim.core.spec import SLO, Hardware, Objective, SearchSpace, StaticWorkload, TuningSpec, WorkloadSource
+from inferasim.model.anchors import SHIPPED_ANCHORS, AnchorStore
 from inferasim.search.tune import tune
-from inferasim.spec import SLO, Hardware, Objective, SearchSpace, StaticWorkload, TuningSpec, WorkloadSource
 
 MAX_COMBINATIONS = 100_000
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from inferasim.layout import Layout, LayoutError
+from inferasim.core.layout import Layout, LayoutError
 from inferasim.search.space import Candidate, Space
 
 SYSTEM_PROMPT = (

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from inferasim.core.spec import Objective
 from inferasim.search.estimate import Estimate
-from inferasim.spec import Objective
 
 
 def objective_value(e: Estimate, objective: Objective, osl: float, rate: float | None,

@@ -13,13 +13,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from inferasim.catalog.checkpoints import precision_error
 from inferasim.catalog.engines import engine_gpu_error
 from inferasim.catalog.gpus import GPU
 from inferasim.catalog.models import ModelSpec
-from inferasim.layout import Layout
-from inferasim.memory import plan_memory
-from inferasim.render import precision_error
-from inferasim.spec import SearchSpace
+from inferasim.core.layout import Layout
+from inferasim.core.spec import SearchSpace
+from inferasim.model.memory import plan_memory
 
 
 @dataclass(frozen=True)

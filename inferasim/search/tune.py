@@ -12,12 +12,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from inferasim.anchors import SHIPPED_ANCHORS, Anchor, AnchorStore, method_rank
+from inferasim.catalog.checkpoints import priced_precision
 from inferasim.catalog.gpus import GPU, get_gpu, siblings
 from inferasim.catalog.models import ModelSpec, context_error, get_model, resolve_model_name
+from inferasim.catalog.precision import weight_class
+from inferasim.core.spec import SLO, TuningSpec
 from inferasim.harvest.plan import engine_startup_s, harvest_gpu_hours
-from inferasim.predictor import FittedAnchor, benchmark_kv_dtype, carry_to_gpu, fitted_from_anchor, unanchored
-from inferasim.render import priced_precision, weight_class
+from inferasim.model.anchors import SHIPPED_ANCHORS, Anchor, AnchorStore, method_rank
+from inferasim.model.predictor import FittedAnchor, benchmark_kv_dtype, carry_to_gpu, fitted_from_anchor, unanchored
 from inferasim.search.estimate import (
     Estimate,
     blocked,
@@ -36,7 +38,6 @@ from inferasim.search.select import (
 )
 from inferasim.search.space import Candidate, Space, build_space
 from inferasim.search.workload import WorkloadShape, shape_of
-from inferasim.spec import SLO, TuningSpec
 
 STAGE2_TOP = 50
 # Stage-2 misses given more replicas (see _add_replicas): candidates tried, replicas added at most.
@@ -139,9 +140,9 @@ def _ms(v: float) -> float | None:
 
 
 def _weights(precision: str, model_id: str, model: ModelSpec) -> str | None:
-    """The weight class (render.weight_class: the 16-bit formats one class, NVFP4 and MXFP4
+    """The weight class (catalog.precision.weight_class: the 16-bit formats one class, NVFP4 and MXFP4
     another) a precision of ``model_id`` runs at; an empty or `auto` precision (a data row that
-    names none) is the checkpoint's own (render.priced_precision): a Qwen3-32B anchor recorded as
+    names none) is the checkpoint's own (catalog.checkpoints.priced_precision): a Qwen3-32B anchor recorded as
     "" is a bf16 one, and was passed over for a bf16 request."""
     return weight_class(priced_precision(precision or "auto", model_id, model))
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from inferasim.spec import StaticWorkload
+from inferasim.core.spec import StaticWorkload
 
 
 @dataclass(frozen=True)

@@ -10,19 +10,19 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from inferasim.layout import Layout
-from inferasim.layoutcost import layout_cost
-from inferasim.memory import kv_dtype_bytes
-from inferasim.predictor import FittedAnchor
-from inferasim.sim.benchmark import engine_sched
+from inferasim.core.layout import Layout
+from inferasim.core.spec import StaticWorkload, TraceWorkload
+from inferasim.model.layoutcost import layout_cost
+from inferasim.model.memory import kv_dtype_bytes
+from inferasim.model.predictor import FittedAnchor
+from inferasim.model.steady import engine_sched
+from inferasim.model.transfer import kv_transfer_time
 from inferasim.sim.cluster import ROUTERS, Cluster
 from inferasim.sim.collector import paused_collector
 from inferasim.sim.engines import SimRequest
 from inferasim.sim.replica import Replica
 from inferasim.sim.report import SimReport, build_report
 from inferasim.sim.workload import Driver, driver_for
-from inferasim.spec import StaticWorkload, TraceWorkload
-from inferasim.transfer import kv_transfer_time
 
 POLICIES = ("fcfs", "lpm")
 SAMPLES = 400  # points of the KV / hit-rate series over a trace's span

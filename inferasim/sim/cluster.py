@@ -12,7 +12,7 @@ Routers (`--router`):
 Disaggregation: a request is first prefilled in the prefill pool (the prompt, one sampled token),
 then its KV moves to a decode worker: the decode worker allocates the prompt's KV when it admits
 the request (as vLLM's NIXL connector and SGLang's decode pre-allocation do), the transfer takes
-`inferasim.transfer.kv_transfer_time` (scale-up link when both pools fit one NVLink/xGMI domain,
+`inferasim.model.transfer.kv_transfer_time` (scale-up link when both pools fit one NVLink/xGMI domain,
 else the scale-out NIC), and the first token reaches the client when the transfer is done; the
 decode worker then produces the rest. The prefill worker frees the KV at once (it is not held
 until the transfer ends). Client-side latency (`StepParams.t_ttft`) is added by the decode pool.

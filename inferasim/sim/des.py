@@ -3,9 +3,9 @@
 (Real traffic — traces, Poisson, sessions, prefix caching, routers, prefill/decode pools — is the
 trace simulator's: `inferasim.sim.api.simulate_workload`.)
 
-The request-by-request counterpart of the steady-state estimator in `inferasim.sim.benchmark`:
+The request-by-request counterpart of the steady-state estimator in `inferasim.model.steady`:
 the same benchmarks (closed loop at fixed concurrency, offline batch), the same step-time model
-(`inferasim.steptime.step_time`), but every request is admitted, chunked, preempted and finished
+(`inferasim.model.steptime.step_time`), but every request is admitted, chunked, preempted and finished
 by an engine scheduler (`inferasim.sim.scheduler`), so start-up waves, KV pressure, preemption
 and the tail are what the policy makes of them rather than a closed-form average.
 
@@ -43,11 +43,11 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from inferasim.layoutcost import LayoutCost
-from inferasim.sim.benchmark import EngineSched
+from inferasim.model.layoutcost import LayoutCost
+from inferasim.model.steady import EngineSched
+from inferasim.model.steptime import StepParams, step_time
 from inferasim.sim.front import FrontEnd
 from inferasim.sim.scheduler import Request, Scheduler, make_scheduler
-from inferasim.steptime import StepParams, step_time
 
 __all__ = ["Request", "SimResult", "Simulator", "simulate_closed_loop", "simulate_offline"]
 

@@ -55,7 +55,7 @@ from itertools import accumulate
 
 import numpy as np
 
-from inferasim.sim.benchmark import EngineSched
+from inferasim.model.steady import EngineSched
 from inferasim.sim.prefix import NO_MATCH, KVPool, Match, Node
 
 # SGLang scheduler constants: the reference scheduler's (python/sglang/global_config.py,

@@ -14,7 +14,7 @@ import heapq
 import math
 from typing import Generic, Protocol, TypeVar
 
-from inferasim.steptime import StepParams
+from inferasim.model.steptime import StepParams
 
 
 class _Routed(Protocol):

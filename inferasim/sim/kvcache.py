@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from inferasim.errors import InferasimError
 
-class KVCacheFull(RuntimeError):
+
+class KVCacheFull(InferasimError, RuntimeError):
     """An allocation the scheduler should have checked first."""
 
 

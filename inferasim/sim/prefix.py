@@ -41,8 +41,10 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+from inferasim.errors import InferasimError
 
-class KVPoolFull(RuntimeError):
+
+class KVPoolFull(InferasimError, RuntimeError):
     """An allocation that the scheduler should have checked first."""
 
 

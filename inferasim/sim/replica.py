@@ -12,7 +12,7 @@ phase of a disaggregated request) already passed a front end there. A request ro
 that arrived earlier is served after those already taken up: at most a step late, as the
 cluster's clocks allow.
 
-Step times come from `inferasim.steptime.step_time` through `StepModel`, which splits it into a
+Step times come from `inferasim.model.steptime.step_time` through `StepModel`, which splits it into a
 table over the batch's token count (dense, MoE, collectives, pipeline hops: everything that
 depends on tokens alone) plus the per-sequence host cost and the attention terms; the split is
 checked against `step_time` itself when it is built and falls back to calling it when they
@@ -27,11 +27,11 @@ from collections.abc import Callable
 
 import numpy as np
 
-from inferasim.layoutcost import LayoutCost
-from inferasim.sim.benchmark import EngineSched
+from inferasim.model.layoutcost import LayoutCost
+from inferasim.model.steady import EngineSched
+from inferasim.model.steptime import StepParams, micro_batches, step_time
 from inferasim.sim.engines import Core, SimRequest, core_class
 from inferasim.sim.front import FrontEnd
-from inferasim.steptime import StepParams, micro_batches, step_time
 
 INF = math.inf
 

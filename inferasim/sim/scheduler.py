@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from inferasim.sim.benchmark import SGLANG_CONSECUTIVE_PREFILL_DELAY, EngineSched
+from inferasim.model.steady import SGLANG_CONSECUTIVE_PREFILL_DELAY, EngineSched
 from inferasim.sim.kvcache import DecodeBlocks, KVCache
 
 

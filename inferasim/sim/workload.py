@@ -28,9 +28,10 @@ from typing import IO
 
 import numpy as np
 
+from inferasim.core.spec import StaticWorkload, TraceWorkload
+from inferasim.errors import UserError
 from inferasim.sim.collector import paused_collector
 from inferasim.sim.engines import SimRequest
-from inferasim.spec import StaticWorkload, TraceWorkload
 
 MOONCAKE_BLOCK = 512  # tokens per hash id (Mooncake FAST'25 traces)
 SESSION_UNIT = 512  # tokens per prefix unit of a synthetic session
@@ -38,7 +39,7 @@ SESSION_UNIT = 512  # tokens per prefix unit of a synthetic session
 Submit = Callable[[SimRequest, float], None]
 
 
-class WorkloadError(ValueError):
+class WorkloadError(UserError):
     """A workload or trace that cannot be used; the message names the field or line."""
 
 

@@ -21,7 +21,6 @@ import math
 import time
 from typing import Any
 
-from inferasim.anchors import Anchor, AnchorStore, BenchPoint, KernelSet
 from inferasim.calibrate import (
     Calibration,
     CalibrationError,
@@ -33,10 +32,11 @@ from inferasim.calibrate import (
 )
 from inferasim.catalog.gpus import get_gpu
 from inferasim.catalog.models import get_model
-from inferasim.layout import Layout
+from inferasim.core.layout import Layout
+from inferasim.core.spec import PrometheusWorkload, TuningSpec
+from inferasim.model.anchors import Anchor, AnchorStore, BenchPoint, KernelSet
+from inferasim.model.predictor import benchmark_kv_dtype
 from inferasim.observe import ObservationError, ObservedWorkload, observe, quantile_agrees
-from inferasim.predictor import benchmark_kv_dtype
-from inferasim.spec import PrometheusWorkload, TuningSpec
 from inferasim_operator import kube as kube_mod
 from inferasim_operator import metrics
 from inferasim_operator.harvest import _dns, anchor_object

@@ -4,8 +4,8 @@ Writes `crds/` at the repository root and the Helm chart's `charts/inferasim-ope
 the chart's ClusterRole rules, `files/clusterrole-rules.yaml`, from inferasim_operator.rbac);
 `--check` exits 1 when the files on disk differ from what the models generate (tests run it).
 
-Schema sources: ServingTuning `spec` = :class:`inferasim.spec.TuningSpec`, `status` =
-:class:`inferasim_operator.models.TuningStatus`; ServingAnchor `spec` = :class:`inferasim.anchors.Anchor`.
+Schema sources: ServingTuning `spec` = :class:`inferasim.core.spec.TuningSpec`, `status` =
+:class:`inferasim_operator.models.TuningStatus`; ServingAnchor `spec` = :class:`inferasim.model.anchors.Anchor`.
 A few rules the pydantic models check in Python validators are added as schema constraints here so
 that the API server itself refuses such specs (see `_tuning_spec_schema`).
 """
@@ -19,10 +19,10 @@ from typing import Any
 
 import yaml
 
-from inferasim.anchors import Anchor
 from inferasim.catalog.engines import ENGINES
 from inferasim.catalog.models import MODEL_ID_MAX_LENGTH, MODEL_ID_PATTERN
-from inferasim.spec import TuningSpec
+from inferasim.core.spec import TuningSpec
+from inferasim.model.anchors import Anchor
 from inferasim_operator.models import (
     ANCHOR_KIND,
     ANCHOR_PLURAL,

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import httpx
 
-from inferasim.anchors import load_anchor
+from inferasim.model.anchors import load_anchor
 from inferasim_operator.harvest import MessageError, encode_anchor
 
 

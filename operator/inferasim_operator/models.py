@@ -1,7 +1,7 @@
 """The operator's API: group, kinds and the pydantic models of the ServingTuning status.
 
-The ServingTuning `spec` is :class:`inferasim.spec.TuningSpec` (what `inferasim tune` reads), the
-ServingAnchor `spec` is :class:`inferasim.anchors.Anchor` (an anchor file). The status models live
+The ServingTuning `spec` is :class:`inferasim.core.spec.TuningSpec` (what `inferasim tune` reads), the
+ServingAnchor `spec` is :class:`inferasim.model.anchors.Anchor` (an anchor file). The status models live
 here; the CRDs in `crds/` are generated from all of them (`python -m inferasim_operator.crds`).
 """
 

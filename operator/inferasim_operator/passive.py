@@ -2,7 +2,7 @@
 
 The target Deployment is already a measurement of its kernel set. At each tuning the operator
 reads its manifest from the API server and, when no passive anchor of its kernel set and layout
-exists yet, fits one from its Prometheus series (:func:`inferasim.passive.fit_live`) and writes it
+exists yet, fits one from its Prometheus series (:func:`inferasim.live.fit_live`) and writes it
 as a cluster-scoped ServingAnchor (provenance passive). The search then finds an anchor for the
 live kernel set, so no harvest Job is started for it; kernel sets that are not live are harvested
 as before. A kernel set that also has a harvested anchor keeps both ServingAnchors, but the search
@@ -21,15 +21,15 @@ import asyncio
 import time
 from typing import Any
 
-from inferasim.anchors import Anchor, AnchorStore, KernelSet, NoCompatibleAnchor
+from inferasim.core.layout import Layout
+from inferasim.core.spec import TuningSpec
 from inferasim.deployment import DeploymentError, LiveDeployment
 from inferasim.drift import PredictionError, prediction_error
-from inferasim.layout import Layout
-from inferasim.live import drift_transition, read_live, refit_range
+from inferasim.live import drift_transition, fit_live, read_live, refit_range
+from inferasim.model.anchors import Anchor, AnchorStore, KernelSet, NoCompatibleAnchor
+from inferasim.model.predictor import fitted_from_anchor
 from inferasim.observe import ObservationError, observe_windows
-from inferasim.passive import NotIdentifiable, Window, fit_live
-from inferasim.predictor import fitted_from_anchor
-from inferasim.spec import TuningSpec
+from inferasim.passive import NotIdentifiable, Window
 from inferasim_operator import metrics
 from inferasim_operator.harvest import _dns, anchor_object
 from inferasim_operator.kube import ApiException, Kube

@@ -23,10 +23,10 @@ from typing import Any
 import kopf
 import yaml
 
-from inferasim.anchors import Anchor, AnchorStore
+from inferasim.core.spec import SpecError, TuningSpec, WorkloadSource, parse_spec
 from inferasim.live import search_view
+from inferasim.model.anchors import Anchor, AnchorStore
 from inferasim.observe import ObservationError, ObservedWorkload, drift, observe
-from inferasim.spec import SpecError, TuningSpec, WorkloadSource, parse_spec
 from inferasim_operator import kube as kube_mod
 from inferasim_operator import metrics
 from inferasim_operator.harvest import (
@@ -1351,7 +1351,8 @@ async def _missing_now_available(missing: list[dict[str, Any]], kube: Kube, uid:
     match (another engine version or KV dtype) would otherwise re-tune the tuning on every tick."""
     from inferasim.catalog.engines import normalize_engine
     from inferasim.catalog.gpus import get_gpu
-    from inferasim.catalog.models import normalize_precision, resolve_model_name
+    from inferasim.catalog.models import resolve_model_name
+    from inferasim.catalog.precision import normalize_precision
 
     anchors = await asyncio.to_thread(kube.list_anchors)
     have: dict[tuple[str, ...], set[str]] = {}

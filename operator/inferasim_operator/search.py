@@ -69,10 +69,10 @@ def canary_base(name: str, tuning: str) -> str:
 def search_payload(spec: dict[str, Any], anchor_dirs: list[str], name: str, namespace: str,
                    stage2_top: int, target_selector: dict[str, Any] | None = None, tuning: str = "") -> dict[str, Any]:
     """Run `tune` and render what the status and the canaries need (runs in the child)."""
+    from inferasim.core.spec import TuningSpec
     from inferasim.render import render_deployment, to_yaml
     from inferasim.search.deploy import config_of, recommendation_manifests
     from inferasim.search.tune import tune
-    from inferasim.spec import TuningSpec
 
     t0 = time.perf_counter()
     parsed = TuningSpec.model_validate(spec, context={"model_paths": False})
@@ -86,8 +86,8 @@ def search_payload(spec: dict[str, Any], anchor_dirs: list[str], name: str, name
         "manifest": "", "container": None, "render_error": "", "shortlist_deployments": [],
     }
     # How each anchor used was measured (harvest, public, passive, canary): the status shows it.
-    from inferasim.anchors import AnchorStore
     from inferasim.live import used_provenance
+    from inferasim.model.anchors import AnchorStore
 
     stored = AnchorStore(*anchor_dirs).all()
     out["anchors_provenance"] = {k: used_provenance(stored, v) for k, v in full["anchors_used"].items()}

@@ -359,8 +359,8 @@ def test_end_to_end(env: Env, prometheus: Prometheus, live: dict[str, Any], gpu_
 
 
 def check_canary_anchor(env: Env, c0: dict[str, Any], harvested: dict[str, Any]) -> None:
-    from inferasim.anchors import Anchor, AnchorStore
-    from inferasim.predictor import fitted_from_anchor
+    from inferasim.model.anchors import Anchor, AnchorStore
+    from inferasim.model.predictor import fitted_from_anchor
 
     assert c0["anchor"].startswith("canary-"), c0
     obj = env.custom.get_cluster_custom_object(GROUP, VERSION, "servinganchors", c0["anchor"])

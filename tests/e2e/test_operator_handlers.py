@@ -17,7 +17,7 @@ from inferasim_operator import reconcile
 from inferasim_operator.harvest import encode_anchor
 from inferasim_operator.kube import Kube
 
-from inferasim.anchors import AnchorStore
+from inferasim.model.anchors import AnchorStore
 
 pytestmark = pytest.mark.e2e
 GROUP, VERSION, PLURAL = "inferasim.io", "v1alpha1", "servingtunings"

@@ -34,7 +34,7 @@ from inferasim_e2e_support import (
     wait_until,
 )
 
-from inferasim.steptime import StepParams
+from inferasim.model.steptime import StepParams
 
 pytestmark = pytest.mark.e2e
 
@@ -89,7 +89,7 @@ def emulated(penv: Env, prometheus: Prometheus) -> Iterator[dict[str, Any]]:
 
 def target_deployment(ns: str) -> dict[str, Any]:
     """What the live `chat` runs, as its manifest says (inferasim's renderer: vLLM, tp1, one MI300X)."""
-    from inferasim.layout import Layout
+    from inferasim.core.layout import Layout
     from inferasim.render import ServingConfig, render_manifests
 
     cfg = ServingConfig(engine="vllm", model=MODEL, gpu=GPU, layout=Layout(tp=1), precision="bf16")
@@ -97,9 +97,9 @@ def target_deployment(ns: str) -> dict[str, Any]:
 
 
 def itl_at(anchor_obj: dict[str, Any], isl: int = 768, osl: int = 48, conc: int = 4) -> float:
-    from inferasim.anchors import Anchor
-    from inferasim.layout import Layout
-    from inferasim.predictor import fitted_from_anchor
+    from inferasim.core.layout import Layout
+    from inferasim.model.anchors import Anchor
+    from inferasim.model.predictor import fitted_from_anchor
 
     return fitted_from_anchor(Anchor.model_validate(anchor_obj["spec"])).predict_layout(
         Layout(tp=1), isl, osl, conc)["tpot"] * 1e3

@@ -26,12 +26,12 @@ from inferasim_e2e_support import PhasedLoad, Prometheus, running_prometheus  # 
 
 from inferasim.catalog.gpus import get_gpu  # noqa: E402
 from inferasim.catalog.models import get_model  # noqa: E402
+from inferasim.core.layout import Layout  # noqa: E402
+from inferasim.core.spec import parse_spec  # noqa: E402
 from inferasim.emulator import EmulatorConfig, EmulatorProcess, spawn_emulator  # noqa: E402
-from inferasim.layout import Layout  # noqa: E402
-from inferasim.layoutcost import layout_cost  # noqa: E402
+from inferasim.model.layoutcost import layout_cost  # noqa: E402
+from inferasim.model.steptime import StepParams, step_time  # noqa: E402
 from inferasim.observe import PrometheusClient  # noqa: E402
-from inferasim.spec import parse_spec  # noqa: E402
-from inferasim.steptime import StepParams, step_time  # noqa: E402
 
 pytestmark = pytest.mark.integration
 

@@ -42,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
 from inferasim_e2e_support import running_prometheus  # noqa: E402
 
 from inferasim.catalog.gpus import get_gpu  # noqa: E402
+from inferasim.core.layout import Layout
 from inferasim.emulator import EmulatorConfig, EmulatorProcess, spawn_emulator, start_emulator
 from inferasim.emulator.config import resolve
 from inferasim.emulator.engine import MAX_LAG_REAL
@@ -49,10 +50,9 @@ from inferasim.harvest import HarvestConfig, PointResult, harvest, parse_plan
 from inferasim.harvest.client import run_point, warm_up
 from inferasim.harvest.plan import PlanPoint
 from inferasim.harvest.rawhttp import RawConnection
-from inferasim.layout import Layout
-from inferasim.layoutcost import layout_cost
-from inferasim.predictor import fitted_from_anchor
-from inferasim.steptime import StepParams, default_params, step_time
+from inferasim.model.layoutcost import layout_cost
+from inferasim.model.predictor import fitted_from_anchor
+from inferasim.model.steptime import StepParams, default_params, step_time
 
 pytestmark = pytest.mark.integration
 MODEL = "meta-llama/Llama-3.1-8B"

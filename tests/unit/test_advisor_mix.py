@@ -10,8 +10,8 @@ import pytest
 
 from inferasim.catalog.gpus import get_gpu
 from inferasim.catalog.models import get_model
-from inferasim.layout import Layout
-from inferasim.predictor import unanchored
+from inferasim.core.layout import Layout
+from inferasim.model.predictor import unanchored
 from inferasim.search.advisor import advise_batch
 from inferasim.search.mix import MixSpec, plan_mix
 

@@ -11,11 +11,11 @@ import pytest
 from inferasim.catalog.engines import allreduce_hop_latency, decode_reads_per_query_head, vllm_v0
 from inferasim.catalog.gpus import get_gpu
 from inferasim.catalog.models import get_model
-from inferasim.fit import FitPoint, first_run_points, fit_anchor_params
-from inferasim.layout import Layout
-from inferasim.layoutcost import layout_cost
-from inferasim.sim.benchmark import engine_sched, offline_batch
-from inferasim.steptime import T_SEQ_V0, T_TP_V0, StepParams, default_params, step_time
+from inferasim.core.layout import Layout
+from inferasim.model.fit import FitPoint, first_run_points, fit_anchor_params
+from inferasim.model.layoutcost import layout_cost
+from inferasim.model.steady import engine_sched, offline_batch
+from inferasim.model.steptime import T_SEQ_V0, T_TP_V0, StepParams, default_params, step_time
 
 LLAMA2_70B = "meta-llama/Llama-2-70b-hf"
 MISTRAL = "mistralai/Mistral-7B-v0.1"
@@ -129,9 +129,10 @@ def test_generic_rocm_decode_kernel_reads_per_query_head_across_xcds() -> None:
 def test_amd_offline_rows_within_ten_percent(rule: str) -> None:
     """Issue 23's target on the dev rows: median throughput-per-GPU and batch-latency error <= 10% for
     MI300X and MI250 each, no AMD row unpredicted (a guard against the physics above regressing)."""
-    from inferasim.predictor import AnchoredPredictor
+    from inferasim.core.runs import load_rows
+    from inferasim.model.predictor import AnchoredPredictor
     from inferasim.sources import read_as_run
-    from inferasim.validate import load_rows, run_validation
+    from inferasim.validate import run_validation
 
     rows = read_as_run(load_rows(DATA / "argonne-offline" / "vllm_offline_dev.csv"))
     res = run_validation(rows, AnchoredPredictor(), rule=rule)

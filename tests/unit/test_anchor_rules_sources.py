@@ -5,14 +5,10 @@ from pathlib import Path
 
 import pytest
 
+from inferasim.anchor_rules import anchor_gpu_time_share, gpu_seconds, select_anchors
 from inferasim.catalog.engines import ROCM_FORK_TAG
+from inferasim.core.runs import load_rows
 from inferasim.sources import ARGONNE_MI250_PACKAGES, SOURCE_RULES, read_as_run, rules_applied
-from inferasim.validate import (
-    anchor_gpu_time_share,
-    gpu_seconds,
-    load_rows,
-    select_anchors,
-)
 from tests.unit.test_validate import rec, rows_of, write_csv
 
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data"

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from inferasim.anchors import Anchor, AnchorStore, BenchPoint, FitReport, KernelSet, LayoutModel, Provenance
-from inferasim.layout import Layout
+from inferasim.core.layout import Layout
+from inferasim.model.anchors import Anchor, AnchorStore, BenchPoint, FitReport, KernelSet, LayoutModel, Provenance
 
 KS = KernelSet(engine="vllm", engine_version="0.10.1", model="meta-llama/Llama-3.1-8B", gpu="H100", precision="")
 

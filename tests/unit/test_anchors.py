@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from inferasim.anchors import (
+from inferasim.core.layout import Layout
+from inferasim.model.anchors import (
     SCHEMA_VERSION,
     Anchor,
     AnchorFileError,
@@ -24,7 +25,6 @@ from inferasim.anchors import (
     load_anchor,
     write_anchor_file,
 )
-from inferasim.layout import Layout
 
 KS = KernelSet(
     engine="vllm", engine_version="0.18.0", model="MiniMaxAI/MiniMax-M2.5", gpu="h100_sxm", precision="fp8"
@@ -495,7 +495,7 @@ def test_a_failed_write_leaves_the_previous_anchor_active(tmp_path: Path, monkey
 def test_an_empty_precision_compares_as_the_checkpoints_own_format() -> None:
     """nvidia/DeepSeek-R1-FP4 prices by DeepSeek-R1's architecture, but at "" it is an FP4 kernel
     set, not the FP8 one deepseek-ai/DeepSeek-R1 at "" names; a 16-bit model at "" is its bf16."""
-    from inferasim.anchors import KernelSet
+    from inferasim.model.anchors import KernelSet
 
     def ks(model: str, precision: str) -> KernelSet:
         return KernelSet(engine="sglang", engine_version="0.5.9", model=model, gpu="b200_sxm",

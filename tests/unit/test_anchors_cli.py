@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from inferasim.anchors import Anchor, BenchPoint, FitReport, KernelSet, LayoutModel, Provenance
 from inferasim.catalog.gpus import get_gpu
-from inferasim.layout import Layout
-from inferasim.steptime import default_params
+from inferasim.core.layout import Layout
+from inferasim.model.anchors import Anchor, BenchPoint, FitReport, KernelSet, LayoutModel, Provenance
+from inferasim.model.steptime import default_params
 
 GOOD = "good.json"
 

@@ -9,10 +9,10 @@ import pytest
 
 from inferasim.catalog.gpus import get_gpu
 from inferasim.catalog.models import get_model
-from inferasim.layout import Layout
-from inferasim.layoutcost import layout_cost
-from inferasim.sim.benchmark import closed_loop, engine_sched, offline_batch, open_loop
-from inferasim.steptime import StepParams, roofline_floor, step_time
+from inferasim.core.layout import Layout
+from inferasim.model.layoutcost import layout_cost
+from inferasim.model.steady import closed_loop, engine_sched, offline_batch, open_loop
+from inferasim.model.steptime import StepParams, roofline_floor, step_time
 
 MODEL = "meta-llama/Meta-Llama-3.1-70B"
 
@@ -100,7 +100,7 @@ def test_a_long_wave_persists_less_under_mixed_steps_than_under_separate_batches
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The wave share of mixed chunked steps (vLLM) falls as the wave grows against the steady
     TTFT; separate prefill batches (SGLang) keep the fitted share at every wave length."""
-    import inferasim.sim.benchmark as bench
+    import inferasim.model.steady as bench
 
     isl, osl = np.full(5, 8192.0), np.full(5, 1024.0)
     conc = np.array([4, 16, 64, 128, 256], dtype=float)  # 256 fills the KV pool here
@@ -159,7 +159,7 @@ def test_sglang_keeps_part_of_a_wave_prefilled_one_prompt_per_batch(monkeypatch:
     """8192-token prompts go one per SGLang prefill batch on B200 defaults: the TTFT excess of
     such a wave over the steady state is kept at SGLANG_SINGLE_PROMPT_WAVE_SHARE. A wave of
     1024-token prompts, up to 15 per batch, keeps all of it, as does vLLM's."""
-    import inferasim.sim.benchmark as bench
+    import inferasim.model.steady as bench
 
     conc = np.array([4.0, 16.0, 64.0])
     for engine, isl, expect in (("sglang", 8192.0, bench.SGLANG_SINGLE_PROMPT_WAVE_SHARE),
@@ -187,7 +187,7 @@ def test_sglang_single_prompt_share_never_makes_ttft_fall_as_prompts_grow(
     excess grows: wherever TTFT rose with the prompt without the share it still does, to within
     0.5% per 64-token step (the fixed part of each batch makes the excess grow slightly slower
     than the prompt), where a step at that edge once made it fall by 40-45%."""
-    import inferasim.sim.benchmark as bench
+    import inferasim.model.steady as bench
 
     model, g, lay = get_model("Qwen/Qwen3.5-397B-A17B"), get_gpu(gpu), Layout(tp=8)
     cost, sched = layout_cost(model, g, lay, "fp8"), engine_sched("sglang", model, g, lay, "fp8", "", "fp8")
@@ -212,7 +212,7 @@ def test_closed_loop_steady_state_is_converged_near_prefill_saturation(monkeypat
     a root, not whatever an iteration count happens to give. Halving the bisection budget (but
     keeping it ample) changes nothing, and a one-token-longer prompt moves TTFT by well under 1%
     (a damped fixed-point iteration once flipped 13.05 s <-> 5.70 s between 14208 and 14209)."""
-    import inferasim.sim.benchmark as bench
+    import inferasim.model.steady as bench
 
     cost, sched = setup(tp=4)
     model, g = get_model(MODEL), get_gpu("H100")
@@ -346,7 +346,7 @@ def test_poisson_arrivals_at_a_trickle_see_an_idle_replica(engine: str) -> None:
 def test_poisson_arrivals_wait_for_a_slot_when_the_kv_pool_holds_few_requests() -> None:
     """A pool of two long requests at 70% of capacity: arrivals that find both slots busy wait (an
     M/D/2 queue), which the running count alone does not show."""
-    from inferasim.sim.benchmark import erlang_c, slot_wait
+    from inferasim.model.steady import erlang_c, slot_wait
 
     assert erlang_c(np.array([1.0]), np.array([0.5]))[0] == pytest.approx(0.5)  # M/M/1: P(wait) = rho
     assert erlang_c(np.array([2.0]), np.array([1.0]))[0] == pytest.approx(1.0 / 3.0)

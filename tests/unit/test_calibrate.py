@@ -8,17 +8,17 @@ from dataclasses import replace
 import httpx
 import pytest
 
-from inferasim.anchors import Anchor, AnchorStore, BenchPoint, KernelSet, LayoutModel, Provenance
 from inferasim.calibrate import CalibrationError, CanaryWindow, calibrate, measure_window, scale_params, window_point
 from inferasim.catalog.gpus import get_gpu
 from inferasim.catalog.models import get_model
-from inferasim.fit import FitPoint, predict_points
-from inferasim.layout import Layout
-from inferasim.layoutcost import layout_cost
+from inferasim.core.layout import Layout
+from inferasim.model.anchors import Anchor, AnchorStore, BenchPoint, KernelSet, LayoutModel, Provenance
+from inferasim.model.fit import FitPoint, predict_points
+from inferasim.model.layoutcost import layout_cost
+from inferasim.model.predictor import fitted_from_anchor
+from inferasim.model.steady import engine_sched
+from inferasim.model.steptime import default_params
 from inferasim.observe import ObservedWorkload
-from inferasim.predictor import fitted_from_anchor
-from inferasim.sim.benchmark import engine_sched
-from inferasim.steptime import default_params
 
 MODEL, GPU = "meta-llama/Meta-Llama-3-8B", "MI300X"
 TP1 = Layout(tp=1)
@@ -35,7 +35,7 @@ def parent_anchor(layout: Layout = TP1) -> Anchor:
 def synthetic_point(parent: Anchor, layout: Layout, scale: float, t_ttft: float, conc: int = 6, isl: int = 400,
                     osl: int = 64) -> BenchPoint:
     """The point a deployment `scale` times slower than the parent would show (by the step model)."""
-    from inferasim.steptime import StepParams
+    from inferasim.model.steptime import StepParams
 
     truth = replace(scale_params(replace(StepParams.from_dict(parent.params), burst=0.0), scale), t_ttft=t_ttft)
     model, gpu = get_model(MODEL), get_gpu(GPU)

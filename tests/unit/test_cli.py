@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from inferasim.layout import Layout
+from inferasim.core.layout import Layout
 
 REPO = Path(__file__).resolve().parents[2]
 PREDICT = ("predict", "--model", "meta-llama/Llama-3.1-70B", "--engine", "vllm", "--precision", "fp8", "--gpu",
@@ -315,9 +315,9 @@ def test_tune_prints_its_result_when_an_output_file_cannot_be_written(tmp_path: 
 
 
 def test_predict_without_a_version_uses_the_anchor_tune_uses() -> None:
-    from inferasim.anchors import SHIPPED_ANCHORS, AnchorStore
     from inferasim.catalog.gpus import get_gpu
     from inferasim.catalog.models import get_model
+    from inferasim.model.anchors import SHIPPED_ANCHORS, AnchorStore
     from inferasim.search.tune import _anchor_for
 
     # Three shipped anchors of this kernel set differ in engine version and layout.
@@ -369,7 +369,7 @@ def test_predict_says_when_clients_queue_for_kv() -> None:
 
 
 def test_version_names_the_release_and_the_step_model() -> None:
-    from inferasim.steptime import STEP_MODEL_REVISION
+    from inferasim.model.steptime import STEP_MODEL_REVISION
 
     r = run("--version")
     assert r.returncode == 0 and r.stdout.startswith("inferasim ") and STEP_MODEL_REVISION in r.stdout

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from inferasim.cli import main
-from inferasim.layout import Layout
+from inferasim.core.layout import Layout
 from inferasim.render import ServingConfig, render_manifests, to_yaml
 
 

@@ -8,14 +8,14 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from inferasim import fit
 from inferasim.catalog.gpus import get_gpu
 from inferasim.catalog.models import get_model
-from inferasim.layout import Layout
-from inferasim.layoutcost import layout_cost
-from inferasim.sim.benchmark import closed_loop, engine_sched
+from inferasim.core.layout import Layout
+from inferasim.model import fit
+from inferasim.model.layoutcost import layout_cost
+from inferasim.model.steady import closed_loop, engine_sched
+from inferasim.model.steptime import StepParams, default_params
 from inferasim.sim.des import simulate_closed_loop
-from inferasim.steptime import StepParams, default_params
 
 MODEL = get_model("meta-llama/Meta-Llama-3.1-8B")
 GPU = get_gpu("H100")
@@ -96,7 +96,7 @@ def test_in_flight_is_littles_law_and_needs_both_metrics() -> None:
 def test_live_traffic_is_not_held_to_the_anchors_client() -> None:
     """The cap belongs to the harness that measured the anchor: Poisson arrivals (open_loop) and the
     search's estimates see the engine's own limits."""
-    from inferasim.sim.benchmark import open_loop
+    from inferasim.model.steady import open_loop
 
     cost = layout_cost(MODEL, GPU, Layout())
     sched = engine_sched("vllm", MODEL, GPU, Layout())

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 import yaml
 
+from inferasim.core.layout import Layout
 from inferasim.deployment import DeploymentError, engine_version_from_image, read_deployment
-from inferasim.layout import Layout
 from inferasim.render import ServingConfig, render_deployment, render_manifests, to_yaml
 
 ROUND_TRIP = [

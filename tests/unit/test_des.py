@@ -1,6 +1,6 @@
 """The discrete-event simulator against its invariants and against the analytic estimator.
 
-What differs from `inferasim.sim.benchmark.closed_loop`, and why the comparisons look as they do:
+What differs from `inferasim.model.steady.closed_loop`, and why the comparisons look as they do:
 - The analytic estimator describes a steady state in which arrivals are spread out, plus a fitted
   `burst` term for the start-up wave. A deterministic replay with fixed ISL/OSL never leaves the
   waves: requests prefilled in the same step finish in the same step and come back together. So
@@ -21,13 +21,13 @@ import pytest
 
 from inferasim.catalog.gpus import get_gpu
 from inferasim.catalog.models import get_model
-from inferasim.layout import Layout
-from inferasim.layoutcost import LayoutCost, layout_cost
-from inferasim.sim.benchmark import EngineSched, closed_loop, engine_sched, offline_batch
+from inferasim.core.layout import Layout
+from inferasim.model.layoutcost import LayoutCost, layout_cost
+from inferasim.model.steady import EngineSched, closed_loop, engine_sched, offline_batch
+from inferasim.model.steptime import StepParams, roofline_floor
 from inferasim.sim.des import SimResult, simulate_closed_loop, simulate_offline
 from inferasim.sim.kvcache import KVCache, KVCacheFull
 from inferasim.sim.scheduler import Request, make_scheduler
-from inferasim.steptime import StepParams, roofline_floor
 
 MODEL = get_model("meta-llama/Meta-Llama-3.1-8B")
 GPU = get_gpu("H100")

@@ -6,15 +6,15 @@ from pathlib import Path
 
 import pytest
 
-from inferasim.anchors import AnchorStore, BenchPoint, KernelSet, LayoutModel
+from inferasim.core.layout import Layout
 from inferasim.deployment import kernel_set_of
 from inferasim.drift import PredictionError, prediction_error
-from inferasim.layout import Layout
+from inferasim.model.anchors import AnchorStore, BenchPoint, KernelSet, LayoutModel
+from inferasim.model.predictor import fitted_from_anchor
+from inferasim.model.steptime import StepParams
 from inferasim.observe import LatencyQuantiles, ObservedWorkload
 from inferasim.passive import Window
-from inferasim.predictor import fitted_from_anchor
 from inferasim.render import ServingConfig
-from inferasim.steptime import StepParams
 
 CFG = ServingConfig(engine="vllm", model="meta-llama/Meta-Llama-3.1-8B", gpu="H100", layout=Layout(tp=2),
                     replicas=2, precision="bf16", engine_version="0.10.1")
@@ -22,7 +22,7 @@ PARAMS = StepParams(t_fixed=6e-3, t_seq=4e-5, e_bw=0.7, e_kv=0.45, e_flops=0.5, 
 
 
 def store(tmp_path: Path, method: str = "harvest") -> AnchorStore:
-    from inferasim.anchors import Anchor, Provenance
+    from inferasim.model.anchors import Anchor, Provenance
 
     s = AnchorStore(tmp_path)
     s.save(Anchor(kernel_set=kernel_set_of(CFG), layout=LayoutModel.from_layout(Layout(tp=1)),
@@ -73,7 +73,7 @@ def test_nothing_to_compare_and_bad_threshold(tmp_path: Path) -> None:
 
 
 def test_store_lookup_is_by_the_configuration_kernel_set(tmp_path: Path) -> None:
-    from inferasim.anchors import NoCompatibleAnchor
+    from inferasim.model.anchors import NoCompatibleAnchor
 
     other = ServingConfig(engine="vllm", model="meta-llama/Meta-Llama-3.1-8B", gpu="H100", layout=Layout(tp=2),
                           precision="bf16", engine_version="0.11.0")

@@ -19,7 +19,9 @@ import pytest
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from inferasim.emulator import EmulatorConfig, EmulatorHandle, add_cli, start_emulator
+from inferasim.cli.emulate import add_cli
+from inferasim.emulator import EmulatorConfig, EmulatorHandle, start_emulator
+from inferasim.emulator.api import merge_params
 from inferasim.emulator.config import resolve
 from inferasim.emulator.metrics import (
     SGLANG_E2E_BUCKETS,
@@ -31,8 +33,8 @@ from inferasim.emulator.metrics import (
     BulkHistogram,
     request_token_buckets,
 )
-from inferasim.emulator.server import VOCAB, merge_params
-from inferasim.steptime import StepParams, step_time
+from inferasim.emulator.server import VOCAB
+from inferasim.model.steptime import StepParams, step_time
 
 MODEL = "meta-llama/Llama-3.1-8B"
 PARAMS = StepParams(t_fixed=5e-3, t_seq=3e-5, e_bw=0.7, e_kv=0.5, e_flops=0.5, e_attn=0.35, t_ttft=0.03)
@@ -468,7 +470,7 @@ def test_layouts_the_engine_refuses_are_refused() -> None:
     ('{"t_ttft": "fast"}', "t_ttft"), ('{"kv_scale": 0}', "kv_scale"), ('{"t_seq": NaN}', "t_seq"),
 ])
 def test_params_json_out_of_range_is_refused(params: str, field: str) -> None:
-    from inferasim.emulator.cli import config_from_args
+    from inferasim.cli.emulate import config_from_args
 
     parser = argparse.ArgumentParser()
     add_cli(parser.add_subparsers(dest="command"))
@@ -480,7 +482,7 @@ def test_params_json_out_of_range_is_refused(params: str, field: str) -> None:
 
 
 def test_add_cli_registers_emulate() -> None:
-    from inferasim.emulator.cli import cmd_emulate, config_from_args
+    from inferasim.cli.emulate import cmd_emulate, config_from_args
 
     parser = argparse.ArgumentParser()
     add_cli(parser.add_subparsers(dest="command"))

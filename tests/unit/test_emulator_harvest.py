@@ -15,15 +15,16 @@ from pathlib import Path
 
 import pytest
 
-from inferasim.anchors import load_anchor
 from inferasim.catalog.gpus import get_gpu
 from inferasim.catalog.models import get_model
+from inferasim.cli.harvest import add_cli
+from inferasim.core.layout import Layout
 from inferasim.emulator import EmulatorConfig, EmulatorProcess, spawn_emulator
-from inferasim.harvest import EXIT_FAILED, EXIT_POOR_FIT, HarvestConfig, PlanPoint, add_cli, harvest, parse_plan
+from inferasim.harvest import EXIT_FAILED, EXIT_POOR_FIT, HarvestConfig, PlanPoint, harvest, parse_plan
 from inferasim.harvest.plan import default_plan
-from inferasim.layout import Layout
-from inferasim.layoutcost import layout_cost
-from inferasim.steptime import StepParams, step_time
+from inferasim.model.anchors import load_anchor
+from inferasim.model.layoutcost import layout_cost
+from inferasim.model.steptime import StepParams, step_time
 
 MODEL = "meta-llama/Llama-3.1-8B"
 PARAMS = StepParams(t_fixed=5e-3, t_seq=3e-5, e_bw=0.7, e_kv=0.5, e_flops=0.5, e_attn=0.35, t_ttft=0.03)
@@ -165,7 +166,7 @@ def test_cli_exit_codes(emu: EmulatorProcess, tmp_path: Path) -> None:
 
 
 def test_add_cli_registers_harvest_run() -> None:
-    from inferasim.harvest.cli import cmd_harvest, config_from_args
+    from inferasim.cli.harvest import cmd_harvest, config_from_args
 
     parser = argparse.ArgumentParser()
     add_cli(parser.add_subparsers(dest="command"))
@@ -179,7 +180,7 @@ def test_add_cli_registers_harvest_run() -> None:
 
 
 def test_unwritable_out_is_refused_before_any_traffic(tmp_path: Path) -> None:
-    from inferasim.harvest.cli import check_writable
+    from inferasim.cli.harvest import check_writable
 
     a_file = tmp_path / "a.json"
     a_file.write_text("{}")

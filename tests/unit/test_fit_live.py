@@ -1,4 +1,4 @@
-"""passive.fit_live: manifest + scripted Prometheus range API (httpx.MockTransport) -> passive anchor.
+"""live.fit_live: manifest + scripted Prometheus range API (httpx.MockTransport) -> passive anchor.
 
 The range answers are the closed-loop model of known parameters, per replica x 2 replicas, so the
 fit must divide the in-flight requests by the replicas to recover them."""
@@ -11,15 +11,16 @@ import pytest
 
 from inferasim.catalog.gpus import get_gpu
 from inferasim.catalog.models import get_model
+from inferasim.core.layout import Layout
 from inferasim.deployment import read_deployment
-from inferasim.layout import Layout
-from inferasim.layoutcost import layout_cost
+from inferasim.live import fit_live
+from inferasim.model.layoutcost import layout_cost
+from inferasim.model.predictor import fitted_from_anchor
+from inferasim.model.steady import closed_loop, engine_sched
+from inferasim.model.steptime import StepParams
 from inferasim.observe import range_queries
-from inferasim.passive import NotIdentifiable, fit_live
-from inferasim.predictor import fitted_from_anchor
+from inferasim.passive import NotIdentifiable
 from inferasim.render import ServingConfig, render_deployment
-from inferasim.sim.benchmark import closed_loop, engine_sched
-from inferasim.steptime import StepParams
 
 MODEL = "meta-llama/Meta-Llama-3.1-8B"
 TRUTH = StepParams(t_fixed=6e-3, t_seq=4e-5, e_bw=0.7, e_kv=0.45, e_flops=0.5, e_attn=0.35, burst=0.0, t_ttft=0.06)

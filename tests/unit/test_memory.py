@@ -6,9 +6,9 @@ import pytest
 
 from inferasim.catalog.gpus import get_gpu
 from inferasim.catalog.models import get_model
-from inferasim.layout import Layout, LayoutError
-from inferasim.layoutcost import layout_cost
-from inferasim.memory import kv_bytes_per_token_per_gpu, plan_memory, weight_bytes_per_gpu
+from inferasim.core.layout import Layout, LayoutError
+from inferasim.model.layoutcost import layout_cost
+from inferasim.model.memory import kv_bytes_per_token_per_gpu, plan_memory, weight_bytes_per_gpu
 
 
 def test_llama70b_bf16_does_not_fit_one_h100_and_says_why() -> None:
@@ -87,7 +87,7 @@ def test_wide_dp_attention_that_sglangs_default_fraction_cannot_hold_says_what_t
 
 def test_sglang_refuses_mla_heads_its_attention_tp_does_not_divide() -> None:
     """DeepseekV2AttentionMLA asserts num_heads % attn_tp_size == 0 (SGLang pads heads on CPU only)."""
-    from inferasim.memory import layout_problems
+    from inferasim.model.memory import layout_problems
 
     ds = get_model("deepseek-ai/DeepSeek-R1")
     assert any("does not divide the 128 attention heads" in p for p in layout_problems(ds, Layout(tp=72), "sglang"))

@@ -15,8 +15,8 @@ from inferasim.catalog.models import (
     model_from_config,
     resolve_model_name,
 )
-from inferasim.layout import Layout
-from inferasim.layoutcost import layout_cost
+from inferasim.core.layout import Layout
+from inferasim.model.layoutcost import layout_cost
 
 # (hf id, published total, published active or None). Sources:
 # - Llama 3.1 8B / 70B / 405B: Meta model card (huggingface.co/meta-llama/Llama-3.1-*), 8.03B,
@@ -257,7 +257,7 @@ def test_a_config_without_a_context_length_is_refused_by_name() -> None:
     ("fp8-ptpc", "fp8"), ("FP8-Block", "fp8"),
 ])
 def test_precision_spellings_of_engines_and_data_sets(spelling: str, canonical: str) -> None:
-    from inferasim.catalog.models import normalize_precision
+    from inferasim.catalog.precision import normalize_precision
 
     assert normalize_precision(spelling) == canonical
     with pytest.raises(ValueError, match="accepted"):

@@ -13,6 +13,7 @@ import httpx
 import numpy as np
 import pytest
 
+from inferasim.core.spec import StaticWorkload
 from inferasim.observe import (
     ObservationError,
     ObservedWorkload,
@@ -23,7 +24,6 @@ from inferasim.observe import (
     queries_for,
     selector_matchers,
 )
-from inferasim.spec import StaticWorkload
 
 URL = "http://prometheus.test:9090"
 SEL = {"namespace": "llm", "deployment": "chat"}

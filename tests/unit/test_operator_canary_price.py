@@ -13,13 +13,13 @@ from inferasim_operator import confirm, reconcile
 from inferasim_operator.kube import ApiException, merge_patch_to
 from inferasim_operator.models import Canary, TuningStatus, dump
 
-from inferasim.anchors import Anchor, AnchorStore, BenchPoint, KernelSet, LayoutModel, Provenance
 from inferasim.calibrate import CanaryWindow
 from inferasim.catalog.gpus import get_gpu
-from inferasim.layout import Layout
+from inferasim.core.layout import Layout
+from inferasim.model.anchors import Anchor, AnchorStore, BenchPoint, KernelSet, LayoutModel, Provenance
+from inferasim.model.predictor import fitted_from_anchor
+from inferasim.model.steptime import default_params
 from inferasim.observe import ObservedWorkload
-from inferasim.predictor import fitted_from_anchor
-from inferasim.steptime import default_params
 
 SPEC: dict[str, Any] = {
     "target": {"name": "chat"}, "model": "meta-llama/Meta-Llama-3-8B", "precision": ["bf16"],

@@ -21,9 +21,9 @@ from inferasim_operator.harvest import (
     terminated_message,
 )
 
-from inferasim.anchors import Anchor, AnchorStore, StepPoint
-from inferasim.layout import Layout
-from inferasim.spec import HarvestPolicy
+from inferasim.core.layout import Layout
+from inferasim.core.spec import HarvestPolicy
+from inferasim.model.anchors import Anchor, AnchorStore, StepPoint
 
 REPO = Path(__file__).resolve().parents[2]
 MISSING = {"engine": "vllm", "model": "meta-llama/Meta-Llama-3-8B", "gpu": "MI300X", "precision": "bf16",

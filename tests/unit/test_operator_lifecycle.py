@@ -16,8 +16,8 @@ from inferasim_operator.kube import own
 from inferasim_operator.models import Harvest, TuningStatus, child_name, label_value
 from test_operator_reconcile import SPEC
 
+from inferasim.core.spec import SpecError
 from inferasim.observe import ObservedWorkload
-from inferasim.spec import SpecError
 
 BODY: dict[str, Any] = {"apiVersion": "inferasim.io/v1alpha1", "kind": "ServingTuning",
                         "metadata": {"name": "chat", "namespace": "llm", "uid": "u-1", "generation": 3,
@@ -448,7 +448,7 @@ def test_two_tunings_of_one_target_name_their_canaries_apart() -> None:
 
 def test_harvest_images_are_keyed_by_engine() -> None:
     """A key that names no engine would be ignored and the catalog's image harvested instead."""
-    from inferasim.spec import SpecError
+    from inferasim.core.spec import SpecError
 
     spec = reconcile.parse_tuning_spec({**SPEC, "harvest": {"images": {"vLLM": "registry/vllm:x"}}})
     assert spec.harvest.images == {"vllm": "registry/vllm:x"}

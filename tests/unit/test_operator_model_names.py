@@ -17,7 +17,7 @@ from test_operator_lifecycle import BODY, _Kube
 from test_operator_reconcile import SPEC
 
 from inferasim.catalog.models import _catalog_files, get_model
-from inferasim.spec import SpecError, parse_spec
+from inferasim.core.spec import SpecError, parse_spec
 
 
 def _spy_filesystem(monkeypatch: pytest.MonkeyPatch) -> list[str]:

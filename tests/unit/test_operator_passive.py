@@ -20,10 +20,10 @@ from inferasim_operator.passive import (
 )
 from inferasim_operator.reconcile import Settings, set_condition
 
-from inferasim.anchors import Anchor, BenchPoint, FitReport, KernelSet, LayoutModel, Provenance
+from inferasim.core.layout import Layout
 from inferasim.drift import PredictionError
-from inferasim.layout import Layout
 from inferasim.live import drift_transition, read_live, refit_range, search_view, used_provenance
+from inferasim.model.anchors import Anchor, BenchPoint, FitReport, KernelSet, LayoutModel, Provenance
 from inferasim.passive import Window
 from inferasim.render import ServingConfig, render_deployment
 

@@ -14,7 +14,7 @@ from inferasim_operator import confirm, reconcile, search
 from inferasim_operator.kube import without_empty_strings
 from inferasim_operator.models import TuningStatus
 
-from inferasim.spec import SpecError
+from inferasim.core.spec import SpecError
 
 REPO = Path(__file__).resolve().parents[2]
 SPEC: dict[str, Any] = {

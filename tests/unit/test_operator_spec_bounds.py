@@ -11,7 +11,7 @@ import pytest
 from inferasim_operator import reconcile
 from test_operator_reconcile import SPEC
 
-from inferasim.spec import SpecError
+from inferasim.core.spec import SpecError
 
 HOSTILE = [
     ({"model": "m" * 100_000}, "model"),

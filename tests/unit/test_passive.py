@@ -7,15 +7,15 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from inferasim.anchors import KernelSet
 from inferasim.catalog.gpus import get_gpu
 from inferasim.catalog.models import get_model
-from inferasim.layout import Layout
-from inferasim.layoutcost import layout_cost
+from inferasim.core.layout import Layout
+from inferasim.model.anchors import KernelSet
+from inferasim.model.layoutcost import layout_cost
+from inferasim.model.predictor import fitted_from_anchor
+from inferasim.model.steady import closed_loop, engine_sched
+from inferasim.model.steptime import StepParams
 from inferasim.passive import NotIdentifiable, Window, fit_passive
-from inferasim.predictor import fitted_from_anchor
-from inferasim.sim.benchmark import closed_loop, engine_sched
-from inferasim.steptime import StepParams
 
 MODEL, GPU_NAME = "meta-llama/Meta-Llama-3.1-8B", "H100"
 TRUTH = StepParams(t_fixed=6e-3, t_seq=4e-5, e_bw=0.7, e_kv=0.45, e_flops=0.5, e_attn=0.35, burst=0.0, t_ttft=0.06)
@@ -70,7 +70,7 @@ def test_one_prompt_length_keeps_the_prefill_defaults_and_says_so() -> None:
     """At one prompt length, prefill time and the per-request TTFT overhead are one number: the
     prefill efficiencies stay at the GPU family's defaults and the anchor names what is missing;
     with prompt lengths that vary, they are fitted."""
-    from inferasim.steptime import default_params
+    from inferasim.model.steptime import default_params
 
     layout = Layout(tp=2)
     same = [replace(w, prompt_tokens=1000.0) for w in windows([2, 6, 16, 40, 90], layout)]

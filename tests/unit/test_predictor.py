@@ -10,9 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from inferasim.anchors import AnchorStore, load_anchor
-from inferasim.predictor import AnchoredPredictor, anchor_from_rows, clients, fit_anchor_rows, fitted_from_anchor
-from inferasim.validate import CannotPredict, filter_rows, load_rows, run_validation, select_anchors
+from inferasim.anchor_rules import select_anchors
+from inferasim.core.runs import filter_rows, load_rows
+from inferasim.errors import CannotPredict
+from inferasim.model.anchors import AnchorStore, load_anchor
+from inferasim.model.predictor import AnchoredPredictor, anchor_from_rows, clients, fit_anchor_rows, fitted_from_anchor
+from inferasim.validate import run_validation
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -56,7 +59,7 @@ def test_stored_anchor_reproduces_the_fit(silicon, tmp_path: Path) -> None:
 def test_transfer_to_more_gpus_lowers_tpot_but_not_below_the_fixed_cost(silicon) -> None:
     key = next(k for k in select_anchors(silicon) if "Llama-3.1-70B" in k[2] and k[3] == "h100_sxm")
     fitted = fit_anchor_rows(select_anchors(silicon)[key].rows)
-    from inferasim.layout import Layout
+    from inferasim.core.layout import Layout
 
     t2 = fitted.predict_layout(Layout(tp=2), 1024, 1024, 8)["tpot"]
     t8 = fitted.predict_layout(Layout(tp=8), 1024, 1024, 8)["tpot"]
@@ -199,7 +202,7 @@ def test_parameters_of_another_step_model_revision_are_refitted_from_the_points(
     later revision, they would mean something else (a rate, a shape law changed): the anchor is
     refitted from its own points instead, and `anchors check` says so. Parameters of the current
     revision, or of an anchor that records none, are used as stored."""
-    from inferasim.steptime import STEP_MODEL_REVISION
+    from inferasim.model.steptime import STEP_MODEL_REVISION
 
     shipped = sorted(AnchorStore(REPO / "anchors").all(), key=lambda a: a.id)[0]
     assert shipped.fit is not None and shipped.fit.step_model == STEP_MODEL_REVISION
@@ -230,9 +233,9 @@ def test_schema_layouts_read_as_the_deployment_that_ran() -> None:
     widths (vLLM tpT dpT epT*T, SGLang tpT*T over moe_tp T x ep T beyond a node) are the T-GPU runs."""
     from dataclasses import replace
 
-    from inferasim.layout import Layout as SimLayout
-    from inferasim.predictor import clients, engine_layout
-    from inferasim.validate import Layout as RowLayout
+    from inferasim.core.layout import Layout as SimLayout
+    from inferasim.core.runs import Layout as RowLayout
+    from inferasim.model.predictor import clients, engine_layout
 
     assert engine_layout("vllm", RowLayout(tp=4, dp=4, moe_ep=16)) == SimLayout(tp=4, moe_ep=4)
     assert engine_layout("vllm", RowLayout(tp=1, dp=8, moe_ep=8)) == SimLayout(tp=1, dp=8, moe_ep=8)
@@ -249,7 +252,7 @@ def test_interval_widens_with_what_a_prediction_carries(silicon) -> None:
     """The band grows with each doubling of prompt or output length beyond the anchor's range and
     with another layout (a little more per doubling of GPUs), and a concurrency outside the sweep
     adds to TPOT's; within the anchor's own range and layout it is the fit residual alone."""
-    from inferasim.layout import Layout
+    from inferasim.core.layout import Layout
 
     key = next(k for k in select_anchors(silicon) if k[0] == "vllm" and "Llama-3.1-70B" in k[2]
                and k[3] == "h100_sxm")
@@ -313,8 +316,8 @@ def test_an_anchor_carries_to_a_sibling_gpu_at_its_own_bandwidth_and_memory() ->
     the H200's own anchor."""
     from inferasim.catalog.gpus import get_gpu, siblings
     from inferasim.catalog.models import get_model
-    from inferasim.layout import Layout
-    from inferasim.predictor import carry_to_gpu
+    from inferasim.core.layout import Layout
+    from inferasim.model.predictor import carry_to_gpu
     from inferasim.search.tune import anchored_fit
 
     assert set(siblings(get_gpu("H200"))) == {"H100", "GH200"} and siblings(get_gpu("MI355X")) == ("MI350X",)
@@ -337,8 +340,8 @@ def test_an_anchor_carries_to_a_sibling_gpu_at_its_own_bandwidth_and_memory() ->
     assert any("measured on H100" in c for c in carried.carries(lay, 1024, 1024))
     with pytest.raises(ValueError, match="not the same die"):
         carry_to_gpu(own, get_gpu("B200"))
+    from inferasim.core.spec import parse_spec
     from inferasim.search.tune import tune
-    from inferasim.spec import parse_spec
 
     spec = parse_spec({"model": "openai/gpt-oss-120b", "engines": ["vllm"], "precision": ["fp4"],
                        "hardware": {"gpu": "H200", "maxGPUs": 2},
@@ -357,9 +360,9 @@ def test_a_row_is_priced_at_its_checkpoints_precision_when_the_cell_is_empty() -
     weights with an FP8 KV cache, though the catalog prices it by the BF16 Llama-3.1-70B config;
     every spelling of a quantised precision gets the FP8 KV cache the benchmarks run."""
     from inferasim.catalog.models import get_model
-    from inferasim.predictor import benchmark_kv_dtype, row_precision
-    from inferasim.validate import BenchRow
-    from inferasim.validate import Layout as RowLayout
+    from inferasim.core.runs import BenchRow
+    from inferasim.core.runs import Layout as RowLayout
+    from inferasim.model.predictor import benchmark_kv_dtype, row_precision
 
     def row(model: str, precision: str) -> BenchRow:
         return BenchRow(id="r", backend="vllm", backend_version="0.10.1", model_path=model, system="mi300x",
@@ -380,8 +383,8 @@ def test_a_row_is_priced_at_its_checkpoints_precision_when_the_cell_is_empty() -
 def test_a_recorded_client_count_is_what_ran_whichever_way_batch_size_was_written() -> None:
     """batch_size of an attention-dp row is per rank in the silicon schema (clients = batch x dp);
     a row whose source note records the run's clients is held to that count."""
-    from inferasim.validate import BenchRow
-    from inferasim.validate import Layout as RowLayout
+    from inferasim.core.runs import BenchRow
+    from inferasim.core.runs import Layout as RowLayout
 
     def row(batch: int, note: str) -> BenchRow:
         return BenchRow(id="r", backend="sglang", backend_version="0.5.9", model_path="deepseek-ai/DeepSeek-R1",

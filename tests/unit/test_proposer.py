@@ -9,8 +9,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from inferasim.core.spec import parse_spec
 from inferasim.search.tune import tune
-from inferasim.spec import parse_spec
 
 REPLY: dict[str, str] = {"content": "[]"}
 

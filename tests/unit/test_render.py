@@ -19,8 +19,8 @@ from inferasim.catalog.engines import (
     launch_command,
 )
 from inferasim.catalog.gpus import get_gpu
+from inferasim.core.layout import Layout
 from inferasim.deployment import read_deployment
-from inferasim.layout import Layout
 from inferasim.render import (
     ANNOTATION_FP8_KERNELS,
     HF_HOME,
@@ -650,7 +650,7 @@ def test_render_does_not_import_kubernetes_or_kopf():
 )
 def test_precision_error_names_what_the_engine_would_run(engine: str, model: str, precision: str,
                                                          ok: bool) -> None:
-    from inferasim.render import precision_error
+    from inferasim.catalog.checkpoints import precision_error
 
     why = precision_error(engine, model, precision)
     assert (why is None) == ok, why

@@ -11,19 +11,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from inferasim.anchors import AnchorStore
 from inferasim.catalog.gpus import get_gpu
 from inferasim.catalog.models import get_model
-from inferasim.layout import Layout
-from inferasim.layoutcost import layout_cost
-from inferasim.predictor import unanchored
+from inferasim.core.layout import Layout
+from inferasim.core.spec import SLO, SearchSpace, SpecError, parse_spec
+from inferasim.model.anchors import AnchorStore
+from inferasim.model.layoutcost import layout_cost
+from inferasim.model.predictor import unanchored
+from inferasim.model.steady import closed_loop, engine_sched
 from inferasim.search.estimate import CONC_GRID, Estimate, estimate_group, operate
 from inferasim.search.space import Candidate, build_space
 from inferasim.search.tune import tune
 from inferasim.search.workload import WorkloadShape
-from inferasim.sim.benchmark import closed_loop, engine_sched
 from inferasim.sim.des import simulate_closed_loop
-from inferasim.spec import SLO, SearchSpace, SpecError, parse_spec
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -199,7 +199,7 @@ def test_tune_plot_adds_a_cost_panel_with_a_price(tmp_path: Path, price: float |
     pytest.importorskip("matplotlib")
     import matplotlib.pyplot as plt
 
-    from inferasim.cli import _plot_pareto
+    from inferasim.cli.main import _plot_pareto
 
     hw = {"gpu": "H100", "gpusPerNode": 8, "maxGPUs": 2}
     if price is not None:
@@ -222,14 +222,14 @@ def test_tune_plot_adds_a_cost_panel_with_a_price(tmp_path: Path, price: float |
 def test_tune_prefers_a_measured_anchor_over_live_ones_with_more_points(tmp_path: Path) -> None:
     """A passive or canary anchor (live traffic) never silently replaces a harvested one in the
     search, however many points it has; alone, it is used."""
-    from inferasim.anchors import AnchorStore, BenchPoint, load_anchor
+    from inferasim.model.anchors import AnchorStore, BenchPoint, load_anchor
     from inferasim.search.tune import _anchor_for
 
     src = next((Path(__file__).resolve().parents[2] / "anchors").glob("vllm-*.json"))
     measured = load_anchor(src)
     ks = measured.kernel_set
     model, gpu = get_model(ks.model), get_gpu(ks.gpu)
-    from inferasim.catalog.models import normalize_precision
+    from inferasim.catalog.precision import normalize_precision
 
     precision = normalize_precision(ks.precision or "auto")
     many = [BenchPoint(isl=100 + i, osl=50, concurrency=1 + i, tpot_ms=10.0 + i, row_id=f"w{i}")
@@ -470,9 +470,9 @@ def test_stage2_replays_multi_turn_sessions_with_the_routing_stage1_assumes(monk
     not round-robin, which split the sessions and read as a slower replay; one replica, or requests
     without sessions, stay round-robin."""
     import inferasim.sim.api as api
+    from inferasim.core.spec import StaticWorkload
     from inferasim.search.tune import _simulate_one
     from inferasim.search.workload import shape_of
-    from inferasim.spec import StaticWorkload
 
     seen: list[str] = []
 
@@ -503,7 +503,7 @@ def test_stage2_replays_a_disaggregated_candidate_whose_pools_share_a_layout() -
     model, gpu = get_model("meta-llama/Llama-3.1-70B"), get_gpu("H100")
     fitted = unanchored("vllm", model, gpu, "fp8", Layout(tp=2))
     w = WorkloadShape(isl=2048, osl=256, hit=0.0, rate=4.0, concurrency=None, kind="poisson")
-    from inferasim.spec import StaticWorkload
+    from inferasim.core.spec import StaticWorkload
 
     w = replace(w, source=StaticWorkload(kind="poisson", request_rate=4.0, input_tokens=2048, output_tokens=256,
                                          num_requests=200))
@@ -572,10 +572,10 @@ def test_a_replay_within_the_slo_at_the_whole_rate_outweighs_stage1s_capacity_no
 def test_a_disaggregated_pool_serves_no_more_requests_than_its_prefill_workers_prefill() -> None:
     """Past the prefill pool's throughput requests queue for prefill: the estimate's rate stops there
     (a P1+D4 pool read 62 req/s where its one prefill GPU holds about 20) and TTFT takes the queue."""
+    from inferasim.model.steady import engine_sched
+    from inferasim.model.steptime import step_time
     from inferasim.search.estimate import estimate_disagg
     from inferasim.search.space import Disagg
-    from inferasim.sim.benchmark import engine_sched
-    from inferasim.steptime import step_time
 
     model, gpu = get_model("meta-llama/Llama-3.1-70B"), get_gpu("MI355X")
     fitted = unanchored("vllm", model, gpu, "fp8", Layout(tp=1))

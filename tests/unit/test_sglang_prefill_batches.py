@@ -12,14 +12,14 @@ import pytest
 import inferasim.sim.scheduler as scheduler
 from inferasim.catalog.gpus import get_gpu
 from inferasim.catalog.models import get_model
-from inferasim.layout import Layout
-from inferasim.layoutcost import layout_cost
-from inferasim.sim.benchmark import SGLANG_CONSECUTIVE_PREFILL_DELAY, EngineSched, engine_sched
+from inferasim.core.layout import Layout
+from inferasim.model.layoutcost import layout_cost
+from inferasim.model.steady import SGLANG_CONSECUTIVE_PREFILL_DELAY, EngineSched, engine_sched
+from inferasim.model.steptime import StepParams, step_time
 from inferasim.sim.des import simulate_closed_loop
 from inferasim.sim.engines import SglangCore, SimRequest
 from inferasim.sim.replica import Replica
 from inferasim.sim.scheduler import Request, SglangScheduler, make_scheduler
-from inferasim.steptime import StepParams, step_time
 
 MODEL = get_model("meta-llama/Meta-Llama-3.1-8B")
 GPU = get_gpu("H100")

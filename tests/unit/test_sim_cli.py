@@ -1,4 +1,4 @@
-"""`inferasim simulate` (registered by `inferasim.sim.cli.add_cli`) and the replay speed."""
+"""`inferasim simulate` (registered by `inferasim.cli.simulate.add_cli`) and the replay speed."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from inferasim.sim.cli import add_cli, load_workload
+from inferasim.cli.simulate import add_cli, load_workload
 
 MODEL = ["--model", "meta-llama/Meta-Llama-3.1-8B", "--gpu", "H100", "--engine", "vllm", "--tp", "1"]
 
@@ -109,7 +109,7 @@ def test_bad_input_exits_2_naming_the_field_without_a_traceback(tmp_path, capsys
 
 
 def test_anchor_for_another_model_is_refused(capsys) -> None:  # noqa: ANN001
-    from inferasim.sim.cli import ANCHOR_DIR
+    from inferasim.cli.simulate import ANCHOR_DIR
 
     anchor = next(iter(sorted(ANCHOR_DIR.glob("vllm-meta-llama--llama-3.1-70b-h100*.json"))), None)
     if anchor is None:
@@ -174,10 +174,10 @@ def test_full_mooncake_replay_completes(shared_data) -> None:  # noqa: ANN001
     is `make bench`'s to measure (benchmarks/sim_bench.py), not a timed test's."""
     from inferasim.catalog.gpus import get_gpu
     from inferasim.catalog.models import get_model
-    from inferasim.layout import Layout
-    from inferasim.predictor import unanchored
+    from inferasim.core.layout import Layout
+    from inferasim.core.spec import TraceWorkload
+    from inferasim.model.predictor import unanchored
     from inferasim.sim.api import simulate_workload
-    from inferasim.spec import TraceWorkload
 
     f = unanchored("vllm", get_model("meta-llama/Meta-Llama-3.1-70B"), get_gpu("H100"), "fp8", Layout(tp=8),
                    kv_dtype="fp8")

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 from test_sim_helpers import conversations, fitted, write_jsonl
 
-from inferasim.layout import Layout
+from inferasim.core.layout import Layout
+from inferasim.core.spec import StaticWorkload
+from inferasim.model.transfer import kv_transfer_time
 from inferasim.sim.api import simulate_workload
 from inferasim.sim.workload import Driver, load_trace, poisson_requests
-from inferasim.spec import StaticWorkload
-from inferasim.transfer import kv_transfer_time
 
 SESSIONS = StaticWorkload(kind="multi-turn", sessionsPerSecond=2.0, turns=4, inputTokens=1500, outputTokens=100,
                           userTokensPerTurn=100, thinkTimeS=1.0, numRequests=160)
@@ -80,7 +80,7 @@ def test_bad_arguments_name_the_field() -> None:
 def test_disaggregated_pools_under_a_burst_make_progress(shared_data) -> None:  # noqa: ANN001
     """A decode worker waiting for a KV transfer while the prefill worker is busy must not stall
     the lockstep of the replicas (a trace burst: many requests at once)."""
-    from inferasim.spec import TraceWorkload
+    from inferasim.core.spec import TraceWorkload
 
     path = str(shared_data / "traces" / "conversation_trace.jsonl")
     rep = simulate_workload(fitted("vllm"), Layout(tp=1), TraceWorkload(path=path, sample=150), disagg=(1, 1))
@@ -92,7 +92,7 @@ def test_a_session_that_outgrows_the_context_ends_at_its_refused_turn() -> None:
     client does not send the even longer seventh and eighth."""
     from inferasim.catalog.gpus import get_gpu
     from inferasim.catalog.models import get_model
-    from inferasim.predictor import unanchored
+    from inferasim.model.predictor import unanchored
 
     f = unanchored("vllm", get_model("meta-llama/Meta-Llama-3-8B"), get_gpu("H100"), "bf16", Layout(tp=1))
     w = StaticWorkload(kind="multi-turn", sessionsPerSecond=0.5, turns=8, inputTokens=2000, outputTokens=200,

@@ -11,16 +11,16 @@ import pytest
 from test_sim_helpers import GPU, MODEL, conversations, fitted, write_jsonl
 
 from inferasim.catalog.gpus import get_gpu
-from inferasim.layout import Layout
-from inferasim.layoutcost import layout_cost
+from inferasim.core.layout import Layout
+from inferasim.model.layoutcost import layout_cost
+from inferasim.model.steady import engine_sched
+from inferasim.model.steptime import StepParams, step_time
 from inferasim.sim.api import simulate_workload
-from inferasim.sim.benchmark import engine_sched
 from inferasim.sim.des import _lengths, simulate_closed_loop
 from inferasim.sim.engines import AtomCore, SglangCore, SimRequest, VllmCore
 from inferasim.sim.prefix import KVPool
 from inferasim.sim.replica import Replica, StepModel
 from inferasim.sim.workload import Driver, load_trace
-from inferasim.steptime import StepParams, step_time
 
 
 def _closed_new(p, c, s, isl, osl, conc, num, seed, rr, think):  # noqa: ANN001, ANN202
@@ -120,8 +120,8 @@ def test_short_decode_runs_stepped_in_python_match_numpy(engine: str, layout: La
     sliding-window layers and several attention-dp ranks included."""
     import inferasim.sim.replica as replica_mod
     from inferasim.catalog.models import get_model
-    from inferasim.predictor import unanchored
-    from inferasim.spec import StaticWorkload
+    from inferasim.core.spec import StaticWorkload
+    from inferasim.model.predictor import unanchored
 
     f = unanchored(engine, get_model("openai/gpt-oss-20b"), GPU, "bf16", layout)
     w = StaticWorkload(kind="multi-turn", sessionsPerSecond=3.0, turns=3, inputTokens=1500, outputTokens=150,

@@ -21,18 +21,18 @@ import numpy as np
 import pytest
 from test_sim_helpers import GPU, MODEL, fitted, write_jsonl
 
+from inferasim.core.layout import Layout
 from inferasim.emulator.engine import EngineLoop
 from inferasim.emulator.metrics import EngineMetrics
-from inferasim.layout import Layout
-from inferasim.layoutcost import layout_cost
+from inferasim.model.layoutcost import layout_cost
+from inferasim.model.steady import closed_loop, engine_sched
+from inferasim.model.steptime import StepParams
 from inferasim.sim.api import simulate_workload
-from inferasim.sim.benchmark import closed_loop, engine_sched
 from inferasim.sim.des import Simulator, simulate_closed_loop, simulate_offline
 from inferasim.sim.engines import SimRequest
 from inferasim.sim.replica import Replica
 from inferasim.sim.scheduler import Request
 from inferasim.sim.workload import ClosedLoop, Driver, load_trace, poisson_requests
-from inferasim.steptime import StepParams
 
 ENGINES = ("vllm", "sglang")
 TF = 0.02  # s: the middle of what the shipped SGLang anchors fit (12-24 ms)

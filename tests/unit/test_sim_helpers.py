@@ -9,8 +9,8 @@ import numpy as np
 
 from inferasim.catalog.gpus import get_gpu
 from inferasim.catalog.models import get_model
-from inferasim.layout import Layout
-from inferasim.predictor import FittedAnchor, unanchored
+from inferasim.core.layout import Layout
+from inferasim.model.predictor import FittedAnchor, unanchored
 
 MODEL = get_model("meta-llama/Meta-Llama-3.1-8B")
 GPU = get_gpu("H100")

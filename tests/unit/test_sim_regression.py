@@ -9,11 +9,11 @@ import pytest
 
 from inferasim.catalog.gpus import get_gpu
 from inferasim.catalog.models import get_model
-from inferasim.layout import Layout
-from inferasim.layoutcost import layout_cost
-from inferasim.sim.benchmark import engine_sched
+from inferasim.core.layout import Layout
+from inferasim.model.layoutcost import layout_cost
+from inferasim.model.steady import engine_sched
+from inferasim.model.steptime import StepParams
 from inferasim.sim.des import simulate_closed_loop, simulate_offline
-from inferasim.steptime import StepParams
 
 MODEL = get_model("meta-llama/Meta-Llama-3.1-8B")
 GPU = get_gpu("H100")
@@ -37,8 +37,8 @@ def _step_model_of_the_pinned_numbers(monkeypatch: pytest.MonkeyPatch) -> None:
     """The numbers pin the simulator's scheduling; they were taken before the step-time model got
     its GEMM shape factor and before SGLang's consecutive-prefill delay, so both are off here (the
     delay has tests of its own in test_sglang_prefill_batches.py)."""
+    import inferasim.model.steptime as steptime
     import inferasim.sim.scheduler as scheduler
-    import inferasim.steptime as steptime
 
     monkeypatch.setattr(scheduler, "SGLANG_CONSECUTIVE_PREFILL_DELAY", 0.0)  # (engines uses scheduler's)
 

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from test_sim_helpers import conversations, fitted, write_jsonl
 
-from inferasim.layout import Layout
+from inferasim.core.layout import Layout
+from inferasim.core.spec import StaticWorkload, TraceWorkload
 from inferasim.sim.api import simulate_workload
 from inferasim.sim.workload import (
     ClosedLoop,
@@ -16,7 +17,6 @@ from inferasim.sim.workload import (
     load_trace,
     poisson_requests,
 )
-from inferasim.spec import StaticWorkload, TraceWorkload
 
 
 def test_mooncake_reader_keeps_prefix_identity_scales_and_samples(tmp_path) -> None:  # noqa: ANN001
@@ -216,8 +216,8 @@ def test_itl_distribution_accounts_for_every_gap(engine: str, tmp_path) -> None:
 
 def _cores(f, trace):  # noqa: ANN001, ANN202
     """The cores of a single-replica run (rebuilt: the report does not keep them)."""
-    from inferasim.layoutcost import layout_cost
-    from inferasim.sim.benchmark import engine_sched
+    from inferasim.model.layoutcost import layout_cost
+    from inferasim.model.steady import engine_sched
     from inferasim.sim.cluster import Cluster
     from inferasim.sim.replica import Replica
 

@@ -10,10 +10,17 @@ import pytest
 
 from inferasim.catalog.gpus import get_gpu
 from inferasim.catalog.models import get_model
-from inferasim.layout import Layout
-from inferasim.layoutcost import BLOCK_FP8_RATE, collective_time, layout_cost
-from inferasim.steptime import StepParams, busiest_rank_factor, default_params, gpu_part_time, roofline_floor, step_time
-from inferasim.transfer import naive_step, reduce_to_node, replica_split, transfer
+from inferasim.core.layout import Layout
+from inferasim.model.layoutcost import BLOCK_FP8_RATE, collective_time, layout_cost
+from inferasim.model.steptime import (
+    StepParams,
+    busiest_rank_factor,
+    default_params,
+    gpu_part_time,
+    roofline_floor,
+    step_time,
+)
+from inferasim.model.transfer import naive_step, reduce_to_node, replica_split, transfer
 
 LLAMA70 = "meta-llama/Meta-Llama-3.1-70B"
 DSV3 = "deepseek-ai/DeepSeek-V3"
@@ -176,7 +183,7 @@ def test_replica_split_conserves_clients() -> None:
 def test_thin_gemm_slices_stop_prefill_scaling_as_one_over_tp() -> None:
     """MiniMax-M2.5's experts are 1536 wide: under moe_tp 8 each GPU keeps 384 columns, and a
     prefill step no longer shrinks 8x. With the shape factor off it comes closer to 1/tp."""
-    import inferasim.steptime as steptime
+    import inferasim.model.steptime as steptime
 
     model, gpu = get_model("MiniMaxAI/MiniMax-M2.5"), get_gpu("B200")
     p = StepParams(t_fixed=0.0, t_seq=0.0, comm_scale=0.25)
@@ -201,8 +208,8 @@ def test_a_named_front_end_default_holds_against_prefill_compute(monkeypatch: py
     # TTFT with the clients of a wave. A default that names a front-end cost (vLLM's API server,
     # 2 ms) is held by a tight prior (fit.FRONT_PRIOR_SIGMA) instead of the wide one around the
     # floor that SGLang's default keeps. Data made with a 20 ms front end move it less.
-    import inferasim.fit as fit
-    from inferasim.sim.benchmark import closed_loop, engine_sched
+    import inferasim.model.fit as fit
+    from inferasim.model.steady import closed_loop, engine_sched
 
     model, gpu, lay = get_model(LLAMA70), get_gpu("H100"), Layout(tp=4)
     cost = layout_cost(model, gpu, lay, "fp8")

@@ -8,20 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from inferasim.validate import (
-    TARGET_ENGINES,
-    BenchRow,
-    CannotPredict,
-    Layout,
-    RowPrediction,
-    load_rows,
-    metric_values,
-    row_reach,
-    run_validation,
-    select_anchors,
-    throughput_per_gpu,
-    write_outputs,
-)
+from inferasim.anchor_rules import select_anchors
+from inferasim.core.runs import TARGET_ENGINES, BenchRow, Layout, RowPrediction, load_rows
+from inferasim.errors import CannotPredict
+from inferasim.validate import metric_values, row_reach, run_validation, throughput_per_gpu
+from inferasim.validation_outputs import write_outputs
 
 # shared/ lies beside the checkout (DESIGN.md; CI lays a copy there too).
 DEV_FILE = Path(__file__).resolve().parents[3] / "shared" / "data" / "aic-silicon" / "silicon_dev.csv"
@@ -487,7 +478,7 @@ def test_a_row_without_any_measured_value_is_predicted_but_counted_apart(tmp_pat
     assert s["tpot"]["n"] == s["ttft"]["n"] == 1
     blank = next(r for r in result.results if r.row.id == "blank")
     assert blank.status == "unmeasured" and blank.ape("tpot") is None
-    from inferasim.predictor import AnchoredPredictor
+    from inferasim.model.predictor import AnchoredPredictor
 
     real = run_validation(rows, AnchoredPredictor())
     blank = next(r for r in real.results if r.row.id == "blank")
@@ -506,7 +497,7 @@ def test_an_anchor_with_nothing_to_score_that_cannot_be_fitted_is_listed(tmp_pat
     assert [(u["rows"], "unknown architecture" in u["reason"]) for u in s["unusable_anchors"]] == [(["lone"], True)]
     assert s["unpredicted"]["n"] == 0 and s["tpot"]["n"] == 1
     # With the real predictor the unknown GPU is named.
-    from inferasim.predictor import AnchoredPredictor
+    from inferasim.model.predictor import AnchoredPredictor
 
     s = run_validation(rows, AnchoredPredictor()).summary
     assert len(s["unusable_anchors"]) == 1 and "h900" in s["unusable_anchors"][0]["reason"]
@@ -633,7 +624,7 @@ def test_reach_compares_layouts_as_the_predictor_prices_them(tmp_path: Path) -> 
 
 
 def test_anchored_predictor_prices_squared_width_rows_as_the_deployment_that_ran() -> None:
-    from inferasim.predictor import AnchoredPredictor
+    from inferasim.model.predictor import AnchoredPredictor
 
     if not DEV_FILE.exists():
         pytest.skip("shared data not present")
@@ -648,8 +639,8 @@ def test_anchored_predictor_prices_squared_width_rows_as_the_deployment_that_ran
 def test_moe_fields_that_do_not_cover_the_ranks_are_derived_for_pricing() -> None:
     """Empty MoE fields read as 1 in the row's layout key (DESIGN section 7), but the engines spread
     the experts over every GPU of the attention ranks, and that is what is priced."""
-    from inferasim.predictor import to_layout
-    from inferasim.validate import Layout as RowLayout
+    from inferasim.core.runs import Layout as RowLayout
+    from inferasim.model.predictor import to_layout
 
     assert to_layout(RowLayout(tp=8, moe_tp=1, moe_ep=1)) == to_layout(RowLayout(tp=8, moe_tp=8, moe_ep=1))
     assert to_layout(RowLayout(tp=8, moe_tp=1, moe_ep=1)).moe_width == 8

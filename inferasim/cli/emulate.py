@@ -7,9 +7,9 @@ import json
 import sys
 from pathlib import Path
 
-from inferasim.cliargs import positive_float, positive_int
+from inferasim.cli.args import positive_float, positive_int
 from inferasim.emulator.config import DEFAULT_NATURAL_OUTPUT_MEAN, EmulatorConfig
-from inferasim.steptime import StepParams
+from inferasim.model.steptime import StepParams
 
 
 def add_layout_args(p: argparse.ArgumentParser) -> None:
@@ -68,7 +68,7 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
             raise ValueError(f"--params-json is not valid JSON: {exc}") from None
         if not isinstance(values, dict):
             raise ValueError("--params-json must be a JSON object of step-time parameters")
-        from inferasim.emulator.server import ApiError, merge_params
+        from inferasim.emulator.api import ApiError, merge_params
 
         try:
             # The same checks as POST /_inferasim/params: known names, finite numbers, efficiencies

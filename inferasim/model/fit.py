@@ -8,7 +8,7 @@ single tp). The priors settle what the data do not, and the data override them w
 Every parameter stays inside PARAM_BOUNDS (efficiencies within (0, 1] of peak).
 
 This module sits apart from `steptime` because the residuals run through the benchmark model of
-`inferasim.sim.benchmark`, which itself builds on `steptime`.
+`inferasim.model.steady`, which itself builds on `steptime`.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from inferasim.layoutcost import LayoutCost
-from inferasim.sim.benchmark import EngineSched, closed_loop, offline_batch
-from inferasim.steptime import PARAM_BOUNDS, T_SEQ_V0, StepParams
+from inferasim.model.layoutcost import LayoutCost
+from inferasim.model.steady import EngineSched, closed_loop, offline_batch
+from inferasim.model.steptime import PARAM_BOUNDS, T_SEQ_V0, StepParams
 
 # Prior spread (natural-log units) of each parameter around its default.
 PRIOR_SIGMA: dict[str, float] = {
@@ -47,7 +47,7 @@ PRIOR_SIGMA: dict[str, float] = {
     "m_tile": float("inf"),
 }
 # kv_scale is not among FREE_PARAMS (PRIOR_SIGMA keeps its spread for a caller that frees it). A
-# closed loop's running requests are the whole requests the KV pool holds (sim.benchmark._capacity
+# closed loop's running requests are the whole requests the KV pool holds (model.steady._capacity
 # floors), a step function of kv_scale whose gradient is zero almost everywhere: listed here, it
 # never left 1.0 on any dev anchor. Fitted through a continuous capacity it moved one anchor
 # (MiniMax-M2.5 fp8 tp2 on B200, whose 512 clients did not queue where the memory model says 426

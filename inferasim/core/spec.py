@@ -25,8 +25,10 @@ from pydantic.alias_generators import to_camel
 
 from inferasim.catalog.engines import ENGINES
 from inferasim.catalog.gpus import get_gpu
-from inferasim.catalog.models import get_model, normalize_precision
-from inferasim.userfile import UserFileError, read_user_text
+from inferasim.catalog.models import get_model
+from inferasim.catalog.precision import normalize_precision
+from inferasim.catalog.userfile import UserFileError, read_user_text
+from inferasim.errors import UserError
 
 
 class _Model(BaseModel):
@@ -322,7 +324,7 @@ class TuningSpec(_Model):
         return v
 
 
-class SpecError(ValueError):
+class SpecError(UserError):
     """A spec file that cannot be used; the message names the field and the fix."""
 
 

@@ -8,8 +8,8 @@ import os
 import sys
 from pathlib import Path
 
-from inferasim.cliargs import precision_name
-from inferasim.emulator.cli import add_layout_args, positive_float, positive_int
+from inferasim.cli.args import precision_name
+from inferasim.cli.emulate import add_layout_args, positive_float, positive_int
 from inferasim.harvest.plan import DEFAULT_PLAN_TEXT, MIN_REQUESTS, REQUESTS_PER_CLIENT, parse_plan
 from inferasim.harvest.run import (
     DEFAULT_BUDGET_S,
@@ -89,12 +89,12 @@ def _refuse_unservable_layout(cfg: HarvestConfig) -> None:
     """The layout the engine behind --endpoint was started with: one it would not run (tp not
     dividing the heads, weights beyond HBM) means --tp/--ep/--dp/--pp do not describe it, and an
     anchor recorded under them would price another deployment."""
+    from inferasim.catalog.checkpoints import priced_precision
     from inferasim.catalog.engines import normalize_engine
     from inferasim.catalog.gpus import get_gpu
     from inferasim.catalog.models import get_model
-    from inferasim.cliargs import refuse_unservable
-    from inferasim.predictor import benchmark_kv_dtype
-    from inferasim.render import priced_precision
+    from inferasim.cli.args import refuse_unservable
+    from inferasim.model.predictor import benchmark_kv_dtype
 
     model, gpu = get_model(cfg.model), get_gpu(cfg.gpu)
     precision = priced_precision(cfg.precision, cfg.model, model)

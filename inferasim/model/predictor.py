@@ -1,7 +1,7 @@
 """The anchored predictor: fit a kernel set's anchor rows, then predict other deployments.
 
 This is the glue between measured benchmark rows (validation CSVs, shipped anchors) and the
-physics of `steptime` + `transfer` + `sim.benchmark`. `AnchoredPredictor` implements the
+physics of `steptime` + `transfer` + `model.steady`. `AnchoredPredictor` implements the
 `Predictor` protocol of `inferasim.validate`; it sees only the anchor rows of a kernel set.
 """
 
@@ -13,20 +13,22 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from inferasim.anchors import Anchor, BenchPoint, FitReport, KernelSet, LayoutModel, Provenance
+from inferasim.catalog.checkpoints import priced_precision
 from inferasim.catalog.engines import UnknownEngineError, normalize_engine
 from inferasim.catalog.gpus import GPU, UnknownGPUError, get_gpu, siblings
-from inferasim.catalog.models import ModelConfigError, ModelSpec, UnknownModelError, get_model, normalize_precision
-from inferasim.fit import FitPoint, FitResult, fit_anchor_params, predict_points
-from inferasim.layout import Layout, LayoutError
-from inferasim.layoutcost import layout_cost
-from inferasim.memory import layout_problems
-from inferasim.render import priced_precision
-from inferasim.sim.benchmark import engine_sched
-from inferasim.steptime import STEP_MODEL_REVISION, StepParams, default_params, step_time
-from inferasim.transfer import disagg_point
-from inferasim.validate import BenchRow, CannotPredict, RowPrediction, recorded_clients
-from inferasim.validate import Layout as RowLayout
+from inferasim.catalog.models import ModelConfigError, ModelSpec, UnknownModelError, get_model
+from inferasim.catalog.precision import normalize_precision
+from inferasim.core.layout import Layout, LayoutError
+from inferasim.core.runs import BenchRow, RowPrediction, recorded_clients
+from inferasim.core.runs import Layout as RowLayout
+from inferasim.errors import CannotPredict
+from inferasim.model.anchors import Anchor, BenchPoint, FitReport, KernelSet, LayoutModel, Provenance
+from inferasim.model.fit import FitPoint, FitResult, fit_anchor_params, predict_points
+from inferasim.model.layoutcost import layout_cost
+from inferasim.model.memory import layout_problems
+from inferasim.model.steady import engine_sched
+from inferasim.model.steptime import STEP_MODEL_REVISION, StepParams, default_params, step_time
+from inferasim.model.transfer import disagg_point
 
 # Interval: +-z x (fit rms in log space, widened off the anchor's layout and lengths).
 INTERVAL_Z = 1.64
@@ -141,7 +143,7 @@ def benchmark_kv_dtype(precision: str) -> str:
 
 
 def _priced(precision: str, model_id: str, model: ModelSpec) -> str:
-    """render.priced_precision of a precision as written (empty reads as auto); a spelling nothing
+    """catalog.checkpoints.priced_precision of a precision as written (empty reads as auto); a spelling nothing
     knows is returned as written, for layout_cost to name in its refusal."""
     try:
         return priced_precision(precision or "auto", model_id, model)

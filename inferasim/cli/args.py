@@ -10,15 +10,16 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from inferasim.anchors import SHIPPED_ANCHORS, AnchorStore
 from inferasim.catalog.engines import engine_gpu_error
 from inferasim.catalog.gpus import GPU
-from inferasim.catalog.models import ModelSpec, normalize_precision
-from inferasim.layout import Layout
-from inferasim.memory import kv_dtype_bytes
+from inferasim.catalog.models import ModelSpec
+from inferasim.catalog.precision import normalize_precision
+from inferasim.core.layout import Layout
+from inferasim.model.anchors import SHIPPED_ANCHORS, AnchorStore
+from inferasim.model.memory import kv_dtype_bytes
 
 if TYPE_CHECKING:
-    from inferasim.predictor import FittedAnchor
+    from inferasim.model.predictor import FittedAnchor
 
 
 def positive_int(name: str) -> Callable[[str], int]:
@@ -98,7 +99,7 @@ def refuse_early(model: ModelSpec, gpu: GPU, layout: Layout, engine: str, kv_dty
     """ValueError for what no anchor changes (the engine on the GPU, a KV dtype nobody knows, a
     layout the engine refuses whatever the memory), checked before the anchor search so that its
     notes do not bury the error."""
-    from inferasim.memory import layout_problems
+    from inferasim.model.memory import layout_problems
 
     refuse_engine_on_gpu(engine, gpu)
     if kv_dtype:
@@ -112,7 +113,7 @@ def note_checkpoint_precision(engine: str, model: str, precision: str) -> None:
     """A note on stderr when the checkpoint the user named would not run at `precision` (a bf16
     checkpoint priced at fp4): the figures stand for a checkpoint of that format, which `render`
     and `tune` ask for by name before they deploy it."""
-    from inferasim.render import precision_error
+    from inferasim.catalog.checkpoints import precision_error
 
     why = precision_error(engine, model, precision)
     if why:
@@ -157,7 +158,7 @@ def note_gpu_precision(gpu: GPU, model: ModelSpec, precision: str) -> None:
     MI300X, fp8 on A100): such weights run dequantised in 16-bit GEMMs (vLLM's Marlin W4A16/W8A16
     kernels) and are priced at the BF16 rate, and an engine or kernel that needs the native format
     will not load the checkpoint there."""
-    from inferasim.layoutcost import compute_dtype
+    from inferasim.model.layoutcost import compute_dtype
 
     try:  # "auto": the checkpoint's own format
         dtypes = {compute_dtype(precision, part, model) for part in ("attention", "routed_experts")}
@@ -230,8 +231,8 @@ def refuse_unservable(model: ModelSpec, gpu: GPU, layout: Layout, engine: str, p
     is given): it has no performance to predict, simulate or measure. Returns the memory fraction
     the layout needs when the engine's default does not fit and only the raised one does (a note
     on stderr says so), else None."""
-    from inferasim.memory import plan_memory
-    from inferasim.sim.benchmark import TIGHT_MEMORY_FRACTION
+    from inferasim.model.memory import plan_memory
+    from inferasim.model.steady import TIGHT_MEMORY_FRACTION
 
     refuse_engine_on_gpu(engine, gpu)
     plan = plan_memory(model, gpu, layout, engine=engine, precision=precision, kv_dtype=kv_dtype,

@@ -15,7 +15,7 @@ that is what makes transfer to another layout honest (DESIGN.md section 1, point
 
 Everything here is vectorised over numpy arrays of batch descriptions so that the closed-loop
 estimator and the fit stay fast. What one GPU of a layout does per step, whatever the batch (bytes,
-FLOPs, KV per token, collectives), is `inferasim.layoutcost.LayoutCost`.
+FLOPs, KV per token, collectives), is `inferasim.model.layoutcost.LayoutCost`.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import numpy as np
 
 from inferasim.catalog.engines import allreduce_hop_latency, vllm_v0
 from inferasim.catalog.gpus import GPU
-from inferasim.layoutcost import ArrayLike, LayoutCost
+from inferasim.model.layoutcost import ArrayLike, LayoutCost
 
 # Smoothness of the roofline maximum: (m^p + c^p)^(1/p). p = 4 is within 19% of max() at the
 # ridge and within 1% a factor 2 away from it; a kink-free roof keeps the fit well-behaved.
@@ -54,13 +54,13 @@ class StepParams:
     e_attn: float = 0.40  # prefill attention efficiency (flash attention vs dense peak)
     moe_skew: float = 0.15  # router skew: busiest-rank load excess over uniform routing
     comm_scale: float = 1.0  # multiplier on the link model's collective time
-    burst: float = 0.50  # share of wave-mates' prefill a closed-loop request waits for (sim.benchmark)
+    burst: float = 0.50  # share of wave-mates' prefill a closed-loop request waits for (model.steady)
     t_ttft: float = 0.03  # s per request outside the steps: API server, tokenise, first-token stream
     kv_scale: float = 1.0  # KV pool actually usable / memory-model estimate (KV dtype, preemption)
     # s per request served one at a time by the engine's front end (SGLang's TokenizerManager and
     # scheduler admission, vLLM's API server process): a burst of C arrivals waits k x t_front for
     # its k-th request. Host cost: no layout divides it. Old anchors without it load as 0. Priced by
-    # sim.benchmark and transfer.disagg_point; simulated (sim.des, sim.replica) and emulated as one FIFO server.
+    # model.steady and transfer.disagg_point; simulated (sim.des, sim.replica) and emulated as one FIFO server.
     t_front: float = 0.0
     # s per prompt token added to each request's turn at that serial front end: vLLM's API server
     # tokenises and processes the whole prompt in one process before the engine core sees it. On
@@ -72,7 +72,7 @@ class StepParams:
     # limit). Not a property of the engine: a client whose HTTP pool caps its connections (aiohttp's
     # TCPConnector allows 100 by default, which older `vllm bench serve` clients kept; vllm issues
     # #7241, #14513) holds the rest back, and their wait is in the TTFT it reports. Found from an
-    # anchor's own points (fit.client_cap_of), never a prior; sim.benchmark and sim.des apply it.
+    # anchor's own points (fit.client_cap_of), never a prior; model.steady and sim.des apply it.
     client_cap: float = 0.0
     # GEMM rows (tokens) a kernel serves per pass over the weights. A GEMM kernel tiles its M rows;
     # a tuned one covers a whole decode batch in one tile and reads each weight once per step, so
@@ -177,7 +177,7 @@ GEMM_N0 = 384.0
 # (predictor.fitted_from_anchor) instead of being read against the new model. Anchors record it
 # in fit.step_model. 2026-12-03: block-scaled FP8 GEMMs at the BF16 rate, FP4 without FP4 tensor
 # cores at the BF16 rate. 2026-12-03.2: a closed-loop request queues behind the prefills of the
-# other clients on its rank, not its own (sim.benchmark.closed_loop), which moves t_ttft and burst.
+# other clients on its rank, not its own (model.steady.closed_loop), which moves t_ttft and burst.
 # 2026-12-03.3: vLLM's prefill attention at the FP8 rate on Blackwell with an FP8 KV cache
 # (catalog.engines.prefill_attention_dtype), which moves e_attn and the prefill share.
 # 2026-12-03.4: pipeline stages keep min(pp, sequences) micro-batches in flight (step_time).
@@ -186,7 +186,7 @@ GEMM_N0 = 384.0
 # 2026-12-03.6: a DSA layer's cache in its own format (FP8: FlashMLA's 656-byte latent, plus the
 # 132-byte FP8 index key in every dtype), which moves e_kv of DSA kernel sets.
 # 2026-12-03.7: a mixed-batch wave's persisting share decays with gamma 0.28, not 0.25
-# (sim.benchmark.WAVE_GAMMA_MIXED), which moves the burst and t_ttft that vLLM anchors fit.
+# (model.steady.WAVE_GAMMA_MIXED), which moves the burst and t_ttft that vLLM anchors fit.
 # 2026-12-04: AMD and vLLM V0 physics (shared/data/argonne-offline): a weight tile (m_tile, fitted
 # from a batch sweep), vLLM V0's host time per sequence (T_SEQ_V0) and per tp step (t_tp), RCCL's
 # all-reduce latency where vLLM reduced through it (t_hop), the generic ROCm decode kernel's reads

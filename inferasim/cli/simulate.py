@@ -21,8 +21,8 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from inferasim.anchors import SHIPPED_ANCHORS
-from inferasim.cliargs import (
+from inferasim.catalog.userfile import read_user_text
+from inferasim.cli.args import (
     anchor_store,
     check_anchor_matches,
     check_output_file,
@@ -37,11 +37,11 @@ from inferasim.cliargs import (
     refuse_engine_on_gpu,
     refuse_unservable,
 )
-from inferasim.cliargs import positive_float as _positive_float
-from inferasim.cliargs import positive_int as _positive
+from inferasim.cli.args import positive_float as _positive_float
+from inferasim.cli.args import positive_int as _positive
+from inferasim.core.spec import StaticWorkload, TraceWorkload, plain_validation_error
+from inferasim.model.anchors import SHIPPED_ANCHORS
 from inferasim.output import OUTPUT_FORMATS, emit
-from inferasim.spec import StaticWorkload, TraceWorkload, plain_validation_error
-from inferasim.userfile import read_user_text
 
 ANCHOR_DIR = SHIPPED_ANCHORS
 
@@ -102,7 +102,7 @@ def add_cli(subparsers: Any) -> None:
 # -- inputs ------------------------------------------------------------------------------------------
 
 def load_workload(path: str | Path) -> StaticWorkload | TraceWorkload:
-    """A workload YAML: the fields of `inferasim.spec.StaticWorkload` (kind, requestRate, ...), or
+    """A workload YAML: the fields of `inferasim.core.spec.StaticWorkload` (kind, requestRate, ...), or
     a mapping with one key `static` or `trace` (as in a spec's `workload`)."""
     p = Path(path)
     try:
@@ -127,12 +127,12 @@ def load_workload(path: str | Path) -> StaticWorkload | TraceWorkload:
 def resolve_fitted(args: argparse.Namespace, layout: Any) -> tuple[Any, bool, str]:
     """Step-time parameters: --anchor FILE, else the store's best anchor of (engine, model, GPU,
     precision), else measurement-free defaults (with a note)."""
-    from inferasim.anchors import load_anchor
+    from inferasim.catalog.checkpoints import priced_precision
     from inferasim.catalog.engines import normalize_engine
     from inferasim.catalog.gpus import get_gpu
     from inferasim.catalog.models import get_model
-    from inferasim.predictor import benchmark_kv_dtype, fitted_from_anchor, unanchored
-    from inferasim.render import priced_precision
+    from inferasim.model.anchors import load_anchor
+    from inferasim.model.predictor import benchmark_kv_dtype, fitted_from_anchor, unanchored
     from inferasim.search.tune import anchored_fit
 
     engine = normalize_engine(args.engine)
@@ -180,7 +180,7 @@ class _Progress:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from inferasim.layout import Layout
+    from inferasim.core.layout import Layout
     from inferasim.sim.api import simulate_workload
     from inferasim.sim.workload import driver_for, load_trace
 
@@ -336,8 +336,8 @@ def _note_lockstep_waves(fitted: Any, layout: Any, w: Any, args: argparse.Namesp
     prices (the anchor's wave share): say so, with predict's figures, when the two differ."""
     import numpy as np
 
-    from inferasim.layoutcost import layout_cost
-    from inferasim.sim.benchmark import closed_loop, engine_sched
+    from inferasim.model.layoutcost import layout_cost
+    from inferasim.model.steady import closed_loop, engine_sched
 
     if getattr(w, "kind", None) != "closed" or w.think_time_s > 0 or not data.get("completed"):
         return

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from inferasim.errors import UserError
 
-class LayoutError(ValueError):
+
+class LayoutError(UserError):
     """A layout that cannot exist; the message names the field."""
 
 

@@ -13,19 +13,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from inferasim.anchors import (
-    SHIPPED_ANCHORS,
-    Anchor,
-    AnchorFileError,
-    AnchorStore,
-    KernelSet,
-    NoCompatibleAnchor,
-    load_anchor,
-)
 from inferasim.catalog.engines import ENGINES, ROCM_FORK_TAG, UnknownEngineError, normalize_engine
 from inferasim.catalog.gpus import GPU, UnknownGPUError, get_gpu, list_gpus
 from inferasim.catalog.models import (
-    PRECISIONS,
     ModelConfigError,
     ModelSpec,
     UnknownModelError,
@@ -33,7 +23,9 @@ from inferasim.catalog.models import (
     get_model,
     known_models,
 )
-from inferasim.cliargs import (
+from inferasim.catalog.precision import PRECISIONS
+from inferasim.catalog.userfile import read_user_text
+from inferasim.cli.args import (
     anchor_store,
     check_anchor_matches,
     check_output_file,
@@ -52,20 +44,29 @@ from inferasim.cliargs import (
     refuse_engine_on_gpu,
     refuse_unservable,
 )
-from inferasim.cliargs import positive_float as _positive_float
-from inferasim.cliargs import positive_int as _positive
-from inferasim.layout import Layout, LayoutError
-from inferasim.memory import plan_memory
+from inferasim.cli.args import positive_float as _positive_float
+from inferasim.cli.args import positive_int as _positive
+from inferasim.core.layout import Layout, LayoutError
+from inferasim.core.runs import load_rows
+from inferasim.core.spec import SpecError, plain_validation_error
+from inferasim.errors import CannotPredict, InferasimError
+from inferasim.model.anchors import (
+    SHIPPED_ANCHORS,
+    Anchor,
+    AnchorFileError,
+    AnchorStore,
+    KernelSet,
+    NoCompatibleAnchor,
+    load_anchor,
+)
+from inferasim.model.memory import plan_memory
 from inferasim.output import OUTPUT_FORMATS, emit, table
 from inferasim.sources import SOURCE_RULES, read_as_run, rules_applied
-from inferasim.spec import SpecError, plain_validation_error
-from inferasim.userfile import read_user_text
-from inferasim.validate import CannotPredict, load_rows
 
 EXIT_USAGE = 2
 
 
-class UsageError(Exception):
+class UsageError(InferasimError):
     """Bad input from the user; printed as one line, exit code 2."""
 
 
@@ -166,8 +167,8 @@ def cmd_memory(args: argparse.Namespace) -> int:
     model = get_model(args.model)
     gpu = get_gpu(args.gpu)
     layout = _layout(args)
-    from inferasim.predictor import benchmark_kv_dtype
-    from inferasim.render import priced_precision
+    from inferasim.catalog.checkpoints import priced_precision
+    from inferasim.model.predictor import benchmark_kv_dtype
 
     # The KV dtype predict, simulate, tune and render price when none is asked for.
     kv_dtype = args.kv_cache_dtype or benchmark_kv_dtype(priced_precision(args.precision, args.model, model))
@@ -210,8 +211,9 @@ def cmd_render(args: argparse.Namespace) -> int:
     """The Deployment and Service of one hand-picked configuration (what `tune --manifest` writes
     for its recommendation), checked as tune checks its own: flags known to the engine, the
     replica on one node, a precision the engine would run with this checkpoint."""
-    from inferasim.predictor import benchmark_kv_dtype
-    from inferasim.render import ServingConfig, priced_precision, render_manifests, served_model_id, to_yaml
+    from inferasim.catalog.checkpoints import priced_precision
+    from inferasim.model.predictor import benchmark_kv_dtype
+    from inferasim.render import ServingConfig, render_manifests, served_model_id, to_yaml
 
     if args.out == "-":  # as `anchors fit-live --out -` and kubectl's `-f -`: standard output
         args.out = None
@@ -303,7 +305,7 @@ def _refuse_over_context(model: ModelSpec, flag: str, tokens: int | None, conseq
 
 def _load_rows_noted(path: str, unreadable: list[Any] | None = None, *, as_written: bool = False,
                      applied: dict[str, int] | None = None) -> list[Any]:
-    """validate.load_rows, its notes (a measured column absent) on stderr. With an `unreadable`
+    """core.runs.load_rows, its notes (a measured column absent) on stderr. With an `unreadable`
     list, cells it cannot read are listed there (and counted on stderr) instead of stopping.
     The rows are read as their engine ran them (sources.SOURCE_RULES: how one public file writes its
     layouts) unless `as_written`; `applied` receives how many rows each rule read."""
@@ -339,9 +341,9 @@ def _refuse_beyond_context(model: ModelSpec, isl: int, osl: int) -> None:
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    from inferasim.layoutcost import layout_cost
-    from inferasim.predictor import fitted_from_anchor, unanchored
-    from inferasim.sim.benchmark import closed_loop, engine_sched, open_loop
+    from inferasim.model.layoutcost import layout_cost
+    from inferasim.model.predictor import fitted_from_anchor, unanchored
+    from inferasim.model.steady import closed_loop, engine_sched, open_loop
 
     engine = normalize_engine(args.engine)
     model = get_model(args.model)
@@ -353,8 +355,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
     refuse_early(model, gpu, layout, engine, args.kv_cache_dtype)
     note_multi_node(gpu, layout)
     note_checkpoint_precision(engine, args.model, args.precision)
-    from inferasim.predictor import benchmark_kv_dtype
-    from inferasim.render import priced_precision
+    from inferasim.catalog.checkpoints import priced_precision
+    from inferasim.model.predictor import benchmark_kv_dtype
 
     # The checkpoint's format where --precision is auto (amd/...-FP8-KV runs an fp8 KV cache).
     precision = priced_precision(args.precision, args.model, model)
@@ -554,8 +556,9 @@ def _validation_text(s: dict[str, Any], data: str, rule: str) -> str:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from inferasim.predictor import AnchoredPredictor
-    from inferasim.validate import run_validation, write_outputs
+    from inferasim.model.predictor import AnchoredPredictor
+    from inferasim.validate import run_validation
+    from inferasim.validation_outputs import write_outputs
 
     # Repeated flags add up (--split-by engine --split-by gpu), as do comma lists; a key twice counts once.
     split_by = tuple(dict.fromkeys(s.strip() for flag in (args.split_by or []) for s in flag.split(",") if s.strip()))
@@ -690,8 +693,10 @@ def _anchor_table(anchor: Anchor) -> str:
 
 def _anchors_build(args: argparse.Namespace) -> int:
     """`anchors build CSV [--out FOLDER]`: the min-gpus anchor of each kernel set in the CSV."""
-    from inferasim.predictor import anchor_from_rows
-    from inferasim.validate import CannotPredict, filter_rows, select_anchors
+    from inferasim.anchor_rules import select_anchors
+    from inferasim.core.runs import filter_rows
+    from inferasim.errors import CannotPredict
+    from inferasim.model.predictor import anchor_from_rows
 
     if not args.name:
         raise UsageError("anchors build needs a CSV of measured runs (the validate schema)")
@@ -755,11 +760,11 @@ def _anchors_check(args: argparse.Namespace) -> int:
     (its model, GPU, engine and precision resolve in this version's catalogs and it yields fitted
     parameters). Fits worse than the harvester's own threshold are reported, not failed. Exit 1
     when a file is invalid or unusable."""
+    from inferasim.errors import CannotPredict
     from inferasim.harvest.run import DEFAULT_MAX_RMS_LOG_ERROR
-    from inferasim.memory import layout_problems
-    from inferasim.predictor import fitted_from_anchor, stale_params
-    from inferasim.steptime import STEP_MODEL_REVISION, StepParams
-    from inferasim.validate import CannotPredict
+    from inferasim.model.memory import layout_problems
+    from inferasim.model.predictor import fitted_from_anchor, stale_params
+    from inferasim.model.steptime import STEP_MODEL_REVISION, StepParams
 
     anchors: list[tuple[str, Anchor]] = []
     bad: list[AnchorFileError] = []
@@ -850,8 +855,9 @@ def _anchors_live(args: argparse.Namespace) -> int:
     import time
 
     from inferasim.deployment import read_deployment
+    from inferasim.live import fit_live
     from inferasim.observe import ObservationError, observe_windows, parse_duration
-    from inferasim.passive import NotIdentifiable, fit_live
+    from inferasim.passive import NotIdentifiable
 
     cmd = f"inferasim anchors {args.action}"
     for flag, value in (("--prometheus", args.prometheus), ("--deployment", args.deployment)):
@@ -1103,8 +1109,8 @@ def _plot_pareto(result: Any, path: str) -> None:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
+    from inferasim.core.spec import load_spec
     from inferasim.search.tune import tune
-    from inferasim.spec import load_spec
 
     spec = load_spec(args.spec)
     # Before the search, not after it.
@@ -1175,7 +1181,7 @@ def _find_or_sibling(store: Any, ks: KernelSet, layout: Layout, gpu: GPU) -> Any
     measured on a sibling part (the same die: MI300X for an MI325X, H100 for an H200) carried to
     it (predictor.carry_to_gpu); NoCompatibleAnchor, naming the own GPU's nearest, when neither."""
     from inferasim.catalog.gpus import siblings
-    from inferasim.predictor import carry_to_gpu, fitted_from_anchor
+    from inferasim.model.predictor import carry_to_gpu, fitted_from_anchor
 
     try:
         return fitted_from_anchor(store.find(ks, layout))
@@ -1189,8 +1195,8 @@ def _find_or_sibling(store: Any, ks: KernelSet, layout: Layout, gpu: GPU) -> Any
 
 
 def _fitted_for(args: argparse.Namespace, layout: Layout):  # noqa: ANN202
-    from inferasim.predictor import benchmark_kv_dtype, fitted_from_anchor, unanchored
-    from inferasim.render import priced_precision
+    from inferasim.catalog.checkpoints import priced_precision
+    from inferasim.model.predictor import benchmark_kv_dtype, fitted_from_anchor, unanchored
     from inferasim.search.tune import anchored_fit
 
     engine = normalize_engine(args.engine)
@@ -1328,7 +1334,7 @@ _DEMO_AMD = ("amd/Llama-3.1-70B-Instruct-FP8-KV", "0.10.0" + ROCM_FORK_TAG, 8, 2
 
 
 def _demo_amd_cases() -> None:
-    from inferasim.predictor import benchmark_kv_dtype, unanchored
+    from inferasim.model.predictor import benchmark_kv_dtype, unanchored
 
     model_id, version, tp, isl, osl, conc = _DEMO_AMD
     model, layout = get_model(model_id), Layout(tp=tp)
@@ -1356,7 +1362,7 @@ def _demo_amd_cases() -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    example = Path(__file__).resolve().parent.parent / "examples" / "llama70b-mi355x.yaml"
+    example = Path(__file__).resolve().parents[2] / "examples" / "llama70b-mi355x.yaml"
     print(f"inferasim demo: `inferasim tune {example.relative_to(example.parent.parent)}`\n")
     rc = cmd_tune(argparse.Namespace(spec=str(example), anchors=None, plot=None, manifest=None, name="llm",
                                      namespace="default", output="table", propose_endpoint=None,
@@ -1371,7 +1377,7 @@ def _version() -> str:
     """The installed distribution's version, and the step-time model revision anchors record."""
     from importlib.metadata import PackageNotFoundError, version
 
-    from inferasim.steptime import STEP_MODEL_REVISION
+    from inferasim.model.steptime import STEP_MODEL_REVISION
 
     try:
         release = version("inferasim")
@@ -1543,7 +1549,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_output(p)
     p.set_defaults(func=cmd_observe)
 
-    for module in ("inferasim.emulator.cli", "inferasim.harvest.cli", "inferasim.sim.cli"):
+    for module in ("inferasim.cli.emulate", "inferasim.cli.harvest", "inferasim.cli.simulate"):
         import importlib
 
         importlib.import_module(module).add_cli(sub)

@@ -16,8 +16,9 @@ from typing import Any
 
 from inferasim.catalog.engines import engine_defaults, normalize_engine
 from inferasim.catalog.gpus import GPU
-from inferasim.catalog.models import ModelSpec, normalize_precision
-from inferasim.layout import Layout
+from inferasim.catalog.models import ModelSpec
+from inferasim.catalog.precision import normalize_precision
+from inferasim.core.layout import Layout
 
 # Runtime memory outside PyTorch's allocator and CUDA/HIP graphs: CUDA context, NCCL/RCCL
 # buffers, graph pools. vLLM's profiler measures it; 2.5 GB is a typical figure on an 8-GPU node.

@@ -3,7 +3,7 @@
 Weight bytes and FLOPs per token of the dense part and of one routed expert, KV bytes per token of
 context as the decode kernels read and as the cache stores them, prefill attention FLOPs, DeepSeek
 sparse attention, and the tensor-parallel collectives, for one (model, GPU, layout, precision, KV
-dtype, engine build). `inferasim.steptime.step_time` prices a batch with them and the fitted
+dtype, engine build). `inferasim.model.steptime.step_time` prices a batch with them and the fitted
 efficiencies of a kernel set.
 """
 
@@ -17,9 +17,10 @@ import numpy as np
 
 from inferasim.catalog.engines import decode_reads_per_query_head, prefill_attention_dtype, sparse_mla_kernel
 from inferasim.catalog.gpus import GPU
-from inferasim.catalog.models import WEIGHT_FORMAT_BYTES, ModelSpec, normalize_precision
-from inferasim.layout import Layout
-from inferasim.memory import kv_dtype_bytes, weight_bytes_per_gpu
+from inferasim.catalog.models import WEIGHT_FORMAT_BYTES, ModelSpec
+from inferasim.catalog.precision import normalize_precision
+from inferasim.core.layout import Layout
+from inferasim.model.memory import kv_dtype_bytes, weight_bytes_per_gpu
 
 ArrayLike = float | np.ndarray
 

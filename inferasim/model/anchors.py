@@ -36,7 +36,8 @@ from pydantic import (
     model_validator,
 )
 
-from inferasim.layout import Layout, LayoutError
+from inferasim.core.layout import Layout, LayoutError
+from inferasim.errors import InferasimError, UserError
 
 __all__ = [
     "ENGINES",
@@ -62,7 +63,7 @@ __all__ = [
 SCHEMA_VERSION = 2
 # The anchors shipped beside the package (a checkout or an editable install): the default store
 # of every command and of the search.
-SHIPPED_ANCHORS = Path(__file__).resolve().parent.parent / "anchors"
+SHIPPED_ANCHORS = Path(__file__).resolve().parents[2] / "anchors"
 
 # The target engines (DESIGN.md section 7: TRT-LLM is not one).
 ENGINES: tuple[str, ...] = ("vllm", "sglang", "atom")
@@ -137,9 +138,9 @@ class KernelSet(BaseModel):
         """The kernel set with names resolved through the catalogs, so that `h100_sxm` and
         `NVIDIA-H100-80GB-HBM3`, or `meta-llama/Llama-3.1-70B` and `...Meta-Llama-3.1-70B`,
         compare equal. Names the catalogs do not know compare as given."""
+        from inferasim.catalog.checkpoints import priced_precision
         from inferasim.catalog.gpus import UnknownGPUError, normalize_gpu_name
         from inferasim.catalog.models import ModelConfigError, UnknownModelError, get_model, resolve_model_name
-        from inferasim.render import priced_precision
 
         try:
             gpu = normalize_gpu_name(self.gpu)
@@ -178,7 +179,7 @@ class KernelSet(BaseModel):
 
 
 class LayoutModel(BaseModel):
-    """How one replica is split over GPUs; mirror of :class:`inferasim.layout.Layout`."""
+    """How one replica is split over GPUs; mirror of :class:`inferasim.core.layout.Layout`."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -395,7 +396,7 @@ class Anchor(BaseModel):
     steps: list[StepPoint] = Field(default_factory=list, description="Measured engine iterations.")
     params: dict[str, float] = Field(
         default_factory=dict,
-        description="Fitted step-time parameters (names defined by inferasim.steptime).",
+        description="Fitted step-time parameters (names defined by inferasim.model.steptime).",
     )
     fit: FitReport | None = Field(None, description="Quality of the fit; absent until fitted.")
     measured_range: MeasuredRange | None = Field(
@@ -408,7 +409,7 @@ class Anchor(BaseModel):
     def _usable_params(cls, value: dict[str, float]) -> dict[str, float]:
         # Checked here, not at use: an anchor with e_bw 0 or a negative host cost would predict
         # negative latencies or divide by zero in every command that reads it.
-        from inferasim.steptime import param_error
+        from inferasim.model.steptime import param_error
 
         # A name this version does not know is kept and not used (StepParams.from_dict): an anchor
         # written by a newer harvester must still load; `anchors check` names such parameters.
@@ -476,7 +477,7 @@ def anchor_json_schema() -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------
 
 
-class NoCompatibleAnchor(LookupError):
+class NoCompatibleAnchor(InferasimError, LookupError):
     """No anchor measured this kernel set; the message names how the nearest anchors differ."""
 
     def __init__(
@@ -502,7 +503,7 @@ class NoCompatibleAnchor(LookupError):
         super().__init__(message)
 
 
-class AnchorFileError(ValueError):
+class AnchorFileError(UserError):
     """A bad anchor file; the message names the file and each problem's location."""
 
     def __init__(self, path: str | Path, problems: list[str]) -> None:

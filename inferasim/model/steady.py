@@ -33,10 +33,10 @@ import numpy as np
 from inferasim.catalog.engines import SGLANG_MAX_PREFILL_TOKENS, engine_defaults, normalize_engine, release_of
 from inferasim.catalog.gpus import GPU
 from inferasim.catalog.models import ModelSpec
-from inferasim.layout import Layout
-from inferasim.layoutcost import LayoutCost, layout_cost
-from inferasim.memory import plan_memory
-from inferasim.steptime import StepParams, step_time
+from inferasim.core.layout import Layout
+from inferasim.model.layoutcost import LayoutCost, layout_cost
+from inferasim.model.memory import plan_memory
+from inferasim.model.steptime import StepParams, step_time
 
 # How fast the persisting share of a closed-loop arrival wave falls as the wave grows against the
 # steady-state TTFT: share = burst x (1 + wave excess / steady TTFT)^-gamma. Mixed chunked steps

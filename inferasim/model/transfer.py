@@ -15,18 +15,30 @@ The naive alternative — scale the whole measured step by the GPU ratio — is 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
 from inferasim.catalog.gpus import GPU
 from inferasim.catalog.models import ModelSpec
-from inferasim.layout import Layout
-from inferasim.layoutcost import layout_cost
-from inferasim.steptime import StepParams, step_time
+from inferasim.core.layout import Layout
+from inferasim.model.layoutcost import layout_cost
+from inferasim.model.steptime import StepParams, step_time
 
-if TYPE_CHECKING:  # pragma: no cover
-    from inferasim.predictor import FittedAnchor
+
+class FittedKernelSet(Protocol):
+    """What a transfer needs of a fitted anchor (predictor.FittedAnchor is one): its kernel set and
+    its step-time parameters."""
+
+    engine: str
+    engine_version: str
+    model: ModelSpec
+    gpu: GPU
+    precision: str
+    kv_dtype: str
+
+    @property
+    def params(self) -> StepParams: ...
 
 
 @dataclass(frozen=True)
@@ -92,13 +104,13 @@ def kv_transfer_time(model: ModelSpec, gpu: GPU, tokens: float, kv_dtype_bytes: 
     return link.latency + nbytes / link.bandwidth
 
 
-def disagg_point(fitted: FittedAnchor, prefill_layout: Layout, prefill_workers: int, decode_layout: Layout,
+def disagg_point(fitted: FittedKernelSet, prefill_layout: Layout, prefill_workers: int, decode_layout: Layout,
                  decode_workers: int, isl: int, osl: int, concurrency: int) -> dict[str, float]:
     """Closed-loop TTFT/TPOT of a disaggregated deployment priced from a colocated anchor:
     the prefill pool from prefill-only steps, the decode pool from decode-only steps, plus the KV
     transfer; the arrival rate is the one both pools sustain (their rates matched). The anchor's
     per-request overhead and wave share carry over: they belong to the engine and the harness."""
-    from inferasim.sim.benchmark import engine_sched, front_end_wait
+    from inferasim.model.steady import engine_sched, front_end_wait
 
     model, gpu, prm = fitted.model, fitted.gpu, fitted.params
     version = fitted.engine_version
@@ -134,7 +146,7 @@ def disagg_point(fitted: FittedAnchor, prefill_layout: Layout, prefill_workers: 
         x_new = min(min(concurrency, cap * dws) / service, x_cap)
         x = 0.5 * x + 0.5 * x_new
     admission = max(concurrency / x - (ttft + (osl - 1) * tpot), 0.0)
-    # The serial front end, as sim.benchmark.closed_loop prices it: each prefill worker has its own
+    # The serial front end, as model.steady.closed_loop prices it: each prefill worker has its own
     # and takes 1/pws of the requests.
     steady_wait, wave_wait = front_end_wait(float(prm.front_time(isl)), x / pws, min(concurrency, cap * dws) / pws)
     front_steady, front_wave = float(steady_wait), float(wave_wait)

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from inferasim.errors import UserError
 
-class UserFileError(ValueError):
+
+class UserFileError(UserError):
     """A user-named file that cannot be read; the message names what it was for."""
 
 

@@ -1,0 +1,1 @@
+"""The shared nouns: layouts, measured runs, tuning specs, and the one exception tree."""
