@@ -341,9 +341,8 @@ def _refuse_beyond_context(model: ModelSpec, isl: int, osl: int) -> None:
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    from inferasim.model.layoutcost import layout_cost
+    from inferasim.model.deployment import RequestTooLong, predict_deployment
     from inferasim.model.predictor import fitted_from_anchor, unanchored
-    from inferasim.model.steady import closed_loop, engine_sched, open_loop
 
     engine = normalize_engine(args.engine)
     model = get_model(args.model)
@@ -397,86 +396,39 @@ def cmd_predict(args: argparse.Namespace) -> int:
         note_poor_anchor(fitted)
     isl, osl = args.isl, args.osl
     replicas = args.replicas
-    import numpy as np
 
-    cost = layout_cost(fitted.model, fitted.gpu, layout, fitted.precision, fitted.kv_dtype, fitted.engine,
-                       fitted.engine_version)
-    sched = engine_sched(fitted.engine, fitted.model, fitted.gpu, layout, fitted.precision,
-                         fitted.engine_version, fitted.kv_dtype)
-    if isl + osl > sched.kv_tokens:
-        # Not one request fits the KV pool of an engine core: vLLM would not start with such a
-        # --max-model-len, SGLang refuses the request; there is no performance to price.
-        raise UsageError(f"--isl {isl} --osl {osl}: one request needs {isl + osl:,} tokens of KV cache, and the pool "
-                         f"holds {sched.kv_tokens:,} per engine core at {layout.label()} on {fitted.gpu.name}: no "
-                         "engine runs it; use more GPUs (tp), an fp8 KV cache, or shorter requests "
-                         "(`inferasim memory` shows the pool)")
-    if args.concurrency is not None:
-        # The clients split as evenly as they go: `extra` replicas serve one more than the rest, and
-        # a replica without a client serves nothing.
-        base_share, extra = divmod(args.concurrency, replicas)
-        if args.concurrency < replicas:
-            print(f"note: {args.concurrency} clients over {replicas} replicas: {replicas - args.concurrency} replicas "
-                  "get no client and sit idle, and their GPUs count in tok/s per GPU", file=sys.stderr)
-        shares = np.array([float(base_share + 1), float(max(base_share, 1))])
-        counts = np.array([float(extra), float(replicas - extra if base_share else 0)])
-        per_replica = base_share + 1 if extra else base_share
-        # The closed loop itself (what FittedAnchor.predict_layout runs), for its running count too.
-        bench = closed_loop(fitted.params, cost, sched, np.full(2, float(isl)), np.full(2, float(osl)), shares)
-        # Means over requests: each replica weighs by the requests it completes.
-        done = counts * bench.throughput
-        ttft = float(np.sum(done * bench.ttft) / np.sum(done))
-        tpot = float(np.sum(done * bench.tpot) / np.sum(done))
-        tput = float(np.sum(done))
-        i_big = 0 if extra else 1
-        stable = True
-        load = {"concurrency": args.concurrency}
-        # Clients beyond what the KV pool (or max_num_seqs) runs at once queue for a slot: their
-        # wait is in TTFT, and a reader should know it is a queue, not a slow prefill.
-        running = int(round(float(bench.running[i_big])))
-        if running < per_replica:
-            if bool(bench.kv_limited[i_big]):
-                why = "the KV pool"
-            elif 0 < fitted.params.client_cap <= running + 0.5:
-                why = "the anchor's benchmark client (client_cap)"
-            else:
-                why = "max_num_seqs"
-            load["running_per_replica"] = running
-            print(f"note: {why} holds {running} of the {per_replica} requests per replica at once; the rest queue "
-                  "for a slot, and that wait is in TTFT", file=sys.stderr)
-    else:
-        r = open_loop(fitted.params, cost, sched, np.array([isl]), np.array([osl]),
-                      np.array([args.request_rate / replicas]))
-        ttft, tpot, tput, stable = float(r.ttft[0]), float(r.tpot[0]), float(r.throughput[0]) * replicas, \
-            bool(r.stable[0])
-        load = {"request_rate": args.request_rate}
-        # Held against the anchor's concurrency sweep: the requests in flight at this rate.
-        per_replica = max(int(round(float(r.running[0]))), 1)
-        if not stable:
-            # Beyond capacity the queue grows without bound: the output rate is what the replicas
-            # serve at their running cap, not the offered load, and TTFT has no steady value.
-            capacity = float(r.capacity[0]) * replicas
-            load["capacity_request_rate"] = round(capacity, 4)
-            print(f"note: {args.request_rate:g} req/s exceeds what this deployment serves ({capacity:.3g} req/s): "
-                  "the queue grows without bound; TTFT is unbounded", file=sys.stderr)
-    extrap = fitted._extrapolation(per_replica, isl, osl) or not anchored
-    spread = fitted._spread(extrap, layout, isl, osl, "tpot", concurrency=per_replica)
-    spread_ttft = fitted._spread(extrap, layout, isl, osl, "ttft", concurrency=per_replica)
-
-    gpus = layout.gpus * replicas
-    # One output token has no inter-token interval: no TPOT to report (the throughput stands).
-    has_tpot = osl > 1
+    if args.concurrency is not None and args.concurrency < replicas:
+        print(f"note: {args.concurrency} clients over {replicas} replicas: {replicas - args.concurrency} replicas "
+              "get no client and sit idle, and their GPUs count in tok/s per GPU", file=sys.stderr)
+    try:
+        pred = predict_deployment(fitted, layout, isl, osl, concurrency=args.concurrency,
+                                  request_rate=None if args.concurrency is not None else args.request_rate,
+                                  replicas=replicas, anchored=anchored)
+    except RequestTooLong as exc:
+        raise UsageError(str(exc)) from None
+    load: dict[str, Any] = ({"concurrency": args.concurrency} if args.concurrency is not None
+                            else {"request_rate": args.request_rate})
+    if pred.running_per_replica is not None:
+        load["running_per_replica"] = pred.running_per_replica
+        print(f"note: {pred.held_by} holds {pred.running_per_replica} of the {pred.per_replica} requests per replica "
+              "at once; the rest queue for a slot, and that wait is in TTFT", file=sys.stderr)
+    if pred.capacity_request_rate is not None:
+        load["capacity_request_rate"] = pred.capacity_request_rate
+        print(f"note: {args.request_rate:g} req/s exceeds what this deployment serves "
+              f"({pred.capacity_request_rate:.3g} req/s): the queue grows without bound; TTFT is unbounded",
+              file=sys.stderr)
+    stable, extrap, tput, gpus = pred.stable, pred.extrapolated, pred.throughput, pred.gpus
+    has_tpot = pred.tpot_ms is not None
     out = {
         "model": model.name, "gpu": gpu.name, "engine": engine, "precision": fitted.precision,
         "layout": layout.as_dict(), "replicas": replicas, "gpus": gpus, "isl": isl, "osl": osl, **load,
-        "ttft_ms": ttft * 1e3 if stable else None, "tpot_ms": tpot * 1e3 if has_tpot else None,
-        "throughput_tok_s": tput, "throughput_per_gpu": tput / gpus,
-        "tokens_per_s_per_user": 1.0 / tpot if tpot > 0 and has_tpot else None,
-        "interval": {"ttft_ms": [ttft * 1e3 * math.exp(-spread_ttft), ttft * 1e3 * math.exp(spread_ttft)]
-                     if stable else None,
-                     "tpot_ms": [tpot * 1e3 * math.exp(-spread), tpot * 1e3 * math.exp(spread)] if has_tpot
-                     else None},
+        "ttft_ms": pred.ttft_ms, "tpot_ms": pred.tpot_ms,
+        "throughput_tok_s": tput, "throughput_per_gpu": pred.throughput_per_gpu,
+        "tokens_per_s_per_user": 1e3 / pred.tpot_ms if pred.tpot_ms else None,
+        "interval": {"ttft_ms": list(pred.ttft_interval) if pred.ttft_interval else None,
+                     "tpot_ms": list(pred.tpot_interval) if pred.tpot_interval else None},
         "extrapolated": extrap, "stable": stable,
-        "carries": fitted.carries(layout, isl, osl, per_replica),
+        "carries": pred.carries,
         "anchor": fitted.anchor_id if anchored else None,
         "mode": "anchored" if anchored else "unanchored: use for ranking within one engine",
     }
@@ -1334,6 +1286,7 @@ _DEMO_AMD = ("amd/Llama-3.1-70B-Instruct-FP8-KV", "0.10.0" + ROCM_FORK_TAG, 8, 2
 
 
 def _demo_amd_cases() -> None:
+    from inferasim.model.deployment import predict_deployment
     from inferasim.model.predictor import benchmark_kv_dtype, unanchored
 
     model_id, version, tp, isl, osl, conc = _DEMO_AMD
@@ -1350,11 +1303,13 @@ def _demo_amd_cases() -> None:
         except NoCompatibleAnchor:
             fitted = unanchored("vllm", model, gpu, "fp8", layout, version, benchmark_kv_dtype("fp8"))
             how = "measurement-free (no anchor on this die)"
-        p = fitted.predict_point(layout, isl, osl, conc)
-        rows.append((f"{gpu_name} x{tp}", how, f"{p['ttft_ms']:,.0f} [{p['ttft_ms_lo']:,.0f}, {p['ttft_ms_hi']:,.0f}]",
-                     f"{p['tpot_ms']:.1f} [{p['tpot_ms_lo']:.1f}, {p['tpot_ms_hi']:.1f}]",
-                     f"{p['throughput_per_gpu']:,.0f} [{p['throughput_per_gpu_lo']:,.0f}, "
-                     f"{p['throughput_per_gpu_hi']:,.0f}]"))
+        p = predict_deployment(fitted, layout, isl, osl, concurrency=conc, anchored=not how.startswith("measurement"))
+        lo, hi = p.tpot_interval or (math.nan, math.nan)
+        t_lo, t_hi = p.ttft_interval or (math.nan, math.nan)
+        g_lo, g_hi = (v / p.gpus for v in (p.throughput_interval or (math.nan, math.nan)))
+        rows.append((f"{gpu_name} x{tp}", how, f"{p.ttft_ms or math.nan:,.0f} [{t_lo:,.0f}, {t_hi:,.0f}]",
+                     f"{p.tpot_ms or math.nan:.1f} [{lo:.1f}, {hi:.1f}]",
+                     f"{p.throughput_per_gpu:,.0f} [{g_lo:,.0f}, {g_hi:,.0f}]"))
     print(table(["GPUs", "prediction", "TTFT ms [90%]", "TPOT ms [90%]", "tok/s per GPU [90%]"], rows,
                 title=f"\nAnchored on AMD: vLLM {version} {model_id}, tp{tp}, {conc} clients, {isl}x{osl} tokens"))
     print("(the MI300X anchor is fitted from AMD's own published MI300X runs; an MI325X borrows it from the same "

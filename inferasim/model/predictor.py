@@ -206,7 +206,7 @@ class FittedAnchor:
     def params(self) -> StepParams:
         return self.fit.params
 
-    def _spread(self, extrapolated: bool, layout: Layout, isl: int, osl: int, metric: str = "tpot",
+    def spread(self, extrapolated: bool, layout: Layout, isl: int, osl: int, metric: str = "tpot",
                 concurrency: int | None = None) -> float:
         """Half-width (log) of the nominal 90% band of `metric` at a target deployment."""
         res = self.fit.residuals.get(metric)
@@ -254,7 +254,7 @@ class FittedAnchor:
             out.append(f"concurrency {concurrency} outside the anchor's {self.conc_range[0]}-{self.conc_range[1]}")
         return out
 
-    def _extrapolation(self, conc: int, isl: int, osl: int) -> bool:
+    def beyond_measured(self, conc: int, isl: int, osl: int) -> bool:
         if self.measured_on:  # measured on another GPU: beyond what was measured, whatever the point
             return True
         return not (self.conc_range[0] <= conc <= self.conc_range[1] and
@@ -271,21 +271,6 @@ class FittedAnchor:
                               [FitPoint(isl=isl, osl=osl, concurrency=concurrency, scenario=scenario)])
         return {k: float(v[0]) for k, v in pred.items()}
 
-    def predict_point(self, layout: Layout, isl: int, osl: int, concurrency: int) -> dict[str, float]:
-        """A closed loop of `concurrency` clients at `layout` (isl, osl): TTFT and TPOT in ms, output
-        tokens/s and per GPU, each metric with its 90% interval (`<metric>_lo`, `<metric>_hi`), and
-        whether the point lies beyond what the anchor measured (`extrapolated`, 1.0 or 0.0)."""
-        self._require_fit(layout)
-        pred = self.predict_layout(layout, isl, osl, concurrency)
-        extrapolated = self._extrapolation(concurrency, isl, osl)
-        out = {"ttft_ms": pred["ttft"] * 1e3, "tpot_ms": pred["tpot"] * 1e3, "throughput": pred["throughput"],
-               "throughput_per_gpu": pred["throughput"] / layout.gpus, "extrapolated": float(extrapolated)}
-        for key, metric in (("ttft_ms", "ttft"), ("tpot_ms", "tpot"), ("throughput", "throughput"),
-                            ("throughput_per_gpu", "throughput")):
-            spread = self._spread(extrapolated, layout, isl, osl, metric, concurrency=concurrency)
-            out[f"{key}_lo"], out[f"{key}_hi"] = out[key] * math.exp(-spread), out[key] * math.exp(spread)
-        return out
-
     def _require_fit(self, layout: Layout, what: str = "") -> None:
         """Refuse a deployment the memory model cannot hold (no KV cache left after the weights):
         the row's layout fields then do not say how it ran, and a price would be noise."""
@@ -296,7 +281,7 @@ class FittedAnchor:
                                 "memory model")
 
     def predict(self, row: BenchRow) -> RowPrediction:
-        extrapolated = self._extrapolation(clients(row), row.isl, row.osl)
+        extrapolated = self.beyond_measured(clients(row), row.isl, row.osl)
         if row.mode == "disagg":
             if row.prefill is None or row.decode is None:
                 raise CannotPredict("disaggregated row lacks its prefill or decode pool layout")
@@ -305,8 +290,8 @@ class FittedAnchor:
             self._require_fit(decode, "the decode pool's ")
             d = disagg_point(self, prefill, row.prefill.workers, decode, row.decode.workers, row.isl, row.osl,
                              row.concurrency)
-            s_ttft = self._spread(True, decode, row.isl, row.osl, "ttft")
-            s_tpot = self._spread(True, decode, row.isl, row.osl, "tpot")
+            s_ttft = self.spread(True, decode, row.isl, row.osl, "ttft")
+            s_tpot = self.spread(True, decode, row.isl, row.osl, "tpot")
             return RowPrediction(
                 ttft_ms=d["ttft"] * 1e3, tpot_ms=d["tpot"] * 1e3,
                 interval={"ttft": (d["ttft"] * 1e3 * math.exp(-s_ttft), d["ttft"] * 1e3 * math.exp(s_ttft)),
@@ -319,7 +304,7 @@ class FittedAnchor:
         def band(metric: str, v: float | None, scale: float = 1.0) -> tuple[float, float] | None:
             if v is None or not np.isfinite(v):
                 return None
-            spread = self._spread(extrapolated, layout, row.isl, row.osl, metric, concurrency=clients(row))
+            spread = self.spread(extrapolated, layout, row.isl, row.osl, metric, concurrency=clients(row))
             return (v * scale * math.exp(-spread), v * scale * math.exp(spread))
 
         interval = {k: b for k, b in (("ttft", band("ttft", pred["ttft"], 1e3)),

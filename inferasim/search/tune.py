@@ -77,7 +77,7 @@ class TuneResult:
         # Held against the anchor's sweep: requests in flight per replica at the operating point
         # (a request-rate workload has no client count of its own).
         conc = max(int(round(e.conc)), 1) if math.isfinite(e.conc) else None
-        spread = e.fitted._spread(not e.anchored or e.fitted._extrapolation(conc or 1, isl, int(osl)), c.layout,
+        spread = e.fitted.spread(not e.anchored or e.fitted.beyond_measured(conc or 1, isl, int(osl)), c.layout,
                                   isl, int(osl), concurrency=conc)
         price = self.spec.hardware.price_per_gpu_hour
         d: dict[str, Any] = {

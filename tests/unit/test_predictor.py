@@ -260,16 +260,16 @@ def test_interval_widens_with_what_a_prediction_carries(silicon) -> None:
     lay, isl, osl = fitted.layout, fitted.isl_range[0], fitted.osl_range[0]
     conc = fitted.conc_range[0]
     for metric in ("ttft", "tpot"):
-        home = fitted._spread(False, lay, isl, osl, metric, concurrency=conc)
+        home = fitted.spread(False, lay, isl, osl, metric, concurrency=conc)
         residual = np.sqrt(np.mean(np.square(fitted.fit.residuals[metric])))
         assert home == pytest.approx(1.64 * max(residual, 0.03))
-        longer = [fitted._spread(True, lay, isl * 2 ** k, osl, metric, concurrency=conc) for k in (1, 2, 3)]
+        longer = [fitted.spread(True, lay, isl * 2 ** k, osl, metric, concurrency=conc) for k in (1, 2, 3)]
         assert home < longer[0] < longer[1] < longer[2]
-        wider = [fitted._spread(False, Layout(tp=lay.tp * 2 ** k), isl, osl, metric, concurrency=conc)
+        wider = [fitted.spread(False, Layout(tp=lay.tp * 2 ** k), isl, osl, metric, concurrency=conc)
                  for k in (1, 2)]
         assert home < wider[0] < wider[1]
-    assert fitted._spread(True, lay, isl, osl, "tpot", concurrency=fitted.conc_range[1] * 4) > \
-        fitted._spread(False, lay, isl, osl, "tpot", concurrency=conc)
+    assert fitted.spread(True, lay, isl, osl, "tpot", concurrency=fitted.conc_range[1] * 4) > \
+        fitted.spread(False, lay, isl, osl, "tpot", concurrency=conc)
 
 
 def test_interval_coverage_is_near_nominal_in_every_reach_group(silicon) -> None:
@@ -335,8 +335,8 @@ def test_an_anchor_carries_to_a_sibling_gpu_at_its_own_bandwidth_and_memory() ->
     for conc in (8, 64):
         a, b = own.predict_layout(lay, 1024, 1024, conc), carried.predict_layout(lay, 1024, 1024, conc)
         assert b["tpot"] < a["tpot"] and b["ttft"] <= a["ttft"] * 1.001
-    assert carried._spread(False, lay, 1024, 1024) > own._spread(False, lay, 1024, 1024)
-    assert carried._extrapolation(8, 1024, 1024) and not own._extrapolation(8, 1024, 1024)
+    assert carried.spread(False, lay, 1024, 1024) > own.spread(False, lay, 1024, 1024)
+    assert carried.beyond_measured(8, 1024, 1024) and not own.beyond_measured(8, 1024, 1024)
     assert any("measured on H100" in c for c in carried.carries(lay, 1024, 1024))
     with pytest.raises(ValueError, match="not the same die"):
         carry_to_gpu(own, get_gpu("B200"))
