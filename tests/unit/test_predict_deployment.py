@@ -21,7 +21,8 @@ def test_a_closed_loop_is_the_anchor_model_and_the_intervals_hold_it() -> None:
     ref = fitted.predict_layout(Layout(tp=1), 1024, 256, 16)
     assert p.ttft_ms == pytest.approx(ref["ttft"] * 1e3) and p.tpot_ms == pytest.approx(ref["tpot"] * 1e3)
     assert p.throughput == pytest.approx(ref["throughput"])
-    for value, band in ((p.ttft_ms, p.ttft_interval), (p.tpot_ms, p.tpot_interval), (p.throughput, p.throughput_interval)):
+    bands = ((p.ttft_ms, p.ttft_interval), (p.tpot_ms, p.tpot_interval), (p.throughput, p.throughput_interval))
+    for value, band in bands:
         assert band is not None and band[0] < value < band[1]
     assert p.extrapolated and p.stable and p.gpus == 1
     # Two replicas share the clients: each runs half, the output rate per GPU is that of 8 clients.
