@@ -42,7 +42,7 @@ from inferasim.catalog.engines import (
 )
 from inferasim.catalog.gpus import GPU, UnknownGPUError, get_gpu
 from inferasim.catalog.precision import PRECISIONS
-from inferasim.catalog.userfile import UserFileError, read_user_text
+from inferasim.catalog.userfile import UserFileError, load_yaml_all, read_user_text
 from inferasim.core.layout import Layout, LayoutError
 from inferasim.errors import UserError
 from inferasim.model.anchors import KernelSet
@@ -155,7 +155,7 @@ def _load(manifest: Mapping[str, Any] | str | Path, name: str | None) -> dict[st
         except UserFileError as exc:
             raise DeploymentError(str(exc)) from None
         try:
-            docs = [d for d in yaml.safe_load_all(text) if d is not None]
+            docs = [d for d in load_yaml_all(text) if d is not None]
         except yaml.YAMLError as exc:
             raise DeploymentError(f"--deployment {path}: not valid YAML: {exc}") from None
         where = str(path)

@@ -24,7 +24,7 @@ from inferasim.catalog.models import (
     known_models,
 )
 from inferasim.catalog.precision import PRECISIONS
-from inferasim.catalog.userfile import read_user_text
+from inferasim.catalog.userfile import load_yaml, read_user_text
 from inferasim.cli.args import (
     anchor_store,
     check_anchor_matches,
@@ -1200,7 +1200,7 @@ def cmd_mix(args: argparse.Namespace) -> int:
     from inferasim.search.mix import MixSpec, plan_mix
 
     try:
-        raw = yaml.safe_load(read_user_text(args.plan, "mix plan"))
+        raw = load_yaml(read_user_text(args.plan, "mix plan"))
         if not isinstance(raw, dict):
             raise UsageError(f"{args.plan} must hold a mapping of plan fields (hardware, engines, precision, tiers); "
                              f"it holds {'nothing' if raw is None else type(raw).__name__}")

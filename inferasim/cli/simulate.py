@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from inferasim.catalog.userfile import read_user_text
+from inferasim.catalog.userfile import load_yaml, read_user_text
 from inferasim.cli.args import (
     anchor_store,
     check_anchor_matches,
@@ -106,7 +106,7 @@ def load_workload(path: str | Path) -> StaticWorkload | TraceWorkload:
     a mapping with one key `static` or `trace` (as in a spec's `workload`)."""
     p = Path(path)
     try:
-        data = yaml.safe_load(read_user_text(p, "--workload"))
+        data = load_yaml(read_user_text(p, "--workload"))
     except yaml.YAMLError as exc:
         raise ValueError(f"--workload: {p} is not valid YAML: {exc}") from None
     if isinstance(data, dict) and "workload" in data and isinstance(data["workload"], dict):

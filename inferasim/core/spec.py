@@ -27,7 +27,7 @@ from inferasim.catalog.engines import ENGINES
 from inferasim.catalog.gpus import get_gpu
 from inferasim.catalog.models import get_model
 from inferasim.catalog.precision import normalize_precision
-from inferasim.catalog.userfile import UserFileError, read_user_text
+from inferasim.catalog.userfile import UserFileError, load_yaml, read_user_text
 from inferasim.errors import UserError
 
 
@@ -364,7 +364,7 @@ def parse_spec(data: dict[str, Any], *, model_paths: bool | None = None) -> Tuni
 def load_spec(path: str | Path) -> TuningSpec:
     p = Path(path)
     try:
-        data = yaml.safe_load(read_user_text(p, "spec file"))
+        data = load_yaml(read_user_text(p, "spec file"))
     except UserFileError as exc:
         raise SpecError(str(exc)) from None
     except yaml.YAMLError as exc:
