@@ -81,6 +81,19 @@ class Hardware(_Model):
         get_gpu(v)  # an unknown name fails here, where the error can name hardware.gpu
         return v
 
+    @model_validator(mode="after")
+    def _node_fits_the_platform(self) -> Hardware:
+        """A node holds at most the GPUs its platform has (catalog: 8 on an OAM or HGX board, 4 on a
+        GB200 tray): a search over 64-GPU nodes of MI355X would recommend layouts no node runs. Left
+        unset, it is the platform's own count."""
+        most = get_gpu(self.gpu).gpus_per_node
+        if "gpus_per_node" not in self.model_fields_set:
+            self.gpus_per_node = min(self.gpus_per_node, most)
+        elif self.gpus_per_node > most:
+            raise ValueError(f"gpusPerNode={self.gpus_per_node} exceeds the {most} GPUs a node of "
+                             f"{get_gpu(self.gpu).name} holds; give at most {most}")
+        return self
+
 
 class SLO(_Model):
     ttft_p90_ms: float | None = Field(None, gt=0, le=MAX_MS, description="90th percentile time to first token, ms.")
