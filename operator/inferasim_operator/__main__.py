@@ -3,7 +3,7 @@
     python -m inferasim_operator [--namespace NS ...] [--liveness URL] [--log-format json|plain]
 
 Without --namespace it watches the whole cluster. Settings: INFERASIM_* environment variables
-(see inferasim_operator.reconcile.Settings).
+(see inferasim_operator.settings).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
-"""The kopf handlers: a thin adapter from kopf's events to reconcile.py.
+"""The kopf handlers: a thin adapter from kopf's events to the passes (passes/tune.py and
+passes/timer.py).
 
 Run with `python -m inferasim_operator` (or `kopf run -m inferasim_operator.handlers`). Settings
-come from INFERASIM_* environment variables (reconcile.Settings); the timer's period is read at
+come from INFERASIM_* environment variables (settings.Settings); the timer's period is read at
 import, since kopf registers it then.
 """
 
@@ -13,11 +14,13 @@ from typing import Any
 
 import kopf
 
-from inferasim_operator import metrics, reconcile
+from inferasim_operator import metrics, state
 from inferasim_operator.kube import Kube, load_config
 from inferasim_operator.models import GROUP, TUNING_PLURAL, VERSION
+from inferasim_operator.passes import timer, tune
+from inferasim_operator.settings import Settings
 
-SETTINGS = reconcile.Settings.from_env()
+SETTINGS = Settings.from_env()
 _kube: Kube | None = None
 
 
@@ -51,40 +54,40 @@ def configure(settings: kopf.OperatorSettings, logger: logging.Logger, **_: Any)
         metrics.serve(port, os.environ.get("INFERASIM_METRICS_ADDR", "0.0.0.0"))
     kube()
     logger.info("inferasim operator: anchors %s + cluster ServingAnchors; timer %.1f s; search limit %.0f s",
-                SETTINGS.anchor_dirs, SETTINGS.timer_seconds, SETTINGS.search_timeout_s)
+                SETTINGS.anchors.dirs, SETTINGS.timer.interval_s, SETTINGS.search.timeout_s)
 
 
 @kopf.on.probe(id="tunings")
 def probe_tunings(**_: Any) -> int:
     # Shown by the liveness endpoint: how many tunings this process has handled.
-    return len(reconcile._locks)
+    return state.MEMO.tunings()
 
 
 @kopf.on.create(GROUP, VERSION, TUNING_PLURAL)
 async def on_create(body: kopf.Body, **_: Any) -> None:
-    await reconcile.reconcile(dict(body), kube(), SETTINGS, trigger="create", reason="created")
+    await tune.reconcile(dict(body), kube(), SETTINGS, trigger="create", reason="created")
 
 
 @kopf.on.update(GROUP, VERSION, TUNING_PLURAL, field="spec")
 async def on_update(body: kopf.Body, **_: Any) -> None:
-    await reconcile.reconcile(dict(body), kube(), SETTINGS, trigger="update", reason="spec changed")
+    await tune.reconcile(dict(body), kube(), SETTINGS, trigger="update", reason="spec changed")
 
 
 @kopf.on.resume(GROUP, VERSION, TUNING_PLURAL)
 async def on_resume(body: kopf.Body, **_: Any) -> None:
     # Work that was finished stays finished (reconcile skips it); an interrupted pass runs again,
     # and a Job started before the restart is found by its deterministic name, not started twice.
-    await reconcile.reconcile(dict(body), kube(), SETTINGS, trigger="resume", reason="operator restarted")
+    await tune.reconcile(dict(body), kube(), SETTINGS, trigger="resume", reason="operator restarted")
 
 
 @kopf.on.delete(GROUP, VERSION, TUNING_PLURAL, optional=True)
 def on_delete(body: kopf.Body, **_: Any) -> None:
     # optional: no finalizer. Owned Jobs, ConfigMaps and canaries go with the garbage collector.
-    reconcile.forget(body["metadata"].get("uid", ""))
+    state.forget(body["metadata"].get("uid", ""))
 
 
-@kopf.timer(GROUP, VERSION, TUNING_PLURAL, interval=SETTINGS.timer_seconds, initial_delay=SETTINGS.timer_seconds)
+@kopf.timer(GROUP, VERSION, TUNING_PLURAL, interval=SETTINGS.timer.interval_s, initial_delay=SETTINGS.timer.interval_s)
 async def retune_timer(body: kopf.Body, logger: logging.Logger, **_: Any) -> None:
-    result = await reconcile.tick(dict(body), kube(), SETTINGS)
+    result = await timer.tick(dict(body), kube(), SETTINGS)
     if result not in ("idle", "steady", "harvesting", "confirming", "backoff"):
         logger.info("timer: %s", result)

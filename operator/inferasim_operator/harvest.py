@@ -1,279 +1,264 @@
-"""Harvest Jobs: one `batch/v1` Job per missing anchor (kernel set + layout), and the way back.
+"""Harvest Jobs in the cluster: start (or find) one Job per missing anchor within the tuning's
+GPU-hour budget, follow their states, and import the anchor a succeeded Job wrote as a ServingAnchor.
 
-The Job's pod runs the engine and the harvester side by side: the engine container serves the
-model on the GPUs, the harvester container (the operator's image) waits for it, runs
-`inferasim harvest run` against 127.0.0.1, writes the anchor into its termination message
-(gzip + base64: the pod needs no API access and no Secret) and then tells the engine to stop
-through a file in a shared emptyDir, so that the pod, and the Job, end. The operator reads the
-message from the pod status and writes the ServingAnchor.
-
-Names are deterministic (engine + kernel-set key + layout), so a restarted operator or a second
-tuning that needs the same anchor finds the existing Job instead of starting another one.
+What a Job is (its manifest, limits and the anchor in its termination message) is harvest_job.py,
+which the harvester pod imports too.
 """
 
 from __future__ import annotations
 
-import base64
-import gzip
-import hashlib
-import json
-import math
-import re
-import shlex
-from dataclasses import dataclass
+import asyncio
+import logging
 from typing import Any
 
-from inferasim.catalog.engines import default_image, default_port
-from inferasim.catalog.gpus import get_gpu
-from inferasim.catalog.models import get_model
-from inferasim.core.layout import Layout
-from inferasim.core.spec import HarvestPolicy
-from inferasim.model.anchors import Anchor, KernelSet
-from inferasim.model.memory import start_max_model_len
-from inferasim.model.predictor import benchmark_kv_dtype
-from inferasim.render import ServingConfig, gpu_node_placement, render_deployment
-from inferasim_operator.models import LABEL_ANCHOR, LABEL_KIND, LABEL_MANAGED, LABEL_TUNING, MANAGER, label_value
+from inferasim.core.spec import TuningSpec
+from inferasim.model.anchors import Anchor
+from inferasim_operator import kube as kube_mod
+from inferasim_operator import metrics
+from inferasim_operator.harvest_job import (
+    JOB_TTL_AFTER_FINISHED_S,
+    HarvestTarget,
+    MessageError,
+    anchor_object,
+    build_job,
+    decode_anchor,
+    job_limits,
+    terminated_message,
+)
+from inferasim_operator.kube import ApiException, Kube
+from inferasim_operator.models import LABEL_ANCHOR, Harvest, LayoutStatus, MissingAnchor
+from inferasim_operator.settings import Settings
+from inferasim_operator.status import StatusBook, post_event
+from inferasim_operator.times import RFC3339, age_s, now_iso
 
-MESSAGE_PREFIX = "inferasim-anchor/v1:"
-# The kubelet keeps at most 4096 bytes of a container's termination message.
-MESSAGE_LIMIT = 4096
-DONE_FILE = "/harvest/done"
-ANCHOR_FILE = "/harvest/anchor.json"
-HARVEST_CONTAINER = "harvester"
-# The engine's start-up when `tune` did not estimate it (inferasim.harvest.plan.engine_startup_s
-# does, from the weights each node loads).
-ENGINE_STARTUP_S = 600.0
-
-
-class MessageError(ValueError):
-    """A termination message that does not hold an anchor."""
+log = logging.getLogger("inferasim_operator")
 
 
-@dataclass(frozen=True)
-class HarvestTarget:
-    """One missing anchor: what `tune` reported, resolved to a kernel set."""
-
-    engine: str
-    model: str
-    gpu: str
-    precision: str
-    layout: Layout
-    gpu_hours: float
-    startup_s: float = ENGINE_STARTUP_S  # engine start to healthy: weights loading and warm-up
-
-    @classmethod
-    def from_missing(cls, m: dict[str, Any]) -> HarvestTarget:
-        lay = m["harvest_layout"]
-        layout = Layout(tp=lay.get("tp", 1), pp=lay.get("pp", 1), dp=lay.get("dp", 1), moe_tp=lay.get("moe_tp", 0),
-                        moe_ep=lay.get("moe_ep", 1))
-        return cls(m["engine"], m["model"], m["gpu"], m["precision"], layout, float(m["harvest_gpu_hours"]),
-                   float(m.get("harvest_startup_s") or ENGINE_STARTUP_S))
-
-    @property
-    def kernel_set(self) -> KernelSet:
-        return KernelSet(engine=self.engine, model=self.model, gpu=self.gpu, precision=self.precision,
-                         kv_dtype=benchmark_kv_dtype(self.precision))
-
-    @property
-    def key(self) -> str:
-        """Hash of kernel set and layout: the anchor this harvest produces."""
-        text = self.kernel_set._canonical_json() + "|" + self.layout.label()
-        return hashlib.sha256(text.encode()).hexdigest()[:12]
-
-    @property
-    def job_name(self) -> str:
-        return f"harvest-{self.engine}-{self.key}-{_dns(self.layout.label())}"[:63].rstrip("-")
+def job_state(job: dict[str, Any]) -> str:
+    st = job.get("status") or {}
+    for c in st.get("conditions") or []:
+        if c.get("status") == "True" and c.get("type") == "Complete":
+            return "Succeeded"
+        if c.get("status") == "True" and c.get("type") == "Failed":
+            return "Failed"
+    if (st.get("succeeded") or 0) > 0:
+        return "Succeeded"
+    if (st.get("active") or 0) > 0:
+        return "Running"
+    return "Pending"
 
 
-def _dns(text: str) -> str:
-    return re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")
-
-
-@dataclass(frozen=True)
-class JobLimits:
-    active_deadline_s: int
-    backoff_limit: int
-    budget_gpu_hours: float
-    harvest_budget_s: int
-    ready_timeout_s: int  # how long the harvester waits for the engine: what each try leaves after measuring
-
-
-def job_limits(target: HarvestTarget, policy: HarvestPolicy, remaining_gpu_hours: float) -> JobLimits | None:
-    """Deadline and retries that keep the Job within the GPU-hour budget; None when even one try
-    does not fit. Each try costs about ``target.gpu_hours``; the deadline caps all tries together."""
-    gpus = target.layout.gpus
-    allowed = min(remaining_gpu_hours, policy.max_gpu_hours)
-    if target.gpu_hours <= 0 or allowed + 1e-9 < target.gpu_hours:
-        return None
-    tries = max(1, min(3, int(math.floor(allowed / target.gpu_hours + 1e-9))))
-    by_budget = allowed * 3600.0 / gpus
-    deadline = int(min(policy.deadline_minutes * 60.0, by_budget))
-    hours = deadline * gpus / 3600.0
-    # The harvester's own wall-clock budget: what remains of one try after the engine starts; the
-    # engine may take all the rest to start (a large model's weights load for many minutes).
-    per_try = deadline / tries
-    harvest_s = int(max(60.0, min(per_try - target.startup_s, per_try * 0.8)))
-    return JobLimits(active_deadline_s=max(deadline, 60), backoff_limit=tries - 1, budget_gpu_hours=hours,
-                     harvest_budget_s=harvest_s, ready_timeout_s=int(max(per_try - harvest_s, 60.0)))
-
-
-def harvest_args(target: HarvestTarget, image: str, endpoint: str, budget_s: int, extra: list[str]) -> list[str]:
-    """Arguments of `inferasim harvest run` for this target."""
-    lay = target.layout
-    args = ["--endpoint", endpoint, "--engine", target.engine, "--model", target.model, "--gpu", target.gpu,
-            "--precision", target.precision, "--tp", str(lay.tp), "--pp", str(lay.pp), "--dp", str(lay.dp),
-            "--ep", str(lay.moe_ep), "--engine-image", image, "--budget-s", str(budget_s), "--out", ANCHOR_FILE]
-    return args + list(extra)
-
-
-JOB_TTL_AFTER_FINISHED_S = 24 * 3600
-
-
-def build_job(target: HarvestTarget, policy: HarvestPolicy, limits: JobLimits, *, namespace: str, tuning: str,
-              harvester_image: str, extra_harvest_args: list[str] | None = None,
-              engine_images: dict[tuple[str, str], str] | None = None) -> dict[str, Any]:
-    """The Job manifest (owner references are added by the caller with kube.own). The engine
-    image: the tuning's harvest.images, else the operator's per-vendor `engine_images` (chart value
-    engineImages), else the catalog's image for the GPU."""
-    gpu = get_gpu(target.gpu)
-    image = (policy.images.get(target.engine) or (engine_images or {}).get((gpu.vendor, target.engine))
-             or default_image(target.engine, gpu.vendor, gpu.name))
-    kv_dtype = benchmark_kv_dtype(target.precision)
-    # A KV pool shorter than the model's context: vLLM starts only with --max-model-len within it.
-    max_len = start_max_model_len(get_model(target.model), gpu, target.layout, target.engine, target.precision,
-                                  kv_dtype)
-    cfg = ServingConfig(engine=target.engine, model=target.model, gpu=gpu.name, layout=target.layout,
-                        precision=target.precision, kv_cache_dtype=kv_dtype, image=image, max_model_len=max_len)
-    # The engine container exactly as a recommended Deployment would run it (flags, env, GPUs).
-    pod_spec = render_deployment(cfg, "harvest", namespace)["spec"]["template"]["spec"]
-    engine = pod_spec["containers"][0]
-    argv = [*engine.pop("command"), *engine.pop("args")]
-    port = default_port(target.engine)
-    # Stop the engine once the harvester is done; the engine's own exit code otherwise.
-    engine["command"] = ["/bin/sh", "-c",
-                         f"{shlex.join(argv)} & pid=$!; "
-                         f"while [ ! -e {DONE_FILE} ] && kill -0 $pid 2>/dev/null; do sleep 2; done; "
-                         f"if [ -e {DONE_FILE} ]; then kill $pid 2>/dev/null; wait $pid; exit 0; fi; wait $pid"]
-    for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
-        engine.pop(probe, None)  # the harvester waits for readiness itself; a restart would waste the try
-    engine["volumeMounts"] = [*engine.get("volumeMounts", []), {"name": "harvest", "mountPath": "/harvest"}]
-    endpoint = f"http://127.0.0.1:{port}"
-    harvester = {
-        "name": HARVEST_CONTAINER,
-        "image": harvester_image,
-        "imagePullPolicy": "IfNotPresent",
-        "command": ["python", "-m", "inferasim_operator.harvest_pod"],
-        "args": ["--endpoint", endpoint, "--done-file", DONE_FILE, "--anchor-file", ANCHOR_FILE,
-                 "--ready-timeout-s", str(limits.ready_timeout_s), "--",
-                 *harvest_args(target, image, endpoint, limits.harvest_budget_s, extra_harvest_args or [])],
-        "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "2Gi"}},
-        "volumeMounts": [{"name": "harvest", "mountPath": "/harvest"}],
-        "terminationMessagePolicy": "File",
-    }
-    # The spec's nodeSelector when it gives one, else the GPU's own placement (gpu_node_placement).
-    placement = {"nodeSelector": dict(policy.node_selector)} if policy.node_selector else gpu_node_placement(gpu)
-    tolerations = [t.model_dump(by_alias=True, exclude_none=True) for t in policy.tolerations] or [
-        {"key": gpu.resource_name, "operator": "Exists", "effect": "NoSchedule"}]
-    labels = {LABEL_MANAGED: MANAGER, LABEL_TUNING: label_value(tuning), LABEL_ANCHOR: target.key,
-              LABEL_KIND: "harvest", "inferasim.io/engine": target.engine}
-    pod_volumes = list(pod_spec["volumes"])
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {
-            "name": target.job_name, "namespace": namespace, "labels": labels,
-            "annotations": {"inferasim.io/kernel-set": target.kernel_set.describe(),
-                            "inferasim.io/layout": target.layout.label(),
-                            "inferasim.io/gpu-hours-budget": f"{limits.budget_gpu_hours:.3f}",
-                            "inferasim.io/gpus": str(target.layout.gpus)},
-        },
-        "spec": {
-            "activeDeadlineSeconds": limits.active_deadline_s,
-            # A finished Job goes after a day: a failed one would otherwise block its anchor (one Job
-            # per anchor, cluster-wide) for every tuning until someone deletes it; a day leaves the
-            # operator ample time to import a succeeded one.
-            "ttlSecondsAfterFinished": JOB_TTL_AFTER_FINISHED_S,
-            "backoffLimit": limits.backoff_limit,
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "restartPolicy": "Never",
-                    # The pod talks to nothing but its own engine: no API token in it.
-                    "automountServiceAccountToken": False,
-                    "containers": [engine, harvester],
-                    "volumes": [*pod_volumes, {"name": "harvest", "emptyDir": {}}],
-                    **placement,
-                    "tolerations": tolerations,
-                    "terminationGracePeriodSeconds": 30,
-                },
-            },
-        },
-    }
-
-
-# --------------------------------------------------------------------------------------------
-# the anchor in a termination message
-# --------------------------------------------------------------------------------------------
-
-
-def encode_anchor(anchor: Anchor) -> str:
-    """The termination message for ``anchor``; raises MessageError when even a slim form is too big.
-
-    Step points are dropped first when needed: the fitted parameters and benchmark points are what
-    predictions use."""
-    for slim in (False, True):
-        data = anchor.model_dump(mode="json", exclude_none=True)
-        if slim:
-            data["steps"] = []
-            data["provenance"]["notes"] = (data["provenance"].get("notes", "") + " (step points dropped to fit the "
-                                           "termination message)").strip()
-            if not data.get("points"):
-                break
-        blob = base64.b64encode(gzip.compress(json.dumps(data, separators=(",", ":")).encode(), mtime=0)).decode()
-        message = MESSAGE_PREFIX + blob
-        if len(message) <= MESSAGE_LIMIT:
-            return message
-    raise MessageError(f"the anchor does not fit a {MESSAGE_LIMIT}-byte termination message")
-
-
-def decode_anchor(message: str) -> Anchor:
-    if not message or not message.startswith(MESSAGE_PREFIX):
-        raise MessageError("the harvester's termination message holds no anchor"
-                           + (f" ({message[:200]!r})" if message else ""))
+def unscheduled_reason(kube: Kube, job: dict[str, Any]) -> str:
+    """Why no pod of an active Job is on a node ('' when one is): the scheduler's message (no
+    node with the GPU's labels, not enough GPUs ...), which otherwise shows only at the deadline."""
+    meta = job["metadata"]
     try:
-        data = json.loads(gzip.decompress(base64.b64decode(message[len(MESSAGE_PREFIX):].strip())))
-    except (ValueError, OSError) as exc:
-        raise MessageError(f"the termination message is corrupt: {exc}") from None
-    try:
-        return Anchor.model_validate(data)
-    except ValueError as exc:
-        raise MessageError(f"the harvested anchor is invalid: {exc}") from None
+        pods = kube.list_pods(meta["namespace"], f"job-name={meta['name']}")
+    except ApiException:
+        return ""
+    waiting = []
+    for pod in pods:
+        if (pod.get("spec") or {}).get("nodeName"):
+            return ""
+        for c in (pod.get("status") or {}).get("conditions") or []:
+            if c.get("type") == "PodScheduled" and c.get("status") == "False":
+                waiting.append(f"{c.get('reason') or 'Unschedulable'}: {c.get('message') or ''}".strip(": "))
+    return "; ".join(waiting)[:400]
 
 
-def anchor_object_name(anchor: Anchor) -> str:
-    """ServingAnchor name: the anchor id (kernel-set key and layout label), DNS-safe."""
-    return _dns(anchor.id)[:253]
+def job_failure(job: dict[str, Any]) -> str:
+    """A failed Job's reason and message ('failed' when its conditions give none)."""
+    for c in (job.get("status") or {}).get("conditions") or []:
+        if c.get("type") == "Failed" and c.get("status") == "True":
+            return f"{c.get('reason', 'Failed')}: {c.get('message', '')}".strip(": ")
+    return "failed"
 
 
-def anchor_object(anchor: Anchor, *, harvested_by: str = "", job: str = "") -> dict[str, Any]:
-    from inferasim_operator.models import ANCHOR_KIND, API_VERSION
+async def import_harvest(kube: Kube, job: dict[str, Any], harvested_by: str) -> tuple[Anchor, bool]:
+    """The anchor a succeeded harvest Job wrote in its pod's termination message, as a ServingAnchor.
+    Returns (anchor, whether the ServingAnchor was created now)."""
+    ns, name = job["metadata"]["namespace"], job["metadata"]["name"]
+    pods = await asyncio.to_thread(kube.list_pods, ns, f"job-name={name}")
+    problems = []
+    for pod in sorted(pods, key=lambda p: p["metadata"].get("creationTimestamp") or "", reverse=True):
+        if (pod.get("status") or {}).get("phase") != "Succeeded":
+            continue
+        message = terminated_message(pod)
+        try:
+            anchor = decode_anchor(message or "")
+        except MessageError as exc:
+            problems.append(f"pod {pod['metadata']['name']}: {exc}")
+            continue
+        body = anchor_object(anchor, harvested_by=harvested_by, job=f"{ns}/{name}")
+        created = await asyncio.to_thread(kube.create_anchor, body)
+        if not created:
+            return anchor, False
+        try:
+            await asyncio.to_thread(kube.patch_anchor_status, body["metadata"]["name"],
+                                    {"harvestedBy": harvested_by, "job": f"{ns}/{name}", "importedAt": now_iso()})
+        except ApiException as exc:  # status is informative only
+            log.warning("cannot write the status of ServingAnchor %s: %s", body["metadata"]["name"], exc)
+        _count_gpu_seconds(job, "succeeded")
+        return anchor, True
+    raise MessageError("; ".join(problems) or f"no succeeded pod of Job {ns}/{name} holds an anchor")
 
-    return {
-        "apiVersion": API_VERSION,
-        "kind": ANCHOR_KIND,
-        "metadata": {"name": anchor_object_name(anchor),
-                     "labels": {LABEL_MANAGED: MANAGER, "inferasim.io/engine": anchor.kernel_set.engine,
-                                "inferasim.io/kernel-set": anchor.kernel_set.key()},
-                     "annotations": {"inferasim.io/harvested-by": harvested_by, "inferasim.io/job": job}},
-        "spec": anchor.model_dump(mode="json", exclude_none=True),
-    }
+
+def _count_gpu_seconds(job: dict[str, Any], result: str) -> None:
+    st = job.get("status") or {}
+    start, end = st.get("startTime"), st.get("completionTime")
+    gpus = int((job["metadata"].get("annotations") or {}).get("inferasim.io/gpus", "1") or 1)
+    if not start:
+        return
+    s = age_s(start if isinstance(start, str) else start.strftime(RFC3339))
+    e = age_s(end if isinstance(end, str) else end.strftime(RFC3339)) if end else 0.0
+    if s is not None and e is not None and s >= e:
+        engine = (job["metadata"].get("labels") or {}).get("inferasim.io/engine", "")
+        metrics.HARVEST_GPU_SECONDS.labels(engine=engine, result=result).inc((s - e) * gpus)
 
 
-def terminated_message(pod: dict[str, Any], container: str = HARVEST_CONTAINER) -> str | None:
-    """The termination message of ``container`` in a pod (dict form), if it terminated."""
-    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
-        if cs.get("name") == container:
-            term = (cs.get("state") or {}).get("terminated")
-            if term:
-                return term.get("message") or ""
-    return None
+async def plan_harvests(body: dict[str, Any], spec: TuningSpec, missing: list[dict[str, Any]], book: StatusBook,
+                        kube: Kube, settings: Settings) -> tuple[list[Harvest], list[MissingAnchor], int]:
+    """Start (or find) one Job per missing anchor within the GPU-hour budget.
+
+    Returns (harvests in flight, missing anchors with reasons, anchors imported just now)."""
+    anchors = book.get("anchors") or {}
+    used = float(anchors.get("gpuHoursBudgeted") or 0.0)
+    known = {h["job"]: h for h in anchors.get("harvesting") or []}
+    harvesting: list[Harvest] = []
+    missing_out: list[MissingAnchor] = []
+    imported = 0
+    owner = f"{book.namespace}/{book.name}"
+    for m in sorted(missing, key=lambda m: (m["harvest_gpu_hours"], m["engine"], m["precision"])):
+        target = HarvestTarget.from_missing(m)
+        lay = LayoutStatus.model_validate(target.layout.as_dict())
+        entry = MissingAnchor(engine=target.engine, model=target.model, gpu=target.gpu, precision=target.precision,
+                              layout=lay, gpu_hours=round(target.gpu_hours, 4))
+        # One Job per anchor in the whole cluster, whoever started it, across operator restarts.
+        jobs = await asyncio.to_thread(kube.list_jobs, f"{LABEL_ANCHOR}={target.key}")
+        if jobs:
+            job = sorted(jobs, key=lambda j: j["metadata"]["name"])[0]
+            state = job_state(job)
+            where = f"{job['metadata']['namespace']}/{job['metadata']['name']}"
+            job_ns, job_name = job["metadata"]["namespace"], job["metadata"]["name"]
+            refs = list(job["metadata"].get("ownerReferences") or [])
+            owned = any(ref.get("uid") == book.uid for ref in refs)
+            running = state not in ("Succeeded", "Failed")
+            if not spec.harvest.allowed and owned and running:
+                # Harvesting was switched off while a Job this tuning owns ran: it would hold its GPUs
+                # to its deadline for an anchor the spec no longer wants. Deleted when no other tuning
+                # owns it too; else this tuning lets go of it and the others keep it.
+                others = [r for r in refs if r.get("uid") != book.uid]
+                if others:
+                    await asyncio.to_thread(kube.set_job_owners, job_ns, job_name, others)
+                    entry.reason = f"harvest.allowed is false: harvest Job {where} is left to the other tunings"
+                else:
+                    await asyncio.to_thread(kube.delete_job, job_ns, job_name)
+                    post_event(body, "Normal", "HarvestStopped", f"Job {where} deleted: harvest.allowed is false")
+                    entry.reason = (f"harvest.allowed is false: its harvest Job {where} was deleted; predictions "
+                                    "are unanchored")
+                missing_out.append(entry)
+                continue
+            if spec.harvest.allowed and running and not owned and job_ns == book.namespace and \
+                    (body.get("metadata") or {}).get("uid"):
+                # Waiting for a Job another tuning of this namespace started: own it too, so that
+                # deleting that tuning does not garbage-collect a measurement this one waits for.
+                await asyncio.to_thread(kube.set_job_owners, job_ns, job_name, [*refs, kube_mod.sharing_owner(body)])
+            if state == "Succeeded":
+                try:
+                    _, created = await import_harvest(kube, job, owner)
+                    imported += int(created)
+                    entry.reason = (f"harvested by Job {where}" if created else
+                                    f"harvested by Job {where}, but its anchor does not match what the search needs")
+                except MessageError as exc:
+                    entry.reason = f"harvest Job {where} succeeded but {exc}"
+            elif state == "Failed":
+                entry.reason = (f"harvest Job {where} failed ({job_failure(job)}); delete it to try again (it "
+                                f"removes itself {JOB_TTL_AFTER_FINISHED_S // 3600} h after it finished)")
+            else:
+                entry.reason = f"being harvested by Job {where}"
+                prev = known.get(job["metadata"]["name"], {})
+                harvesting.append(Harvest(job=job["metadata"]["name"], job_namespace=job["metadata"]["namespace"],
+                                          engine=target.engine, precision=target.precision, layout=lay,
+                                          gpu_hours=float(prev.get("gpuHours", target.gpu_hours)), state=state,
+                                          started=prev.get("started") or now_iso()))
+            missing_out.append(entry)
+            continue
+        if not spec.harvest.allowed:
+            entry.reason = "harvest.allowed is false: predictions for it are unanchored"
+            missing_out.append(entry)
+            continue
+        remaining = spec.harvest.max_gpu_hours - used
+        limits = job_limits(target, spec.harvest, remaining)
+        if limits is None:
+            entry.reason = (f"a harvest needs {target.gpu_hours:.2f} GPU-hours; {max(remaining, 0):.2f} of "
+                            f"harvest.maxGPUHours ({spec.harvest.max_gpu_hours:g}) left")
+            missing_out.append(entry)
+            continue
+        try:
+            job = build_job(target, spec.harvest, limits, namespace=book.namespace, tuning=book.name,
+                            harvester_image=settings.harvest.image, extra_harvest_args=settings.harvest.extra_args,
+                            engine_images=settings.harvest.engine_images)
+        except ValueError as exc:
+            entry.reason = f"cannot harvest: {exc}"
+            missing_out.append(entry)
+            continue
+        kube_mod.own(job, body)
+        created = await asyncio.to_thread(kube.create_job, job)
+        if created:
+            used += limits.budget_gpu_hours
+            metrics.HARVEST_JOBS.labels(engine=target.engine).inc()
+            post_event(body, "Normal", "HarvestStarted",
+                       f"Job {job['metadata']['name']} measures {target.kernel_set.describe()} at "
+                       f"{target.layout.label()} ({target.layout.gpus} GPUs, at most {limits.budget_gpu_hours:.2f} "
+                       f"GPU-hours, deadline {limits.active_deadline_s} s)")
+        entry.reason = f"being harvested by Job {book.namespace}/{job['metadata']['name']}"
+        missing_out.append(entry)
+        harvesting.append(Harvest(job=job["metadata"]["name"], engine=target.engine, precision=target.precision,
+                                  layout=lay, gpu_hours=round(limits.budget_gpu_hours, 4), state="Pending",
+                                  started=now_iso()))
+    book.set(anchors={**anchors, "gpuHoursBudgeted": round(used, 4)})
+    return harvesting, missing_out, imported
+
+
+async def refresh_harvests(body: dict[str, Any], book: StatusBook, kube: Kube) -> tuple[int, int, int]:
+    """Update the harvest Jobs' states; import finished ones. Returns (in flight, imported, failed)."""
+    anchors = dict(book.get("anchors") or {})
+    out, imported, failed, active = [], 0, 0, 0
+    owner = f"{book.namespace}/{book.name}"
+    for h in anchors.get("harvesting") or []:
+        job = await asyncio.to_thread(kube.get_job, h.get("jobNamespace") or book.namespace, h["job"])
+        if job is None:
+            failed += 1
+            post_event(body, "Warning", "HarvestFailed", f"Job {h['job']} disappeared")
+            continue
+        state = job_state(job)
+        if state == "Succeeded":
+            try:
+                anchor, _ = await import_harvest(kube, job, owner)
+                imported += 1
+                post_event(body, "Normal", "AnchorHarvested", f"Job {h['job']} wrote ServingAnchor "
+                                                              f"{anchor_object(anchor)['metadata']['name']}")
+            except MessageError as exc:
+                failed += 1
+                post_event(body, "Warning", "HarvestFailed", f"Job {h['job']} succeeded but {exc}")
+            continue
+        if state == "Failed":
+            failed += 1
+            _count_gpu_seconds(job, "failed")
+            post_event(body, "Warning", "HarvestFailed", f"Job {h['job']}: {job_failure(job)}")
+            continue
+        active += 1
+        why = ""
+        if state == "Running":
+            # A pod the scheduler cannot place counts as active: say Pending, and why.
+            why = await asyncio.to_thread(unscheduled_reason, kube, job)
+            state = "Pending" if why else state
+        if h.get("state") != state or (h.get("reason") or "") != why:
+            post_event(body, "Normal" if not why else "Warning",
+                       "HarvestRunning" if state == "Running" else "HarvestPending",
+                       f"Job {h['job']} is {state.lower()}" + (f": {why}" if why else ""))
+        out.append({**h, "state": state, "reason": why})
+    if out != anchors.get("harvesting"):
+        anchors["harvesting"] = out
+        book.set(anchors=anchors)
+    return active, imported, failed

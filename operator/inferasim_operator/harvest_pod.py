@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 
 from inferasim.model.anchors import load_anchor
-from inferasim_operator.harvest import MessageError, encode_anchor
+from inferasim_operator.harvest_job import MessageError, encode_anchor
 
 
 def wait_ready(endpoint: str, timeout_s: float, sleep_s: float = 2.0) -> bool:

@@ -89,7 +89,7 @@ def test_default_render_is_least_privilege_and_consistent() -> None:
     assert container["image"].endswith(f":{app_version}")
     assert env["INFERASIM_HARVESTER_IMAGE"] == container["image"]
     # The chart's engine images reach the operator as its own parser reads them.
-    from inferasim_operator.reconcile import Settings
+    from inferasim_operator.settings import Settings
 
     settings = Settings.from_env({"INFERASIM_ENGINE_IMAGES": env["INFERASIM_ENGINE_IMAGES"],
                                   "INFERASIM_PROMETHEUS_URL": env["INFERASIM_PROMETHEUS_URL"]})

@@ -63,7 +63,7 @@ def predicted_itl_s() -> float:
 
 
 def template(prom_url: str) -> dict[str, Any]:
-    from inferasim_operator import confirm
+    from inferasim_operator.passes import confirm
 
     spec = parse_spec({
         "model": MODEL, "precision": ["bf16"], "engines": ["vllm"],

@@ -9,9 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from inferasim_operator import confirm, reconcile
 from inferasim_operator.kube import ApiException, merge_patch_to
 from inferasim_operator.models import Canary, TuningStatus, dump
+from inferasim_operator.passes import confirm
+from inferasim_operator.pricing import PriceError, price_from_data, resolve_price
+from inferasim_operator.settings import Settings
+from inferasim_operator.spec_rules import parse_tuning_spec
 
 from inferasim.calibrate import CanaryWindow
 from inferasim.catalog.gpus import get_gpu
@@ -50,18 +53,18 @@ class PriceKube:
 
 
 def _price(spec: dict[str, Any], kube: PriceKube) -> tuple[Any, ...]:
-    settings = reconcile.Settings(operator_namespace="ops", price_config_map="inferasim-gpu-prices")
-    return asyncio.run(reconcile.resolve_price(reconcile.parse_tuning_spec(spec), kube, settings))
+    settings = Settings(operator_namespace="ops", price_config_map="inferasim-gpu-prices")
+    return asyncio.run(resolve_price(parse_tuning_spec(spec), kube, settings))
 
 
 def test_price_keys_are_gpu_names_normalized() -> None:
-    assert reconcile.price_from_data({"H200": "3.1", "mi300x": "2.5"}, "AMD_Instinct_MI300X", "cm") == (2.5, "mi300x")
+    assert price_from_data({"H200": "3.1", "mi300x": "2.5"}, "AMD_Instinct_MI300X", "cm") == (2.5, "mi300x")
     oam = "AMD_Instinct_MI300X_OAM"
-    assert reconcile.price_from_data({oam: "$2"}, "MI300X", "cm") == (2.0, oam)
-    assert reconcile.price_from_data({"H200": "3.1", "not-a-gpu": "x"}, "MI300X", "cm") is None
+    assert price_from_data({oam: "$2"}, "MI300X", "cm") == (2.0, oam)
+    assert price_from_data({"H200": "3.1", "not-a-gpu": "x"}, "MI300X", "cm") is None
     for bad in ("cheap", "-1", "0", "nan", "inf"):
-        with pytest.raises(reconcile.PriceError, match="key 'MI300X'") as exc:
-            reconcile.price_from_data({"MI300X": bad}, "MI300X", "ConfigMap ops/p")
+        with pytest.raises(PriceError, match="key 'MI300X'") as exc:
+            price_from_data({"MI300X": bad}, "MI300X", "ConfigMap ops/p")
         assert exc.value.key == "MI300X"
 
 
@@ -88,9 +91,9 @@ def test_no_or_bad_price_is_a_condition_not_a_crash(kube: PriceKube, reason: str
 
 
 def test_settings_read_the_price_configmap_from_env() -> None:
-    s = reconcile.Settings.from_env({"INFERASIM_PRICE_CONFIGMAP": "prices", "INFERASIM_OPERATOR_NAMESPACE": "ops"})
+    s = Settings.from_env({"INFERASIM_PRICE_CONFIGMAP": "prices", "INFERASIM_OPERATOR_NAMESPACE": "ops"})
     assert (s.price_config_map, s.operator_namespace) == ("prices", "ops")
-    d = reconcile.Settings.from_env({})
+    d = Settings.from_env({})
     assert (d.price_config_map, d.operator_namespace) == ("inferasim-gpu-prices", "inferasim-system")
 
 
@@ -143,7 +146,7 @@ def _parent(tmp: Path) -> Anchor:
 
 def test_measured_canary_becomes_a_servinganchor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     parent = _parent(tmp_path / "shipped")
-    settings = reconcile.Settings(anchor_dirs=[str(tmp_path / "shipped")], anchor_cache=str(tmp_path / "cache"))
+    settings = Settings(anchor_dirs=[str(tmp_path / "shipped")], anchor_cache=str(tmp_path / "cache"))
     kube = AnchorKube()
     windows = iter([CanaryWindow(in_flight=3.6, prompt_tokens=400, output_tokens=64, itl_s=0.012, ttft_s=0.09,
                                  queries=("q1",)),
@@ -154,7 +157,7 @@ def test_measured_canary_becomes_a_servinganchor(tmp_path: Path, monkeypatch: py
         return current[0]
 
     monkeypatch.setattr(confirm, "measure_window", fake_measure)
-    spec = reconcile.parse_tuning_spec(SPEC)
+    spec = parse_tuning_spec(SPEC)
     obs = ObservedWorkload(engine="vllm", window="10m", selector={"deployment": "chat-canary-0"}, observed_at=1e9,
                            request_rate=1.0, prompt_tokens_mean=400, output_tokens_mean=64, prefix_hit_rate=None,
                            running=3, waiting=0)
@@ -191,13 +194,13 @@ def test_measured_canary_becomes_a_servinganchor(tmp_path: Path, monkeypatch: py
 
 
 def test_uncalibratable_canary_is_a_message_not_a_crash(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    settings = reconcile.Settings(anchor_dirs=[], anchor_cache=str(tmp_path / "cache"))
+    settings = Settings(anchor_dirs=[], anchor_cache=str(tmp_path / "cache"))
     monkeypatch.setattr(confirm, "measure_window", lambda *a, **k: CanaryWindow(
         in_flight=2, prompt_tokens=400, output_tokens=64, itl_s=0.0, ttft_s=0.1))
     obs = ObservedWorkload(engine="vllm", window="10m", observed_at=1e9, request_rate=1.0, prompt_tokens_mean=400,
                            output_tokens_mean=64, prefix_hit_rate=None, running=3, waiting=0)
     c = dump(Canary(name="chat-canary-0", engine="vllm", precision="bf16", layout={"tp": 1}, layout_label="tp1"))
     kube = AnchorKube()
-    asyncio.run(confirm.store_canary_anchor(BODY, reconcile.parse_tuning_spec(SPEC), Book(), kube, settings, c, obs,
+    asyncio.run(confirm.store_canary_anchor(BODY, parse_tuning_spec(SPEC), Book(), kube, settings, c, obs,
                                             "http://prom:9090", ""))
     assert not kube.anchors and "not stored as an anchor" in c["message"] and "inter-token latency" in c["message"]

@@ -15,8 +15,13 @@ from typing import Any
 
 import kopf
 import pytest
-from inferasim_operator import metrics, reconcile, search
+from inferasim_operator import metrics, search
 from inferasim_operator.kube import ApiException
+from inferasim_operator.passes import timer, tune
+from inferasim_operator.settings import Settings
+from inferasim_operator.spec_rules import parse_tuning_spec
+from inferasim_operator.state import MEMO, forget
+from inferasim_operator.status import StatusBook, StatusNotWritable
 from test_operator_reconcile import BODY, SPEC
 from test_operator_spec_bounds import HOSTILE
 
@@ -117,12 +122,12 @@ class FakeKube:
 def events(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
     """(reason, message) of every Event a pass posts."""
     posted: list[tuple[str, str]] = []
-    monkeypatch.setattr(reconcile, "post_event", lambda body, type_, reason, message: posted.append((reason, message)))
+    monkeypatch.setattr(tune, "post_event", lambda body, type_, reason, message: posted.append((reason, message)))
     return posted
 
 
 @pytest.fixture
-def offline(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> reconcile.Settings:
+def offline(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Settings:
     """Settings for a pass with no ServingAnchors and no prices; the search runs for real."""
     async def no_anchors(*a: Any, **k: Any) -> int:
         return 0
@@ -130,15 +135,15 @@ def offline(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> reconcile.Settin
     async def no_price(*a: Any, **k: Any) -> tuple[None, str, str, str]:
         return None, "False", "NoPrice", "no price"
 
-    monkeypatch.setattr(reconcile, "sync_anchors", no_anchors)
-    monkeypatch.setattr(reconcile, "resolve_price", no_price)
+    monkeypatch.setattr(tune, "sync_anchors", no_anchors)
+    monkeypatch.setattr(tune, "resolve_price", no_price)
     (tmp_path / "anchors").mkdir()
-    return reconcile.Settings(anchor_dirs=[str(tmp_path / "anchors")], anchor_cache=str(tmp_path / "cache"),
+    return Settings(anchor_dirs=[str(tmp_path / "anchors")], anchor_cache=str(tmp_path / "cache"),
                               search_timeout_s=240, stage2_top=2)
 
 
-def _run(kube: FakeKube, settings: reconcile.Settings) -> str:
-    return asyncio.run(reconcile.reconcile(kube.body(), kube, settings, trigger="create", reason="test"))  # type: ignore[arg-type]
+def _run(kube: FakeKube, settings: Settings) -> str:
+    return asyncio.run(tune.reconcile(kube.body(), kube, settings, trigger="create", reason="test"))  # type: ignore[arg-type]
 
 
 def _errors(kind: str, reason: str) -> float:
@@ -149,7 +154,7 @@ def _errors(kind: str, reason: str) -> float:
 
 
 @pytest.mark.parametrize("ttft_ms", [12, 1e-300])
-def test_an_slo_no_deployment_meets_publishes_nothing(ttft_ms: float, offline: reconcile.Settings,
+def test_an_slo_no_deployment_meets_publishes_nothing(ttft_ms: float, offline: Settings,
                                                       events: list[tuple[str, str]]) -> None:
     """Recommended=False (NoFeasibleConfig) naming the closest candidate and the term it misses;
     the ConfigMap, the AnalysisTemplate and the canaries of the last pass are withdrawn."""
@@ -179,13 +184,13 @@ def test_an_slo_no_deployment_meets_publishes_nothing(ttft_ms: float, offline: r
 @pytest.fixture(scope="module")
 def feasible_payload(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     empty = tmp_path_factory.mktemp("anchors")
-    return asyncio.run(search.run_search(reconcile.parse_tuning_spec(SPEC).model_dump(by_alias=True, mode="json"),
+    return asyncio.run(search.run_search(parse_tuning_spec(SPEC).model_dump(by_alias=True, mode="json"),
                                          [str(empty)], "chat", "llm", stage2_top=2, timeout_s=240))
 
 
 @pytest.mark.parametrize("throughput", [0.0, math.inf, math.nan, None])
 def test_a_zero_or_non_finite_throughput_is_never_published(
-        throughput: float | None, feasible_payload: dict[str, Any], offline: reconcile.Settings,
+        throughput: float | None, feasible_payload: dict[str, Any], offline: Settings,
         events: list[tuple[str, str]], monkeypatch: pytest.MonkeyPatch) -> None:
     payload = copy.deepcopy(feasible_payload)
     assert payload["recommendation"]["meets_slo"]
@@ -194,14 +199,14 @@ def test_a_zero_or_non_finite_throughput_is_never_published(
     async def found(*a: Any, **k: Any) -> dict[str, Any]:
         return payload
 
-    monkeypatch.setattr(reconcile, "run_search", found)
+    monkeypatch.setattr(tune, "run_search", found)
     kube = FakeKube(SPEC)
     assert _run(kube, offline) == "Failed"
     cond = kube.cond("Recommended")
     assert cond["reason"] == "NoFeasibleConfig" and "positive throughput" in cond["message"]
     assert kube.applied_config_maps == [] and "Recommended" not in [r for r, _ in events]
     # the same payload with its figure intact is published
-    monkeypatch.setattr(reconcile, "run_search", lambda *a, **k: found())
+    monkeypatch.setattr(tune, "run_search", lambda *a, **k: found())
     kube = FakeKube(SPEC)
     payload["recommendation"]["predicted"]["throughput_per_gpu_at_slo"] = 10.0
     assert _run(kube, offline) == "Recommended" and kube.applied_config_maps == ["chat-recommendation"]
@@ -211,12 +216,12 @@ def test_a_zero_or_non_finite_throughput_is_never_published(
 
 
 @pytest.mark.parametrize("change,field", HOSTILE)
-def test_hostile_spec_values_park_the_tuning_invalid(change: dict[str, Any], field: str, offline: reconcile.Settings,
+def test_hostile_spec_values_park_the_tuning_invalid(change: dict[str, Any], field: str, offline: Settings,
                                                      events: list[tuple[str, str]]) -> None:
     """Each once raised out of the pass (no condition; retried every 60 s) or reached the status
     patch; now the tuning is Invalid, the message names the field, and nothing is published."""
     kube = FakeKube({**SPEC, **change}, config_maps=("chat-recommendation",))
-    with pytest.raises(reconcile.Invalid) as err:
+    with pytest.raises(tune.Invalid) as err:
         _run(kube, offline)
     assert field in str(err.value)
     cond = kube.cond("Recommended")
@@ -226,12 +231,12 @@ def test_hostile_spec_values_park_the_tuning_invalid(change: dict[str, Any], fie
 
 
 def test_an_internal_error_becomes_degraded_with_backoff_and_a_later_pass_clears_it(
-        offline: reconcile.Settings, events: list[tuple[str, str]], monkeypatch: pytest.MonkeyPatch,
+        offline: Settings, events: list[tuple[str, str]], monkeypatch: pytest.MonkeyPatch,
         feasible_payload: dict[str, Any]) -> None:
     async def boom(*a: Any, **k: Any) -> int:
         raise RuntimeError("the anchor cache is on a read-only filesystem")
 
-    monkeypatch.setattr(reconcile, "sync_anchors", boom)
+    monkeypatch.setattr(tune, "sync_anchors", boom)
     kube = FakeKube(SPEC)
     before = _errors("internal", "InternalError")
     delays = []
@@ -252,13 +257,13 @@ def test_an_internal_error_becomes_degraded_with_backoff_and_a_later_pass_clears
     async def found(*a: Any, **k: Any) -> dict[str, Any]:
         return feasible_payload
 
-    monkeypatch.setattr(reconcile, "sync_anchors", fine)
-    monkeypatch.setattr(reconcile, "run_search", found)
+    monkeypatch.setattr(tune, "sync_anchors", fine)
+    monkeypatch.setattr(tune, "run_search", found)
     assert _run(kube, offline) == "Recommended"
     assert kube.cond("Degraded")["status"] == "False" and kube.status["retries"] == 0
 
 
-def test_a_refused_status_write_publishes_nothing(offline: reconcile.Settings, events: list[tuple[str, str]],
+def test_a_refused_status_write_publishes_nothing(offline: Settings, events: list[tuple[str, str]],
                                                   monkeypatch: pytest.MonkeyPatch,
                                                   feasible_payload: dict[str, Any]) -> None:
     """The API server refused the status patch (HTTP 500) after the ConfigMap and the Recommended
@@ -266,7 +271,7 @@ def test_a_refused_status_write_publishes_nothing(offline: reconcile.Settings, e
     async def found(*a: Any, **k: Any) -> dict[str, Any]:
         return feasible_payload
 
-    monkeypatch.setattr(reconcile, "run_search", found)
+    monkeypatch.setattr(tune, "run_search", found)
     kube = FakeKube({**SPEC, "confirmation": {"mode": "argo-rollouts"}}, refuse=("recommendation",))
     with pytest.raises(kopf.TemporaryError):
         _run(kube, offline)
@@ -278,17 +283,17 @@ def test_a_refused_status_write_publishes_nothing(offline: reconcile.Settings, e
 
 
 def test_a_non_finite_number_is_refused_before_the_status_is_sent(
-        offline: reconcile.Settings, events: list[tuple[str, str]], monkeypatch: pytest.MonkeyPatch,
+        offline: Settings, events: list[tuple[str, str]], monkeypatch: pytest.MonkeyPatch,
         feasible_payload: dict[str, Any]) -> None:
-    book = reconcile.StatusBook(FakeKube(SPEC).body(), FakeKube(SPEC))  # type: ignore[arg-type]
+    book = StatusBook(FakeKube(SPEC).body(), FakeKube(SPEC))  # type: ignore[arg-type]
     book.set(phase="Recommended", search={"seconds": math.inf})
-    with pytest.raises(reconcile.StatusNotWritable, match=r"status\.search\.seconds"):
+    with pytest.raises(StatusNotWritable, match=r"status\.search\.seconds"):
         asyncio.run(book.flush())
     assert book.get("phase") is None and book.get("search") is None  # the book reads as the server's again
     # In a pass: a search figure that is not finite ends it Degraded, publishing nothing.
     payload = copy.deepcopy(feasible_payload)
     payload["candidates"] = math.inf
-    monkeypatch.setattr(reconcile, "run_search", lambda *a, **k: _async(payload))
+    monkeypatch.setattr(tune, "run_search", lambda *a, **k: _async(payload))
     kube = FakeKube(SPEC)
     with pytest.raises(kopf.TemporaryError):
         _run(kube, offline)
@@ -307,14 +312,14 @@ def test_a_timer_pass_that_raises_is_degraded_and_backs_off(monkeypatch: pytest.
     async def boom(*a: Any, **k: Any) -> str:
         raise KeyError("canaries")
 
-    monkeypatch.setattr(reconcile, "_tick", boom)
+    monkeypatch.setattr(timer, "run_tick", boom)
     kube = FakeKube(SPEC, {"phase": "Confirming", "observedGeneration": 3})
     uid = "u-tick-guard"
     body = {**kube.body(), "metadata": {**BODY["metadata"], "uid": uid}}
-    reconcile.forget(uid)
-    assert asyncio.run(reconcile.tick(body, kube, reconcile.Settings())) == "retry"  # type: ignore[arg-type]
+    forget(uid)
+    assert asyncio.run(timer.tick(body, kube, Settings())) == "retry"  # type: ignore[arg-type]
     assert kube.cond("Degraded")["reason"] == "InternalError" and "KeyError" in kube.cond("Degraded")["message"]
-    assert asyncio.run(reconcile.tick(body, kube, reconcile.Settings())) == "backoff"  # type: ignore[arg-type]
+    assert asyncio.run(timer.tick(body, kube, Settings())) == "backoff"  # type: ignore[arg-type]
     # status.retries stays as it was: above zero, the timer would re-run a whole search (and retire
     # the canaries being measured) instead of the pass that failed
     assert "retries" not in kube.status
@@ -322,8 +327,8 @@ def test_a_timer_pass_that_raises_is_degraded_and_backs_off(monkeypatch: pytest.
     async def steady(*a: Any, **k: Any) -> str:
         return "steady"
 
-    monkeypatch.setattr(reconcile, "_tick", steady)
-    reconcile._next_attempt[uid] = 0.0  # the backoff waited out
-    assert asyncio.run(reconcile.tick(body, kube, reconcile.Settings())) == "steady"  # type: ignore[arg-type]
+    monkeypatch.setattr(timer, "run_tick", steady)
+    MEMO.retry_at(uid, 0.0)  # the backoff waited out
+    assert asyncio.run(timer.tick(body, kube, Settings())) == "steady"  # type: ignore[arg-type]
     assert kube.cond("Degraded")["status"] == "False"
-    reconcile.forget(uid)
+    forget(uid)

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from inferasim_operator.harvest import (
+from inferasim_operator.harvest_job import (
     DONE_FILE,
     MESSAGE_LIMIT,
     MESSAGE_PREFIX,
@@ -221,7 +221,7 @@ def test_layout_labels_used_in_names() -> None:
 
 
 def test_engine_image_precedence_spec_then_operator_then_catalog() -> None:
-    from inferasim_operator.reconcile import parse_engine_images
+    from inferasim_operator.settings import parse_engine_images
 
     from inferasim.catalog.engines import default_image
 

@@ -11,9 +11,14 @@ from typing import Any
 
 import kopf
 import pytest
-from inferasim_operator import confirm, reconcile
+from inferasim_operator.harvest import plan_harvests, unscheduled_reason
 from inferasim_operator.kube import own
 from inferasim_operator.models import Harvest, TuningStatus, child_name, label_value
+from inferasim_operator.passes import confirm, timer, tune
+from inferasim_operator.settings import Settings
+from inferasim_operator.spec_rules import parse_tuning_spec
+from inferasim_operator.state import forget
+from inferasim_operator.status import StatusBook
 from test_operator_reconcile import SPEC
 
 from inferasim.core.spec import SpecError
@@ -90,7 +95,7 @@ def test_a_status_sub_object_is_replaced_not_merged() -> None:
     """A merge patch merges nested objects: a recommendation without a price must null the old cost."""
     old = {"recommendation": {"engine": "vllm", "predicted": {"throughputPerGpu": 10.0, "costPerMillionTokens": 0.1}}}
     kube = _Kube(old, [])
-    book = reconcile.StatusBook({**BODY, "status": old}, kube)  # type: ignore[arg-type]
+    book = StatusBook({**BODY, "status": old}, kube)  # type: ignore[arg-type]
     book.set(recommendation={"engine": "sglang", "predicted": {"throughputPerGpu": 12.0}})
     asyncio.run(book.flush())
     sent = kube.patches[0]["recommendation"]
@@ -100,31 +105,31 @@ def test_a_status_sub_object_is_replaced_not_merged() -> None:
 def test_a_new_pass_retires_the_canaries_it_does_not_run() -> None:
     status = {"confirmation": {"mode": "canary", "canaries": [{"name": "chat-canary-0"}, {"name": "chat-canary-1"}]}}
     kube = _Kube(status, ["chat-canary-0", "chat-canary-1"])
-    book = reconcile.StatusBook({**BODY, "status": status}, kube)  # type: ignore[arg-type]
-    asyncio.run(reconcile._retire_canaries(BODY, book, kube, set()))  # type: ignore[arg-type]
+    book = StatusBook({**BODY, "status": status}, kube)  # type: ignore[arg-type]
+    asyncio.run(tune.retire_canaries(BODY, book, kube, set()))  # type: ignore[arg-type]
     assert kube.deployments == [] and book.get("confirmation") is None
     assert book.cond("Confirmed")["reason"] == "Superseded"
     kube = _Kube(status, ["chat-canary-0", "chat-canary-1"])
-    book = reconcile.StatusBook({**BODY, "status": status}, kube)  # type: ignore[arg-type]
-    asyncio.run(reconcile._retire_canaries(BODY, book, kube, {"chat-canary-0"}))  # type: ignore[arg-type]
+    book = StatusBook({**BODY, "status": status}, kube)  # type: ignore[arg-type]
+    asyncio.run(tune.retire_canaries(BODY, book, kube, {"chat-canary-0"}))  # type: ignore[arg-type]
     assert kube.deployments == ["chat-canary-0"]
 
 
 def test_confirmation_that_cannot_measure_starts_nothing() -> None:
-    spec = reconcile.parse_tuning_spec(SPEC)  # a static workload: no Prometheus to read canaries from
+    spec = parse_tuning_spec(SPEC)  # a static workload: no Prometheus to read canaries from
     kube = _Kube({}, [])
-    book = reconcile.StatusBook(copy.deepcopy(BODY), kube)  # type: ignore[arg-type]
+    book = StatusBook(copy.deepcopy(BODY), kube)  # type: ignore[arg-type]
     started = asyncio.run(confirm.start_confirmation(BODY, spec, {"shortlist": []}, book, kube))  # type: ignore[arg-type]
     assert started == set() and book.cond("Confirmed")["reason"] == "CannotMeasure"
-    argo = reconcile.parse_tuning_spec({**SPEC, "confirmation": {"mode": "argo-rollouts"}})
+    argo = parse_tuning_spec({**SPEC, "confirmation": {"mode": "argo-rollouts"}})
     started = asyncio.run(confirm.start_confirmation(BODY, argo, {"shortlist": []}, book, kube))  # type: ignore[arg-type]
     assert started == set() and book.cond("Confirmed")["reason"] == "NoThresholds"
 
 
 def test_a_window_promql_cannot_read_is_refused() -> None:
     with pytest.raises(SpecError, match="confirmation.window.*90m"):
-        reconcile.parse_tuning_spec({**SPEC, "confirmation": {"mode": "canary", "window": "1.5h"}})
-    reconcile.parse_tuning_spec({**SPEC, "confirmation": {"mode": "none", "window": "1.5h"}})
+        parse_tuning_spec({**SPEC, "confirmation": {"mode": "canary", "window": "1.5h"}})
+    parse_tuning_spec({**SPEC, "confirmation": {"mode": "none", "window": "1.5h"}})
 
 
 def test_a_harvest_job_records_its_namespace() -> None:
@@ -149,17 +154,17 @@ def test_an_unschedulable_harvest_pod_is_pending_with_the_schedulers_reason() ->
             assert (namespace, selector) == ("llm", "job-name=harvest-x")
             return self.pods
 
-    why = reconcile._unscheduled_reason(Pods([unplaced]), job)  # type: ignore[arg-type]
+    why = unscheduled_reason(Pods([unplaced]), job)  # type: ignore[arg-type]
     assert why.startswith("Unschedulable: 0/3 nodes") and "node affinity" in why
-    assert reconcile._unscheduled_reason(Pods([{"spec": {"nodeName": "gpu-1"}}]), job) == ""  # type: ignore[arg-type]
+    assert unscheduled_reason(Pods([{"spec": {"nodeName": "gpu-1"}}]), job) == ""  # type: ignore[arg-type]
 
 
 def test_no_canary_is_started_for_an_engine_without_latency_histograms() -> None:
     """ATOM exports no TTFT/ITL histograms: its canary would hold GPUs for the window, unmeasured."""
-    spec = reconcile.parse_tuning_spec({**SPEC, "workload": {"prometheus": {
+    spec = parse_tuning_spec({**SPEC, "workload": {"prometheus": {
         "url": "http://prom:9090", "selector": {"namespace": "llm"}, "window": "5m"}}})
     kube = _Kube({}, [])
-    book = reconcile.StatusBook(copy.deepcopy(BODY), kube)  # type: ignore[arg-type]
+    book = StatusBook(copy.deepcopy(BODY), kube)  # type: ignore[arg-type]
     payload = {"shortlist": [{"engine": "atom", "layout_label": "tp8"}],
                "shortlist_deployments": [{"metadata": {"name": "chat-canary-0"}}]}
     started = asyncio.run(confirm.start_confirmation(BODY, spec, payload, book, kube))  # type: ignore[arg-type]
@@ -175,13 +180,13 @@ def test_a_selector_prometheus_refuses_is_invalid_not_retried(monkeypatch: pytes
     def refuse(*args: Any, **kwargs: Any) -> None:
         raise ObservationError("workload.prometheus.selector: label name '1bad' is not valid", reason="BadSelector")
 
-    monkeypatch.setattr(reconcile, "observe", refuse)
-    spec = reconcile.parse_tuning_spec({**SPEC, "workload": {"prometheus": {
+    monkeypatch.setattr(tune, "observe", refuse)
+    spec = parse_tuning_spec({**SPEC, "workload": {"prometheus": {
         "url": "http://prom:9090", "selector": {"namespace": "llm"}, "window": "5m"}}})
     kube = _Kube({}, [])
-    book = reconcile.StatusBook(copy.deepcopy(BODY), kube)  # type: ignore[arg-type]
-    with pytest.raises(reconcile.Invalid, match="1bad"):
-        asyncio.run(reconcile._observe(spec, book, BODY, kube, reconcile.Settings(), False))  # type: ignore[arg-type]
+    book = StatusBook(copy.deepcopy(BODY), kube)  # type: ignore[arg-type]
+    with pytest.raises(tune.Invalid, match="1bad"):
+        asyncio.run(tune.observe_workload(spec, book, BODY, kube, Settings(), False))  # type: ignore[arg-type]
     assert book.get("phase") == "Invalid" and book.cond("WorkloadObserved")["reason"] == "BadSelector"
 
 
@@ -194,9 +199,9 @@ def test_an_invalid_spec_stops_what_the_last_recommendation_started() -> None:
     kube = _Kube(status, ["chat-canary-0"])
     body = {**BODY, "metadata": {**BODY["metadata"], "generation": 2}, "status": status,
             "spec": {**SPEC, "retune": {"every": "daily"}}}
-    book = reconcile.StatusBook(copy.deepcopy(body), kube)  # type: ignore[arg-type]
-    with pytest.raises(reconcile.Invalid, match="retune.every"):
-        asyncio.run(reconcile._reconcile(body, book, kube, reconcile.Settings(), "spec changed"))  # type: ignore[arg-type]
+    book = StatusBook(copy.deepcopy(body), kube)  # type: ignore[arg-type]
+    with pytest.raises(tune.Invalid, match="retune.every"):
+        asyncio.run(tune.run_pass(body, book, kube, Settings(), "spec changed"))  # type: ignore[arg-type]
     assert book.get("phase") == "Invalid" and book.get("observedGeneration") == 2
     assert book.get("recommendation") is None and book.get("shortlist") == []
     assert kube.deployments == [] and kube.config_maps == () and book.get("confirmation") is None
@@ -206,9 +211,9 @@ def test_an_invalid_spec_stops_what_the_last_recommendation_started() -> None:
               "confirmation": {"mode": "argo-rollouts", "analysisTemplate": "chat-inferasim"}}
     kube = _Kube(status, [])
     kube.templates = ("chat-inferasim",)
-    book = reconcile.StatusBook({**body, "status": status}, kube)  # type: ignore[arg-type]
-    with pytest.raises(reconcile.Invalid):
-        asyncio.run(reconcile._reconcile({**body, "status": status}, book, kube, reconcile.Settings(), "x"))  # type: ignore[arg-type]
+    book = StatusBook({**body, "status": status}, kube)  # type: ignore[arg-type]
+    with pytest.raises(tune.Invalid):
+        asyncio.run(tune.run_pass({**body, "status": status}, book, kube, Settings(), "x"))  # type: ignore[arg-type]
     assert kube.templates == () and book.get("confirmation") is None
 
 
@@ -244,8 +249,8 @@ def _confirming(started_minutes_ago: float, canaries: list[dict[str, Any]]) -> d
 
 
 def _progress(status: dict[str, Any], kube: _CanaryKube, **confirmation: str) -> tuple[bool, Any]:
-    spec = reconcile.parse_tuning_spec({**SPEC, "confirmation": {"mode": "canary", **confirmation}})
-    book = reconcile.StatusBook({**BODY, "status": status}, kube)  # type: ignore[arg-type]
+    spec = parse_tuning_spec({**SPEC, "confirmation": {"mode": "canary", **confirmation}})
+    book = StatusBook({**BODY, "status": status}, kube)  # type: ignore[arg-type]
     settings = type("Settings", (), {"observe_timeout_s": 1.0})()
     done = asyncio.run(confirm.confirm_progress(BODY, spec, book, kube, settings))  # type: ignore[arg-type]
     return done, book
@@ -284,7 +289,7 @@ def test_a_canary_that_never_becomes_available_is_given_up() -> None:
     assert c0["state"] == "Failed" and "startupTimeout" in c0["message"] and kube.deleted == ["chat-canary-0"]
     assert c1["state"] == "Running" and not done  # the other one keeps serving its window
     with pytest.raises(SpecError, match="confirmation.startupTimeout"):
-        reconcile.parse_tuning_spec({**SPEC, "confirmation": {"mode": "canary", "startupTimeout": "soon"}})
+        parse_tuning_spec({**SPEC, "confirmation": {"mode": "canary", "startupTimeout": "soon"}})
 
 
 def test_a_timer_pass_reads_the_status_inside_the_lock() -> None:
@@ -302,8 +307,8 @@ def test_a_timer_pass_reads_the_status_inside_the_lock() -> None:
             raise AssertionError(f"a superseded pass wrote {patch}")
 
     kube = Kube({"chat-canary-0": _available(90)})
-    settings = reconcile.Settings.from_env({})
-    assert asyncio.run(reconcile._tick(stale, "u-1", "Confirming", kube, settings)) == "superseded"  # type: ignore[arg-type]
+    settings = Settings.from_env({})
+    assert asyncio.run(timer.run_tick(stale, "u-1", "Confirming", kube, settings)) == "superseded"  # type: ignore[arg-type]
     assert kube.deleted == []
 
 
@@ -313,7 +318,7 @@ def test_a_search_refusing_the_observed_workload_backs_off_instead_of_parking_in
     context) comes from the traffic, not from a field the user wrote: the pass is retried with a
     growing delay, the tuning is not parked Invalid (where the drift checks would stop), and the
     retry count survives the next good observation."""
-    from inferasim_operator import passive
+    from inferasim_operator.passes import passive
     from inferasim_operator.search import SearchFailed
 
     from inferasim.observe import ObservedWorkload
@@ -321,7 +326,7 @@ def test_a_search_refusing_the_observed_workload_backs_off_instead_of_parking_in
     obs = ObservedWorkload(engine="vllm", window="5m", observed_at=1e9, request_rate=1.0,
                            prompt_tokens_mean=200_000, output_tokens_mean=64, prefix_hit_rate=None, running=1,
                            waiting=0)
-    monkeypatch.setattr(reconcile, "observe", lambda *a, **k: obs)
+    monkeypatch.setattr(tune, "observe", lambda *a, **k: obs)
 
     async def no_anchors(*a: Any, **k: Any) -> int:
         return 0
@@ -335,10 +340,10 @@ def test_a_search_refusing_the_observed_workload_backs_off_instead_of_parking_in
     async def refuse(*a: Any, **k: Any) -> dict[str, Any]:
         raise SearchFailed("workload.static.inputTokens 200000 exceeds the model's context", invalid=True)
 
-    monkeypatch.setattr(reconcile, "sync_anchors", no_anchors)
+    monkeypatch.setattr(tune, "sync_anchors", no_anchors)
     monkeypatch.setattr(passive, "ensure_passive_anchor", no_passive)
-    monkeypatch.setattr(reconcile, "resolve_price", no_price)
-    monkeypatch.setattr(reconcile, "run_search", refuse)
+    monkeypatch.setattr(tune, "resolve_price", no_price)
+    monkeypatch.setattr(tune, "run_search", refuse)
     spec = {**SPEC, "workload": {"prometheus": {"url": "http://prom:9090", "selector": {"namespace": "llm"},
                                                 "window": "5m"}}}
     kube = _Kube({}, [])
@@ -346,9 +351,9 @@ def test_a_search_refusing_the_observed_workload_backs_off_instead_of_parking_in
     delays = []
     for _ in range(3):
         body = {**BODY, "spec": spec, "status": status}
-        book = reconcile.StatusBook(copy.deepcopy(body), kube)  # type: ignore[arg-type]
+        book = StatusBook(copy.deepcopy(body), kube)  # type: ignore[arg-type]
         with pytest.raises(kopf.TemporaryError) as err:
-            asyncio.run(reconcile._reconcile(body, book, kube, reconcile.Settings(), "test"))  # type: ignore[arg-type]
+            asyncio.run(tune.run_pass(body, book, kube, Settings(), "test"))  # type: ignore[arg-type]
         delays.append(err.value.delay)
         status = book.status
         assert status.get("phase") != "Invalid"
@@ -380,15 +385,15 @@ def test_a_new_anchor_re_tunes_once_not_on_every_tick() -> None:
     missing = [{"engine": "vllm", "model": "Qwen/Qwen3-32B", "gpu": "H100", "precision": "fp8"}]
     other = [{"engine": "sglang", "model": "Qwen/Qwen3-32B", "gpu": "H100", "precision": "fp8"}]
     uid = "u-anchors"
-    reconcile.forget(uid)
-    assert not asyncio.run(reconcile._missing_now_available(missing, AnchorList([newer]), uid))  # type: ignore[arg-type]
+    forget(uid)
+    assert not asyncio.run(timer.missing_now_available(missing, AnchorList([newer]), uid))  # type: ignore[arg-type]
     kube = AnchorList([newer, obj])
-    assert not asyncio.run(reconcile._missing_now_available(other, kube, uid))  # type: ignore[arg-type]
-    assert asyncio.run(reconcile._missing_now_available(missing, kube, uid))  # type: ignore[arg-type]
-    assert not asyncio.run(reconcile._missing_now_available(missing, kube, uid))  # type: ignore[arg-type]
+    assert not asyncio.run(timer.missing_now_available(other, kube, uid))  # type: ignore[arg-type]
+    assert asyncio.run(timer.missing_now_available(missing, kube, uid))  # type: ignore[arg-type]
+    assert not asyncio.run(timer.missing_now_available(missing, kube, uid))  # type: ignore[arg-type]
     obj["metadata"]["resourceVersion"] = "8"  # the anchor was re-harvested
-    assert asyncio.run(reconcile._missing_now_available(missing, kube, uid))  # type: ignore[arg-type]
-    reconcile.forget(uid)
+    assert asyncio.run(timer.missing_now_available(missing, kube, uid))  # type: ignore[arg-type]
+    forget(uid)
 
 
 def test_only_the_recommendations_own_canary_on_enough_traffic_confirms_it() -> None:
@@ -401,7 +406,7 @@ def test_only_the_recommendations_own_canary_on_enough_traffic_confirms_it() -> 
               "measuredRequests": float(confirm.MIN_CANARY_REQUESTS * 4)}
 
     def decide(canaries: list[dict[str, Any]]) -> dict[str, Any]:
-        book = reconcile.StatusBook({**BODY, "status": {"confirmation": {"canaries": canaries}}}, _Kube({}, []))  # type: ignore[arg-type]
+        book = StatusBook({**BODY, "status": {"confirmation": {"canaries": canaries}}}, _Kube({}, []))  # type: ignore[arg-type]
         assert confirm._decide(BODY, book, canaries)
         return book.cond("Confirmed") or {}
 
@@ -428,9 +433,9 @@ def test_canaries_need_a_deployment_target_to_take_traffic_from() -> None:
                "shortlist_deployments": [{"metadata": {"name": "chat-canary-0"}}]}
     for target, why in (({"kind": "StatefulSet", "name": "chat"}, "target.kind StatefulSet"),
                         ({"kind": "Deployment", "name": "chat"}, "not found")):
-        spec = reconcile.parse_tuning_spec({**SPEC, "workload": prom, "target": target})
+        spec = parse_tuning_spec({**SPEC, "workload": prom, "target": target})
         kube = _Kube({}, [])  # get_deployment: None
-        book = reconcile.StatusBook(copy.deepcopy(BODY), kube)  # type: ignore[arg-type]
+        book = StatusBook(copy.deepcopy(BODY), kube)  # type: ignore[arg-type]
         assert asyncio.run(confirm.start_confirmation(BODY, spec, payload, book, kube)) == set()  # type: ignore[arg-type]
         assert book.cond("Confirmed")["reason"] == "CannotCanary" and why in book.cond("Confirmed")["message"]
 
@@ -450,10 +455,10 @@ def test_harvest_images_are_keyed_by_engine() -> None:
     """A key that names no engine would be ignored and the catalog's image harvested instead."""
     from inferasim.core.spec import SpecError
 
-    spec = reconcile.parse_tuning_spec({**SPEC, "harvest": {"images": {"vLLM": "registry/vllm:x"}}})
+    spec = parse_tuning_spec({**SPEC, "harvest": {"images": {"vLLM": "registry/vllm:x"}}})
     assert spec.harvest.images == {"vllm": "registry/vllm:x"}
     with pytest.raises(SpecError, match="harvest.images.*'sgl' is not an engine"):
-        reconcile.parse_tuning_spec({**SPEC, "harvest": {"images": {"sgl": "registry/sglang:x"}}})
+        parse_tuning_spec({**SPEC, "harvest": {"images": {"sgl": "registry/sglang:x"}}})
 
 
 def test_switching_harvest_off_deletes_this_tunings_running_job_only() -> None:
@@ -481,28 +486,28 @@ def test_switching_harvest_off_deletes_this_tunings_running_job_only() -> None:
         def set_job_owners(self, namespace: str, name: str, owners: list[dict[str, Any]]) -> None:
             self.jobs[0]["metadata"]["ownerReferences"] = owners
 
-    spec = reconcile.parse_tuning_spec({**SPEC, "harvest": {"allowed": False}})
+    spec = parse_tuning_spec({**SPEC, "harvest": {"allowed": False}})
     for owner, deleted in (("u-1", ["harvest-vllm-x-tp1"]), ("someone-else", [])):
         kube = JobKube(owner)
-        book = reconcile.StatusBook(copy.deepcopy(BODY), kube)  # type: ignore[arg-type]
-        harvesting, out, _ = asyncio.run(reconcile.plan_harvests(BODY, spec, missing, book, kube,  # type: ignore[arg-type]
-                                                                 reconcile.Settings()))
+        book = StatusBook(copy.deepcopy(BODY), kube)  # type: ignore[arg-type]
+        harvesting, out, _ = asyncio.run(plan_harvests(BODY, spec, missing, book, kube,  # type: ignore[arg-type]
+                                                                 Settings()))
         assert kube.deleted_jobs == deleted
         assert ("was deleted" in out[0].reason) == bool(deleted) and (harvesting == []) == bool(deleted)
     # Shared: this tuning and another own it; switching off lets go, the other keeps the Job.
     kube = JobKube("u-1")
     kube.jobs[0]["metadata"]["ownerReferences"].append({"uid": "u-2"})
-    book = reconcile.StatusBook(copy.deepcopy(BODY), kube)  # type: ignore[arg-type]
-    _, out, _ = asyncio.run(reconcile.plan_harvests(BODY, spec, missing, book, kube,  # type: ignore[arg-type]
-                                                    reconcile.Settings()))
+    book = StatusBook(copy.deepcopy(BODY), kube)  # type: ignore[arg-type]
+    _, out, _ = asyncio.run(plan_harvests(BODY, spec, missing, book, kube,  # type: ignore[arg-type]
+                                                    Settings()))
     assert kube.deleted_jobs == [] and kube.jobs[0]["metadata"]["ownerReferences"] == [{"uid": "u-2"}]
     assert "left to the other tunings" in out[0].reason
     # Waiting with harvesting allowed: this tuning becomes a second, non-controlling owner.
     kube = JobKube("u-2")
-    allowed = reconcile.parse_tuning_spec({**SPEC, "harvest": {"allowed": True}})
-    book = reconcile.StatusBook(copy.deepcopy(BODY), kube)  # type: ignore[arg-type]
-    harvesting, _, _ = asyncio.run(reconcile.plan_harvests(BODY, allowed, missing, book, kube,  # type: ignore[arg-type]
-                                                           reconcile.Settings()))
+    allowed = parse_tuning_spec({**SPEC, "harvest": {"allowed": True}})
+    book = StatusBook(copy.deepcopy(BODY), kube)  # type: ignore[arg-type]
+    harvesting, _, _ = asyncio.run(plan_harvests(BODY, allowed, missing, book, kube,  # type: ignore[arg-type]
+                                                           Settings()))
     refs = kube.jobs[0]["metadata"]["ownerReferences"]
     assert [r["uid"] for r in refs] == ["u-2", "u-1"] and refs[1]["controller"] is False and len(harvesting) == 1
 
@@ -512,7 +517,7 @@ def test_a_reason_this_pass_gave_is_not_overwritten_by_superseded() -> None:
     Confirmed keeps this pass's reason (CannotCanary), not Superseded."""
     status = {"confirmation": {"mode": "canary", "canaries": [{"name": "chat-canary-0"}]}}
     kube = _Kube(status, ["chat-canary-0"])
-    book = reconcile.StatusBook({**BODY, "status": status}, kube)  # type: ignore[arg-type]
+    book = StatusBook({**BODY, "status": status}, kube)  # type: ignore[arg-type]
     book.condition("Confirmed", "False", "CannotCanary", "target Deployment chat not found")
-    asyncio.run(reconcile._retire_canaries(BODY, book, kube, set()))  # type: ignore[arg-type]
+    asyncio.run(tune.retire_canaries(BODY, book, kube, set()))  # type: ignore[arg-type]
     assert kube.deployments == [] and book.cond("Confirmed")["reason"] == "CannotCanary"

@@ -12,7 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from inferasim_operator import reconcile, search
+from inferasim_operator import search
+from inferasim_operator.passes import tune
+from inferasim_operator.settings import Settings
+from inferasim_operator.spec_rules import parse_tuning_spec
+from inferasim_operator.status import StatusBook
 from test_operator_lifecycle import BODY, _Kube
 from test_operator_reconcile import SPEC
 
@@ -56,15 +60,15 @@ def test_the_operator_never_looks_up_a_model_path(tmp_path: Path, monkeypatch: p
     for model in ("/etc/passwd", "/proc/self/environ", str(kubeconfig), str(absent), str(catalog),
                   "../../etc/passwd", "~/.kube/config", "config.json", "a/b/c", "m" * 100_000):
         with pytest.raises(SpecError) as err:
-            reconcile.parse_tuning_spec({**SPEC, "model": model})
+            parse_tuning_spec({**SPEC, "model": model})
         assert str(err.value).startswith("model: ")
         messages[model] = str(err.value)
     assert not [p for p in seen if "passwd" in p or "environ" in p or "kube" in p or "config.json" in p]
     assert messages[str(kubeconfig)].replace("kubeconfig", "kubeconfiX") == messages[str(absent)]
     # A name the catalog knows resolves; one it does not is refused by name, with no path suggested.
-    assert reconcile.parse_tuning_spec({**SPEC, "model": "meta-llama--Meta-Llama-3-8B"}).model
+    assert parse_tuning_spec({**SPEC, "model": "meta-llama--Meta-Llama-3-8B"}).model
     with pytest.raises(SpecError, match="paths to config files are not accepted") as err:
-        reconcile.parse_tuning_spec({**SPEC, "model": "etc/passwd"})
+        parse_tuning_spec({**SPEC, "model": "etc/passwd"})
     assert "path to a config.json" not in str(err.value)
 
 
@@ -80,9 +84,9 @@ def test_a_pass_with_a_model_path_is_invalid_and_withdraws_the_last_recommendati
     status = {"phase": "Recommended", "observedGeneration": 2, "recommendation": {"engine": "vllm"}}
     kube = _Kube(status, [])
     body = {**BODY, "spec": {**SPEC, "model": "/etc/passwd"}, "status": status}
-    book = reconcile.StatusBook(copy.deepcopy(body), kube)  # type: ignore[arg-type]
-    with pytest.raises(reconcile.Invalid, match="model"):
-        asyncio.run(reconcile._reconcile(body, book, kube, reconcile.Settings(), "spec changed"))  # type: ignore[arg-type]
+    book = StatusBook(copy.deepcopy(body), kube)  # type: ignore[arg-type]
+    with pytest.raises(tune.Invalid, match="model"):
+        asyncio.run(tune.run_pass(body, book, kube, Settings(), "spec changed"))  # type: ignore[arg-type]
     assert book.get("phase") == "Invalid" and book.get("recommendation") is None
     cond = book.cond("Recommended")
     assert cond["reason"] == "InvalidSpec" and "model: " in cond["message"] and kube.config_maps == ()
@@ -92,7 +96,7 @@ def test_the_search_process_refuses_model_paths_too() -> None:
     """The child validates and resolves names only: a spec that reached it with a path (an older
     operator's status, a direct call) is refused there as well."""
     catalog = next(iter(_catalog_files().values()))
-    spec = {**reconcile.parse_tuning_spec(SPEC).model_dump(by_alias=True, mode="json"), "model": str(catalog)}
+    spec = {**parse_tuning_spec(SPEC).model_dump(by_alias=True, mode="json"), "model": str(catalog)}
     with pytest.raises(search.SearchFailed) as err:
         asyncio.run(search.run_search(spec, [], "chat", "llm", stage2_top=1, timeout_s=120))
     assert err.value.invalid and "not a Hugging Face id" in str(err.value)

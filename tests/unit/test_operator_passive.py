@@ -8,7 +8,7 @@ import time
 import pytest
 from inferasim_operator import metrics
 from inferasim_operator.models import PredictionErrorStatus, TuningStatus
-from inferasim_operator.passive import (
+from inferasim_operator.passes.passive import (
     describe_error,
     epoch,
     iso,
@@ -18,7 +18,8 @@ from inferasim_operator.passive import (
     prediction_status,
     refit_due,
 )
-from inferasim_operator.reconcile import Settings, set_condition
+from inferasim_operator.settings import Settings
+from inferasim_operator.status import set_condition
 
 from inferasim.core.layout import Layout
 from inferasim.drift import PredictionError
@@ -183,8 +184,8 @@ def test_a_check_that_cannot_compute_the_error_clears_the_gauge() -> None:
     """Once the target is gone, the last published error is no measurement of the running configuration."""
     import asyncio
 
-    from inferasim_operator.passive import check_prediction
-    from inferasim_operator.reconcile import parse_tuning_spec
+    from inferasim_operator.passes.passive import check_prediction
+    from inferasim_operator.spec_rules import parse_tuning_spec
     from test_operator_reconcile import BODY, SPEC
 
     class Kube:  # the target Deployment deleted; the tuning itself still there

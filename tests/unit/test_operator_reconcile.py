@@ -10,9 +10,16 @@ from typing import Any
 
 import pytest
 import yaml
-from inferasim_operator import confirm, reconcile, search
+from inferasim_operator import search
+from inferasim_operator.harvest import job_failure, job_state
 from inferasim_operator.kube import without_empty_strings
-from inferasim_operator.models import TuningStatus
+from inferasim_operator.models import TuningStatus, dump
+from inferasim_operator.passes import confirm, timer, tune
+from inferasim_operator.results import config_map_for, recommendation_of, shortlist_of
+from inferasim_operator.settings import Settings, backoff
+from inferasim_operator.spec_rules import parse_duration, parse_tuning_spec, render_name
+from inferasim_operator.status import StatusBook, set_condition
+from inferasim_operator.times import now_iso
 
 from inferasim.core.spec import SpecError
 
@@ -28,27 +35,27 @@ BODY: dict[str, Any] = {"apiVersion": "inferasim.io/v1alpha1", "kind": "ServingT
 
 
 def test_settings_from_env() -> None:
-    s = reconcile.Settings.from_env({"INFERASIM_TIMER_SECONDS": "2", "INFERASIM_ANCHOR_DIRS": "/a:/b",
+    s = Settings.from_env({"INFERASIM_TIMER_SECONDS": "2", "INFERASIM_ANCHOR_DIRS": "/a:/b",
                                      "INFERASIM_HARVEST_ARGS": "--speedup 20 --quiet", "INFERASIM_STAGE2_TOP": "7"})
     assert s.timer_seconds == 2 and s.anchor_dirs == ["/a", "/b"] and s.stage2_top == 7
     assert s.harvest_extra_args == ["--speedup", "20", "--quiet"]
-    assert reconcile.Settings.from_env({}).anchor_dirs == [str(REPO / "anchors")]
+    assert Settings.from_env({}).anchor_dirs == [str(REPO / "anchors")]
     with pytest.raises(ValueError, match="INFERASIM_TIMER_SECONDS"):
-        reconcile.Settings.from_env({"INFERASIM_TIMER_SECONDS": "soon"})
+        Settings.from_env({"INFERASIM_TIMER_SECONDS": "soon"})
     with pytest.raises(ValueError, match="INFERASIM_SEARCH_TIMEOUT_S"):
-        reconcile.Settings.from_env({"INFERASIM_SEARCH_TIMEOUT_S": "0"})
+        Settings.from_env({"INFERASIM_SEARCH_TIMEOUT_S": "0"})
 
 
 def test_backoff_grows_and_is_capped() -> None:
-    s = reconcile.Settings(backoff_base_s=10, backoff_max_s=100)
-    assert [reconcile.backoff(s, n) for n in (1, 2, 3, 4, 5)] == [10, 20, 40, 80, 100]
+    s = Settings(backoff_base_s=10, backoff_max_s=100)
+    assert [backoff(s, n) for n in (1, 2, 3, 4, 5)] == [10, 20, 40, 80, 100]
 
 
 def test_durations() -> None:
-    assert reconcile.parse_duration("24h", "x") == 86400
-    assert reconcile.parse_duration("1h30m", "x") == 5400 and reconcile.parse_duration(None, "x") is None
+    assert parse_duration("24h", "x") == 86400
+    assert parse_duration("1h30m", "x") == 5400 and parse_duration(None, "x") is None
     with pytest.raises(SpecError, match="retune.every"):
-        reconcile.parse_duration("daily", "retune.every")
+        parse_duration("daily", "retune.every")
 
 
 @pytest.mark.parametrize("change,field", [
@@ -64,46 +71,46 @@ def test_operator_spec_rules(change: dict[str, Any], field: str) -> None:
     if change.get("target", 1) is None:
         del spec["target"]
     with pytest.raises(SpecError, match=field.replace(".", r"\.")):
-        reconcile.parse_tuning_spec(spec)
+        parse_tuning_spec(spec)
 
 
 def test_empty_prometheus_url_is_the_operators_default() -> None:
     prom_spec = {**SPEC, "workload": {"prometheus": {"selector": {"deployment": "chat"}, "window": "5m"}}}
-    spec = reconcile.parse_tuning_spec(prom_spec, "http://prometheus.monitoring:9090")
+    spec = parse_tuning_spec(prom_spec, "http://prometheus.monitoring:9090")
     assert spec.workload.prometheus is not None and spec.workload.prometheus.url == "http://prometheus.monitoring:9090"
     given = {**SPEC, "workload": {"prometheus": {"url": "http://mine:9090"}}}
-    assert reconcile.parse_tuning_spec(given, "http://other:9090").workload.prometheus.url == "http://mine:9090"
+    assert parse_tuning_spec(given, "http://other:9090").workload.prometheus.url == "http://mine:9090"
     with pytest.raises(SpecError, match=r"workload\.prometheus\.url.*prometheus\.url"):
-        reconcile.parse_tuning_spec(prom_spec)
-    assert reconcile.Settings.from_env({"INFERASIM_PROMETHEUS_URL": " http://p:9090 "}).prometheus_url == "http://p:9090"
+        parse_tuning_spec(prom_spec)
+    assert Settings.from_env({"INFERASIM_PROMETHEUS_URL": " http://p:9090 "}).prometheus_url == "http://p:9090"
 
 
 def test_render_name() -> None:
-    spec = reconcile.parse_tuning_spec(SPEC)
-    assert reconcile.render_name(spec, "t") == "chat"
-    bad = reconcile.parse_tuning_spec({**SPEC, "target": {"name": "Chat.v2"}})
-    assert reconcile.render_name(bad, "tuning") == "tuning"
+    spec = parse_tuning_spec(SPEC)
+    assert render_name(spec, "t") == "chat"
+    bad = parse_tuning_spec({**SPEC, "target": {"name": "Chat.v2"}})
+    assert render_name(bad, "tuning") == "tuning"
 
 
 def test_conditions_keep_transition_time_until_status_changes() -> None:
-    c1 = reconcile.set_condition([], "Recommended", "True", "SearchComplete", "ok", 1)
+    c1 = set_condition([], "Recommended", "True", "SearchComplete", "ok", 1)
     c1[0]["lastTransitionTime"] = "2020-01-01T00:00:00Z"
-    c2 = reconcile.set_condition(c1, "Recommended", "True", "SearchComplete", "again", 2)
+    c2 = set_condition(c1, "Recommended", "True", "SearchComplete", "again", 2)
     assert c2[0]["lastTransitionTime"] == "2020-01-01T00:00:00Z" and c2[0]["message"] == "again"
-    c3 = reconcile.set_condition(c2, "Recommended", "False", "SearchTimeout", "slow", 2)
+    c3 = set_condition(c2, "Recommended", "False", "SearchTimeout", "slow", 2)
     assert c3[0]["lastTransitionTime"] != "2020-01-01T00:00:00Z" and c3[0]["observedGeneration"] == 2
-    c4 = reconcile.set_condition(c3, "WorkloadObserved", "True", "StaticWorkload", "", 2)
+    c4 = set_condition(c3, "WorkloadObserved", "True", "StaticWorkload", "", 2)
     assert [c["type"] for c in c4] == ["WorkloadObserved", "Recommended"]
 
 
 def test_job_states() -> None:
-    assert reconcile.job_state({"status": {}}) == "Pending"
-    assert reconcile.job_state({"status": {"active": 1}}) == "Running"
-    assert reconcile.job_state({"status": {"succeeded": 1}}) == "Succeeded"
+    assert job_state({"status": {}}) == "Pending"
+    assert job_state({"status": {"active": 1}}) == "Running"
+    assert job_state({"status": {"succeeded": 1}}) == "Succeeded"
     failed = {"status": {"conditions": [{"type": "Failed", "status": "True", "reason": "DeadlineExceeded",
                                          "message": "too slow"}]}}
-    assert reconcile.job_state(failed) == "Failed"
-    assert reconcile._job_failure(failed) == "DeadlineExceeded: too slow"
+    assert job_state(failed) == "Failed"
+    assert job_failure(failed) == "DeadlineExceeded: too slow"
 
 
 def test_empty_strings_are_dropped_or_deleted() -> None:
@@ -119,7 +126,7 @@ def test_empty_strings_are_dropped_or_deleted() -> None:
 def payload(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     empty = tmp_path_factory.mktemp("anchors")
     sel = {"matchLabels": {"app": "chat"}}
-    return asyncio.run(search.run_search(reconcile.parse_tuning_spec(SPEC).model_dump(by_alias=True, mode="json"),
+    return asyncio.run(search.run_search(parse_tuning_spec(SPEC).model_dump(by_alias=True, mode="json"),
                                          [str(empty)], "chat", "llm", stage2_top=2, timeout_s=240,
                                          target_selector=sel))
 
@@ -146,14 +153,14 @@ def test_search_payload(payload: dict[str, Any]) -> None:
 
 
 def test_status_pieces(payload: dict[str, Any]) -> None:
-    rec = reconcile.recommendation_of(payload, "chat-recommendation")
+    rec = recommendation_of(payload, "chat-recommendation")
     assert rec is not None and rec.manifest_config_map == "chat-recommendation"
     assert rec.predicted.throughput_per_gpu and rec.predicted.throughput_per_gpu > 0 and rec.extrapolated
-    short = reconcile.shortlist_of(payload, 1800)
+    short = shortlist_of(payload, 1800)
     assert short[0].confirm_gpu_hours == pytest.approx(short[0].gpus / short[0].replicas * 0.5, rel=1e-3)
     status = TuningStatus(phase="Recommended", recommendation=rec, shortlist=short)  # validates the wire model
-    assert reconcile.dump(status)["recommendation"]["layoutLabel"] == rec.layout_label
-    cm = reconcile.config_map_for(BODY, rec, payload)
+    assert dump(status)["recommendation"]["layoutLabel"] == rec.layout_label
+    cm = config_map_for(BODY, rec, payload)
     assert cm["metadata"]["name"] == "chat-recommendation" and cm["data"]["manifest.yaml"] == payload["manifest"]
     assert cm["metadata"]["ownerReferences"][0]["uid"] == "u-1"
     assert "manifest" not in yaml.safe_load(cm["data"]["recommendation.yaml"])
@@ -174,7 +181,7 @@ def test_canary_and_analysis_template(payload: dict[str, Any]) -> None:
     assert confirm.canary_selector({"namespace": "llm", "deployment": "chat"}, "chat", "chat-canary-0") == \
         {"namespace": "llm", "deployment": "chat-canary-0"}
     assert confirm.canary_selector({"job": "x"}, "chat", "c") == {"job": "x", "deployment": "c"}
-    spec = reconcile.parse_tuning_spec({**SPEC, "workload": {"prometheus": {
+    spec = parse_tuning_spec({**SPEC, "workload": {"prometheus": {
         "url": "http://prom:9090", "selector": {"namespace": "llm", "deployment": "chat"}, "window": "5m"}}})
     t = confirm.analysis_template(BODY, spec, payload)
     assert t["kind"] == "AnalysisTemplate" and t["metadata"]["name"] == "chat-analysis"
@@ -194,22 +201,22 @@ def test_canary_and_analysis_template(payload: dict[str, Any]) -> None:
 
 def test_search_time_limit_kills_the_child() -> None:
     t0 = time.monotonic()
-    big = {**reconcile.parse_tuning_spec(SPEC).model_dump(by_alias=True, mode="json"), "engines": ["vllm", "sglang"]}
+    big = {**parse_tuning_spec(SPEC).model_dump(by_alias=True, mode="json"), "engines": ["vllm", "sglang"]}
     with pytest.raises(search.SearchTimeout):
         asyncio.run(search.run_search(big, [str(REPO / "anchors")], "chat", "llm", stage2_top=50, timeout_s=0.5))
     assert time.monotonic() - t0 < 20
 
 
 def test_search_refuses_bad_input() -> None:
-    bad = {**reconcile.parse_tuning_spec(SPEC).model_dump(by_alias=True, mode="json"), "model": "nobody/nothing-1b"}
+    bad = {**parse_tuning_spec(SPEC).model_dump(by_alias=True, mode="json"), "model": "nobody/nothing-1b"}
     with pytest.raises(search.SearchFailed) as err:
         asyncio.run(search.run_search(bad, [], "chat", "llm", stage2_top=1, timeout_s=120))
     assert err.value.invalid and "nothing-1b" in str(err.value)
 
 
 def test_backoff_survives_a_week_of_failures() -> None:
-    s = reconcile.Settings(backoff_base_s=10, backoff_max_s=600)
-    assert reconcile.backoff(s, 5000) == 600
+    s = Settings(backoff_base_s=10, backoff_max_s=600)
+    assert backoff(s, 5000) == 600
 
 
 class _PassKube:
@@ -260,15 +267,15 @@ def test_a_pass_that_no_longer_publishes_the_analysis_template_withdraws_it(
     async def no_price(*a: Any, **k: Any) -> tuple[None, str, str, str]:
         return None, "False", "NoPrice", "no price"
 
-    monkeypatch.setattr(reconcile, "run_search", found)
-    monkeypatch.setattr(reconcile, "sync_anchors", none)
-    monkeypatch.setattr(reconcile, "resolve_price", no_price)
+    monkeypatch.setattr(tune, "run_search", found)
+    monkeypatch.setattr(tune, "sync_anchors", none)
+    monkeypatch.setattr(tune, "resolve_price", no_price)
     status = {"phase": "Recommended", "observedGeneration": 3, "recommendation": {"engine": "vllm"},
               "confirmation": {"mode": "argo-rollouts", "analysisTemplate": "chat-inferasim"}}
     body = {**BODY, "spec": {**SPEC, "confirmation": {"mode": "none"}}, "status": status}
     kube = _PassKube()
-    book = reconcile.StatusBook(body, kube)  # type: ignore[arg-type]
-    assert asyncio.run(reconcile._reconcile(body, book, kube, reconcile.Settings(), "test")) == "Recommended"  # type: ignore[arg-type]
+    book = StatusBook(body, kube)  # type: ignore[arg-type]
+    assert asyncio.run(tune.run_pass(body, book, kube, Settings(), "test")) == "Recommended"  # type: ignore[arg-type]
     assert kube.templates == [] and book.get("confirmation") is None
     assert book.cond("Confirmed")["reason"] == "Superseded" and kube.config_maps == ["chat-recommendation"]
 
@@ -283,7 +290,7 @@ def test_a_failed_timer_pass_is_retried_by_the_timer(monkeypatch: pytest.MonkeyP
         calls.append(trigger)
         return "Recommended"
 
-    monkeypatch.setattr(reconcile, "reconcile", record)
-    body = {**BODY, "status": {"phase": "Recommended", "retries": 2, "lastTuneTime": reconcile.now_iso()}}
-    assert asyncio.run(reconcile._tick(body, "u-1", "Recommended", object(), reconcile.Settings())) == "Recommended"  # type: ignore[arg-type]
+    monkeypatch.setattr(timer, "reconcile", record)
+    body = {**BODY, "status": {"phase": "Recommended", "retries": 2, "lastTuneTime": now_iso()}}
+    assert asyncio.run(timer.run_tick(body, "u-1", "Recommended", object(), Settings())) == "Recommended"  # type: ignore[arg-type]
     assert calls == ["retry"]

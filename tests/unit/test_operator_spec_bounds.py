@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from inferasim_operator import reconcile
+from inferasim_operator.spec_rules import parse_duration, parse_tuning_spec
 from test_operator_reconcile import SPEC
 
 from inferasim.core.spec import SpecError
@@ -33,22 +33,22 @@ HOSTILE = [
 @pytest.mark.parametrize("change,field", HOSTILE)
 def test_hostile_values_are_refused_naming_the_field(change: dict[str, Any], field: str) -> None:
     with pytest.raises(SpecError) as err:
-        reconcile.parse_tuning_spec({**SPEC, **change})
+        parse_tuning_spec({**SPEC, **change})
     assert field in str(err.value) and len(str(err.value)) < 2000
 
 
 def test_durations_are_bounded() -> None:
-    assert reconcile.parse_duration("366d", "x") == 366 * 86400
+    assert parse_duration("366d", "x") == 366 * 86400
     for text in ("367d", "9" * 400 + "s", "53w"):
         with pytest.raises(SpecError, match="longer than a year"):
-            reconcile.parse_duration(text, "retune.every")
+            parse_duration(text, "retune.every")
 
 
 def test_typed_tolerations_reach_the_harvest_job() -> None:
-    spec = reconcile.parse_tuning_spec({**SPEC, "harvest": {"tolerations": [
+    spec = parse_tuning_spec({**SPEC, "harvest": {"tolerations": [
         {"key": "gpu", "operator": "Equal", "value": "mi300x", "effect": "NoExecute", "tolerationSeconds": 60},
         {"operator": "Exists"}]}})
-    from inferasim_operator.harvest import HarvestTarget, build_job, job_limits
+    from inferasim_operator.harvest_job import HarvestTarget, build_job, job_limits
 
     missing = {"engine": "vllm", "model": SPEC["model"], "gpu": "MI300X", "precision": "bf16",
                "harvest_layout": {"tp": 1}, "harvest_gpu_hours": 0.3}
@@ -62,7 +62,7 @@ def test_typed_tolerations_reach_the_harvest_job() -> None:
     for bad in ({"operator": "Exists", "value": "x", "key": "k"}, {"value": "x"},
                 {"key": "k", "tolerationSeconds": 5, "effect": "NoSchedule"}):
         with pytest.raises(SpecError, match="harvest.tolerations"):
-            reconcile.parse_tuning_spec({**SPEC, "harvest": {"tolerations": [bad]}})
+            parse_tuning_spec({**SPEC, "harvest": {"tolerations": [bad]}})
 
 
 def test_a_query_no_url_can_carry_is_a_bad_selector_not_a_crash() -> None:

@@ -39,7 +39,8 @@ from inferasim.model.predictor import benchmark_kv_dtype
 from inferasim.observe import ObservationError, ObservedWorkload, observe, quantile_agrees
 from inferasim_operator import kube as kube_mod
 from inferasim_operator import metrics
-from inferasim_operator.harvest import _dns, anchor_object
+from inferasim_operator.anchor_cache import anchor_dirs, sync_anchors
+from inferasim_operator.harvest_job import anchor_object, dns_label
 from inferasim_operator.kube import ApiException, Kube
 from inferasim_operator.models import (
     LABEL_KIND,
@@ -51,6 +52,9 @@ from inferasim_operator.models import (
     dump,
     label_value,
 )
+from inferasim_operator.settings import Settings
+from inferasim_operator.spec_rules import parse_duration
+from inferasim_operator.status import StatusBook, post_event
 from inferasim_operator.times import age_s, epoch, iso, now_iso
 
 # A canary confirms the prediction when its measured ITL p90 is within this fraction of it.
@@ -93,12 +97,10 @@ def canary_deployment(dep: dict[str, Any], target_labels: dict[str, str], tuning
     return d
 
 
-async def start_confirmation(body: dict[str, Any], spec: TuningSpec, payload: dict[str, Any], book: Any,
+async def start_confirmation(body: dict[str, Any], spec: TuningSpec, payload: dict[str, Any], book: StatusBook,
                              kube: Kube) -> set[str]:
     """Start the confirmation of a recommendation: the AnalysisTemplate, or the canaries. Returns
     the canary Deployments it runs (the caller removes earlier passes' others)."""
-    from inferasim_operator.reconcile import post_event
-
     mode = spec.confirmation.mode
     shortlist = payload.get("shortlist", [])
     if mode == "argo-rollouts":
@@ -187,13 +189,12 @@ async def start_confirmation(body: dict[str, Any], spec: TuningSpec, payload: di
     return {c["name"] for c in canaries}
 
 
-async def confirm_progress(body: dict[str, Any], spec: TuningSpec, book: Any, kube: Kube, settings: Any) -> bool:
+async def confirm_progress(body: dict[str, Any], spec: TuningSpec, book: StatusBook, kube: Kube,
+                           settings: Settings) -> bool:
     """Canary states; each canary is measured once it has served for the window, counted from when
     it became available (pulling the image and loading the weights are not its traffic), and its
     GPUs go back then. One that is not available within `confirmation.startupTimeout` is given up.
     When every canary is measured or failed, decide. True when confirmation is over."""
-    from inferasim_operator.reconcile import parse_duration
-
     conf = dict(book.get("confirmation") or {})
     canaries = [dict(c) for c in conf.get("canaries") or []]
     window = parse_duration(spec.confirmation.window, "confirmation.window") or 0.0
@@ -248,7 +249,7 @@ def _progress(c: dict[str, Any], window: float) -> str:
     return f"{c['name']} serving, {served / 60:.1f} of {window / 60:.1f} minutes"
 
 
-async def _measure_canary(body: dict[str, Any], spec: TuningSpec, book: Any, kube: Kube, settings: Any,
+async def _measure_canary(body: dict[str, Any], spec: TuningSpec, book: StatusBook, kube: Kube, settings: Settings,
                           c: dict[str, Any], started: str) -> None:
     """Observe a canary's own series over the window; compare its ITL p90 with the prediction."""
     prom = spec.workload.prometheus
@@ -258,15 +259,13 @@ async def _measure_canary(body: dict[str, Any], spec: TuningSpec, book: Any, kub
     sel = canary_selector(prom.selector, spec.target.name if spec.target else "", c["name"])
     src = PrometheusWorkload(url=prom.url, selector=sel, window=spec.confirmation.window)
     try:
-        m = await asyncio.to_thread(observe, src, "auto", timeout=settings.observe_timeout_s)
+        m = await asyncio.to_thread(observe, src, "auto", timeout=settings.observe.timeout_s)
     except ObservationError as exc:
         c["state"], c["message"] = "Failed", str(exc)[:500]
         return
     c["measuredTtftP90Ms"] = m.ttft.p90_ms if m.ttft else None
     c["measuredItlP90Ms"] = m.itl.p90_ms if m.itl else None
     c["measuredRequestRate"] = m.request_rate
-    from inferasim_operator.reconcile import parse_duration
-
     window = parse_duration(spec.confirmation.window, "confirmation.window") or 0.0
     c["measuredRequests"] = round(m.request_rate * window, 1)
     pred = c.get("predictedItlP90Ms")
@@ -281,7 +280,7 @@ async def _measure_canary(body: dict[str, Any], spec: TuningSpec, book: Any, kub
     await store_canary_anchor(body, spec, book, kube, settings, c, m, prom.url, started)
 
 
-async def _release_canary(book: Any, kube: Kube, c: dict[str, Any]) -> None:
+async def _release_canary(book: StatusBook, kube: Kube, c: dict[str, Any]) -> None:
     """The canary's GPUs go back as soon as it is measured or given up."""
     try:
         await asyncio.to_thread(kube.apps.delete_namespaced_deployment, c["name"], book.namespace)
@@ -290,13 +289,11 @@ async def _release_canary(book: Any, kube: Kube, c: dict[str, Any]) -> None:
             raise
 
 
-def _decide(body: dict[str, Any], book: Any, canaries: list[dict[str, Any]]) -> bool:
+def _decide(body: dict[str, Any], book: StatusBook, canaries: list[dict[str, Any]]) -> bool:
     """Every canary measured or failed: the Confirmed condition from their prediction errors. The
     recommendation is confirmed only by its own canary, measured on at least MIN_CANARY_REQUESTS
     requests; the short list's other canaries can contradict it (a prediction off elsewhere) but
     not stand in for it."""
-    from inferasim_operator.reconcile import post_event
-
     def not_confirmed(reason: str, why: str) -> bool:
         book.condition("Confirmed", "False", reason, why)
         book.set(phase="Recommended", message=why[:500])
@@ -341,7 +338,7 @@ def _decide(body: dict[str, Any], book: Any, canaries: list[dict[str, Any]]) -> 
 def canary_anchor_name(kernel_set: KernelSet, layout: Layout) -> str:
     """Deterministic: one canary anchor per kernel set and layout, updated by every measurement
     (and apart from the harvested anchor of the same kernel set and layout, which it never replaces)."""
-    return f"canary-{kernel_set.key()}-{_dns(layout.label())}"[:253]
+    return f"canary-{kernel_set.key()}-{dns_label(layout.label())}"[:253]
 
 
 def _canary_kernel_set(spec: TuningSpec, c: dict[str, Any], parent: Anchor | None) -> KernelSet:
@@ -395,20 +392,18 @@ def build_canary_anchor(spec: TuningSpec, c: dict[str, Any], observed: ObservedW
                      notes="window queries: " + " | ".join(window.queries))
 
 
-async def store_canary_anchor(body: dict[str, Any], spec: TuningSpec, book: Any, kube: Kube, settings: Any,
+async def store_canary_anchor(body: dict[str, Any], spec: TuningSpec, book: StatusBook, kube: Kube, settings: Settings,
                               c: dict[str, Any], observed: ObservedWorkload, prom_url: str, started: str) -> None:
     """Turn one measured canary into a ServingAnchor (provenance canary); record it in ``c``.
     A measurement that cannot be calibrated is a Warning Event and a message, never a crash: the
     confirmation verdict does not depend on it."""
-    from inferasim_operator.reconcile import anchor_dirs, parse_duration, post_event, sync_anchors
-
     window_s = parse_duration(spec.confirmation.window, "confirmation.window") or 0.0
     await sync_anchors(kube, settings)  # the parent may be a ServingAnchor harvested moments ago
     dirs = anchor_dirs(settings)
     try:
         # The name needs the kernel set, which needs the parent: calibrate once to learn it, then
         # again with the earlier points of that anchor, if there is one.
-        window = await asyncio.to_thread(measure_window, observed, prom_url, timeout=settings.observe_timeout_s)
+        window = await asyncio.to_thread(measure_window, observed, prom_url, timeout=settings.observe.timeout_s)
         args = (spec, c, observed, window, prom_url, started, book.namespace, dirs)
         cal = await asyncio.to_thread(build_canary_anchor, *args, None, window_s)
         name = canary_anchor_name(cal.anchor.kernel_set, cal.anchor.layout.to_layout())

@@ -6,7 +6,7 @@ exists yet, fits one from its Prometheus series (:func:`inferasim.live.fit_live`
 as a cluster-scoped ServingAnchor (provenance passive). The search then finds an anchor for the
 live kernel set, so no harvest Job is started for it; kernel sets that are not live are harvested
 as before. A kernel set that also has a harvested anchor keeps both ServingAnchors, but the search
-is given only the harvested one (reconcile.sync_anchors).
+is given only the harvested one (anchor_cache.sync_anchors).
 
 On the drift-check timer the running configuration's recent window is compared with what the
 current anchors predict (:func:`inferasim.drift.prediction_error`). Past
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from inferasim.core.layout import Layout
@@ -31,7 +32,8 @@ from inferasim.model.predictor import fitted_from_anchor
 from inferasim.observe import ObservationError, observe_windows
 from inferasim.passive import NotIdentifiable, Window
 from inferasim_operator import metrics
-from inferasim_operator.harvest import _dns, anchor_object
+from inferasim_operator.anchor_cache import anchor_dirs, sync_anchors
+from inferasim_operator.harvest_job import anchor_object, dns_label
 from inferasim_operator.kube import ApiException, Kube
 from inferasim_operator.models import (
     LABEL_KIND,
@@ -40,7 +42,13 @@ from inferasim_operator.models import (
     PredictionErrorStatus,
     dump,
 )
+from inferasim_operator.settings import Settings
+from inferasim_operator.state import MEMO
+from inferasim_operator.status import StatusBook, fresh_book, post_event
 from inferasim_operator.times import epoch, iso, now_iso
+
+# What the timer runs after a refit: a re-tune of the tuning (body, reason) -> its result.
+Retune = Callable[[dict[str, Any], str], Awaitable[str]]
 
 KIND = "passive"
 
@@ -53,7 +61,7 @@ KIND = "passive"
 def passive_anchor_name(kernel_set: KernelSet, layout: Layout) -> str:
     """Deterministic: one passive anchor per kernel set and layout, refreshed by every fit (and
     apart from a harvested anchor of the same kernel set and layout, which it never replaces)."""
-    return f"passive-{kernel_set.key()}-{_dns(layout.label())}"[:253]
+    return f"passive-{kernel_set.key()}-{dns_label(layout.label())}"[:253]
 
 
 def passive_object(anchor: Anchor, name: str, deployment: str, tuning: str) -> dict[str, Any]:
@@ -138,13 +146,11 @@ async def read_target(spec: TuningSpec, namespace: str, kube: Kube) -> tuple[Liv
         return None, f"Deployment {namespace}/{spec.target.name}: {first}"
 
 
-async def fit_and_store(body: dict[str, Any], spec: TuningSpec, book: Any, kube: Kube, settings: Any,
+async def fit_and_store(body: dict[str, Any], spec: TuningSpec, book: StatusBook, kube: Kube, settings: Settings,
                         live: LiveDeployment, *, since: float | None, existing: dict[str, Any] | None) -> Anchor | None:
     """Fit the passive anchor of ``live`` from windows after ``since`` and write its ServingAnchor.
     Not identifiable, no data or no Prometheus answer: a status message and None (never an error:
     the tuning goes on with the anchors it has)."""
-    from inferasim_operator.reconcile import post_event
-
     assert spec.workload.prometheus is not None
     prom = spec.workload.prometheus
     prev = dict(book.get("passiveAnchor") or {})
@@ -154,17 +160,17 @@ async def fit_and_store(body: dict[str, Any], spec: TuningSpec, book: Any, kube:
     base = {"deployment": deployment, "kernelSet": ks.describe(), "since": prev.get("since", "")}
     keep = {k: prev[k] for k in ("anchor", "anchorId", "window", "windows", "rmsLogError", "fittedAt") if k in prev}
     now = time.time()
-    span = refit_range(now, settings.passive_window_s, settings.passive_step_s, since)
+    span = refit_range(now, settings.passive.window_s, settings.passive.step_s, since)
     if span is None:
         book.set(passiveAnchor={**keep, **base, "state": "Waiting",
-                                "message": f"refit waits for 3 windows of {settings.passive_step_s:g} s after "
+                                "message": f"refit waits for 3 windows of {settings.passive.step_s:g} s after "
                                            f"{prev.get('since') or 'the change'}"})
         return None
     start, end = span
     try:
         anchor = await asyncio.to_thread(fit_live, live, prom.url, prom.selector, window_s=end - start,
-                                         step_s=settings.passive_step_s, end=end,
-                                         timeout=settings.observe_timeout_s)
+                                         step_s=settings.passive.step_s, end=end,
+                                         timeout=settings.observe.timeout_s)
     except NotIdentifiable as exc:
         metrics.PASSIVE_FITS.labels(result="not-identifiable").inc()
         message = f"no passive anchor from {iso(start)}/{iso(end)}: {exc}"
@@ -193,8 +199,8 @@ async def fit_and_store(body: dict[str, Any], spec: TuningSpec, book: Any, kube:
     return anchor
 
 
-async def ensure_passive_anchor(body: dict[str, Any], spec: TuningSpec, book: Any, kube: Kube,
-                                settings: Any) -> bool:
+async def ensure_passive_anchor(body: dict[str, Any], spec: TuningSpec, book: StatusBook, kube: Kube,
+                                settings: Settings) -> bool:
     """Before a search: the passive anchor of the live target, fitted when it has none yet.
     True when a ServingAnchor was written (the caller syncs the search's anchor files)."""
     if spec.workload.prometheus is None:
@@ -231,9 +237,10 @@ def _anchor_for(store: AnchorStore, live: LiveDeployment, used: list[dict[str, A
     return max(hits, key=lambda a: len(a.points)) if hits else None
 
 
-async def check_prediction(body: dict[str, Any], uid: str, spec: TuningSpec, kube: Kube, settings: Any) -> str:
-    """One prediction-error check of the running configuration. Returns what it did."""
-    from inferasim_operator.reconcile import _lock, anchor_dirs, fresh_book, post_event, reconcile, sync_anchors
+async def check_prediction(body: dict[str, Any], uid: str, spec: TuningSpec, kube: Kube, settings: Settings,
+                           retune: Retune | None = None) -> str:
+    """One prediction-error check of the running configuration. Returns what it did, or, when the
+    passive anchor was refitted and ``retune`` is given, what ``retune`` returned."""
 
     assert spec.workload.prometheus is not None
     prom = spec.workload.prometheus
@@ -242,7 +249,7 @@ async def check_prediction(body: dict[str, Any], uid: str, spec: TuningSpec, kub
     live, why = await read_target(spec, ns, kube)
     result = "prediction: "
     refit = False
-    async with _lock(uid):
+    async with MEMO.lock(uid):
         body, book = await fresh_book(body, kube)
         if live is None:
             book.set(predictionError={"message": why[:1024], "checkedAt": iso(time.time())})
@@ -250,10 +257,10 @@ async def check_prediction(body: dict[str, Any], uid: str, spec: TuningSpec, kub
             await book.flush()
             return result + "no target"
         end = time.time()
-        start = end - settings.prediction_window_s
+        start = end - settings.prediction.window_s
         try:
-            windows = await asyncio.to_thread(observe_windows, prom, start, end, settings.prediction_window_s,
-                                              live.engine, timeout=settings.observe_timeout_s)
+            windows = await asyncio.to_thread(observe_windows, prom, start, end, settings.prediction.window_s,
+                                              live.engine, timeout=settings.observe.timeout_s)
             await sync_anchors(kube, settings)
             store = await asyncio.to_thread(AnchorStore, *anchor_dirs(settings))
             anchor = _anchor_for(store, live, (book.get("anchors") or {}).get("used") or [])
@@ -262,7 +269,8 @@ async def check_prediction(body: dict[str, Any], uid: str, spec: TuningSpec, kub
             if anchor is None:
                 raise ValueError(f"no anchor of the running kernel set {live.kernel_set().describe()} "
                                  f"({live.layout.label()}) to predict with")
-            err = prediction_error(live, windows[-1], fitted_from_anchor(anchor), speedup=settings.engine_speedup)
+            err = prediction_error(live, windows[-1], fitted_from_anchor(anchor),
+                                   speedup=settings.prediction.engine_speedup)
         except (ObservationError, ValueError) as exc:
             book.set(predictionError={"message": str(exc)[:1024], "threshold": threshold, "checkedAt": iso(end)})
             metrics.set_prediction_error(uid, ns, name, {})
@@ -286,7 +294,7 @@ async def check_prediction(body: dict[str, Any], uid: str, spec: TuningSpec, kub
             elif cond is not None:
                 post_event(body, "Normal", "PredictionWithinThreshold", words)
         drifted = err.worst() > threshold
-        if drifted and refit_due(passive, settings.passive_window_s, end):
+        if drifted and refit_due(passive, settings.passive.window_s, end):
             name_ = passive_anchor_name(live.kernel_set(), live.layout)
             existing = await asyncio.to_thread(kube.get_anchor, name_)
             refit = await fit_and_store(body, spec, book, kube, settings, live, since=epoch(passive.get("since")),
@@ -295,6 +303,7 @@ async def check_prediction(body: dict[str, Any], uid: str, spec: TuningSpec, kub
     result += f"worst {err.worst():.0%} ({'over' if drifted else 'within'} {threshold:.0%})"
     if refit:
         await sync_anchors(kube, settings)
-        return await reconcile(body, kube, settings, trigger="prediction-drift", force=True,
-                               reason=f"prediction error {err.worst():.0%}: passive anchor refreshed")
+        if retune is not None:
+            return await retune(body, f"prediction error {err.worst():.0%}: passive anchor refreshed")
+        result += "; passive anchor refitted"
     return result
