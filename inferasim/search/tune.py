@@ -226,7 +226,8 @@ def _simulate_one(e: Estimate, w: WorkloadShape) -> dict[str, Any] | None:
         report = simulate_workload(e.fitted, c.layout if split is None else split.decode, src,
                                    replicas=e.replicas if split is None else 1, max_num_seqs=c.max_num_seqs,
                                    max_batched_tokens=c.max_batched_tokens,
-                                   mixed=None if c.chunked_prefill else False, seed=1, router=router, disagg=pools)
+                                   mixed=None if c.chunked_prefill else False, seed=1, router=router, disagg=pools,
+                                   records=False)
         d = report.as_dict(series=False)
         del report
     return d

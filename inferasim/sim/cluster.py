@@ -186,7 +186,18 @@ class Cluster:
         if len(reps) == 1 or (not driver.closed and not self.disaggregated and self.router.kind == "rr"):
             # Routing does not depend on the replicas' state: hand every request over as it comes
             # and run each replica on its own.
-            driver.start(self._submit_direct)
+            batches = driver.stream()
+            if batches is None:
+                driver.start(self._submit_direct)
+            else:
+                # A streamed workload: each replica runs up to a batch's first arrival before the
+                # batch is read (as the routed path below runs them up to each arrival).
+                for batch in batches:
+                    t = batch[0].arrival
+                    for rep in reps:
+                        rep.run_until(t, self._finish_direct)
+                    for req in batch:
+                        self._submit_direct(req, req.arrival)
             for rep in reps:
                 rep.run_until(math.inf, self._finish_direct)
             return
