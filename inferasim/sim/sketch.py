@@ -79,10 +79,13 @@ class QuantileSketch:
             if v.size == 0:
                 return
         keys = np.ceil(np.log(v) * self._inv_lg).astype(np.int64)
-        uniq, inv = np.unique(keys, return_inverse=True)
-        sums = np.bincount(inv, weights=w)
+        # Keys span log(max / min) / log(gamma) values (a few thousand): a bincount over that span
+        # is linear, where np.unique would sort every value.
+        lo = int(keys.min())
+        sums = np.bincount(keys - lo, weights=w)
+        present = np.flatnonzero(sums)
         c = self.counts
-        for k, s in zip(uniq.tolist(), sums.tolist(), strict=True):
+        for k, s in zip((present + lo).tolist(), sums[present].tolist(), strict=True):
             c[k] = c.get(k, 0.0) + s
 
     def merge(self, other: QuantileSketch) -> None:
