@@ -3,8 +3,8 @@ spending replays only where they can change the answer.
 
 Honesty rule: every candidate that ends up recommended or short-listed was replayed in full. A
 candidate is left at its stage-1 estimate only when it can no longer reach the short list
-whatever its replay says: `ROUND` candidates are replayed at a time, in stage-1 order, and before
-each round a candidate is skipped when at least `shortlist_n` already-final candidates of distinct
+whatever its replay says: candidates are replayed in stage-1 order in rounds of `ROUND`, and
+when a round is drawn a candidate is skipped when at least `shortlist_n` already-final candidates of distinct
 shapes outscore the best score its replay could give it (`upper`: the SLO met, and the SLO
 capacity at the largest value stage 2 ever sets, see tune._trust_the_replay, _recalibrate_capacity
 and _add_replicas). The short list takes the best candidate of each shape in rank order, so that
@@ -130,17 +130,31 @@ def run_stage2(top: list[Estimate], w: WorkloadShape, workers: int, progress: Pr
         _JOBS = (top, w)
         # Forked once for every round: the workers inherit the loaded catalogs, caches and _JOBS.
         pool = ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("fork"))
+
+    def next_round() -> list[int]:
+        nonlocal todo
+        if final is not None and upper is not None and len(finals) >= shortlist_n:
+            todo = [i for i in todo if not can_skip(upper(top[i]), finals, shortlist_n)]
+        batch, todo = todo[:ROUND], todo[ROUND:]
+        return batch
+
+    def start(batch: list[int]) -> list[Any]:
+        # One task per candidate, handed out as workers free up (run times differ by 3x).
+        return [pool.submit(_worker_job, i) for i in batch] if pool is not None else list(batch)
+
+    def results(jobs: list[Any]) -> list[tuple[int, dict[str, Any] | None]]:
+        if pool is not None:
+            return [f.result() for f in jobs]
+        return [(i, simulate_one(top[i], w)) for i in jobs]
+
     try:
-        while todo:
-            if final is not None and upper is not None and len(finals) >= shortlist_n:
-                todo = [i for i in todo if not can_skip(upper(top[i]), finals, shortlist_n)]
-            batch, todo = todo[:ROUND], todo[ROUND:]
-            if pool is not None:
-                # One task per candidate, handed out as workers free up (run times differ by 3x).
-                results = list(pool.map(_worker_job, batch))
-            else:
-                results = [(i, simulate_one(top[i], w)) for i in batch]
-            for i, d in results:
+        # Two rounds in flight: round k + 2 is decided once round k is in, so the workers never
+        # wait at a round's end, and the decisions (on rounds 0..k only) are the same whatever
+        # the number of workers, in process or not.
+        flight = [start(next_round()), start(next_round())]
+        while flight:
+            jobs = flight.pop(0)
+            for i, d in results(jobs):
                 e = apply_replay(copy_estimate(top[i]), d)
                 if finish is not None:
                     finish(top[i], e)
@@ -151,6 +165,10 @@ def run_stage2(top: list[Estimate], w: WorkloadShape, workers: int, progress: Pr
                 done += 1
                 if progress:
                     progress("stage 2", done, len(top))
+            batch = next_round()
+            if batch:
+                flight.append(start(batch))
+            flight = [f for f in flight if f]
     finally:
         if pool is not None:
             pool.shutdown()

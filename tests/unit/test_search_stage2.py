@@ -28,21 +28,21 @@ def test_can_skip_counts_distinct_shapes_strictly_above() -> None:
 
 def test_pruned_stage2_keeps_the_answer_and_replays_it() -> None:
     spec = _spec()
-    pruned, full = tune(spec, stage2_top=16, workers=1), tune(spec, stage2_top=16, workers=1, stage2_prune=False)
-    assert full.timings["stage2_replays"] == 16
-    assert pruned.timings["stage2_replays"] < 16  # replays were left out: the test can tell
+    pruned, full = tune(spec, stage2_top=24, workers=1), tune(spec, stage2_top=24, workers=1, stage2_prune=False)
+    assert full.timings["stage2_replays"] == 24
+    assert pruned.timings["stage2_replays"] < 24  # replays were left out: the test can tell
     a, b = pruned.as_dict(), full.as_dict()
     assert a["recommendation"] == b["recommendation"]
     assert a["shortlist"] == b["shortlist"]
     assert all(e.stage == 2 for e in pruned.shortlist())
     # Left-out candidates keep their stage-1 estimate and stay off the short list.
-    left = [e for e in pruned.ranked[:16] if e.stage == 1]
+    left = [e for e in pruned.ranked[:24] if e.stage == 1]
     assert left and not set(map(id, left)) & set(map(id, pruned.shortlist()))
 
 
 def test_pruning_does_not_depend_on_the_worker_count() -> None:
     spec = _spec()
-    one, two = tune(spec, stage2_top=16, workers=1), tune(spec, stage2_top=16, workers=2)
+    one, two = tune(spec, stage2_top=24, workers=1), tune(spec, stage2_top=24, workers=2)
     a, b = one.as_dict(), two.as_dict()
     for d in (a, b):
         d.pop("timings_s")
