@@ -11,15 +11,22 @@
   decode runs are long; at the recorded rate it is saturated and nearly every step carries a
   prefill chunk, which no jump skips): same records, the speed-up.
 - Peak Python memory of the whole replay (tracemalloc) against the 500 MB budget.
+- Memory flat in the trace's length: the hour repeated 1, 4 and 24 times (each copy an hour after
+  the one before), peak RSS of a fresh process (imports and reading the hour included): the list
+  driver keeping every request (the baseline) against a `StreamDriver` with records=False (the
+  24 copies against the 300 MB target).
 - What the replay predicts (TTFT, ITL, throughput), for the record.
 """
 
 from __future__ import annotations
 
 import gc
+import resource
+import subprocess
 import sys
 import time
 import tracemalloc
+from collections.abc import Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -29,13 +36,15 @@ from inferasim.core.layout import Layout  # noqa: E402
 from inferasim.model.anchors import load_anchor  # noqa: E402
 from inferasim.model.predictor import fitted_from_anchor  # noqa: E402
 from inferasim.sim.api import simulate_workload  # noqa: E402
-from inferasim.sim.workload import Driver, load_trace  # noqa: E402
+from inferasim.sim.engines import SimRequest  # noqa: E402
+from inferasim.sim.workload import Driver, StreamDriver, load_trace  # noqa: E402
 
 TRACE = REPO.parent / "shared" / "data" / "traces" / "conversation_trace.jsonl"
 ANCHOR = REPO / "anchors" / "vllm-meta-llama--llama-3.1-70b-h100_sxm-fp8-tp2-1716c3.json"
 LAYOUT = Layout(tp=8)
 BUDGET_S = 2.0
 BUDGET_MB = 500.0
+COPIES_MB = 300.0  # peak for 24 copies of the hour, streamed
 SLICE = 1000  # requests of the jump / no-jump comparison
 SLICE_SCALE = 3.0
 
@@ -109,6 +118,64 @@ def bench_memory(fitted) -> float:  # noqa: ANN001
     return mb
 
 
+def _copies(base: list[SimRequest], n: int) -> Iterator[SimRequest]:
+    """The hour `n` times, each copy starting a second after the one before ends (same prefixes)."""
+    span = base[-1].arrival + 1.0
+    rid = 0
+    for c in range(n):
+        for r in base:
+            yield SimRequest(rid, r.arrival + c * span, r.prompt, r.output, r.ids, r.unit, r.id_tokens)
+            rid += 1
+
+
+def peak_child(mode: str, n: int) -> None:
+    """In a fresh process: replay `n` copies (mode list: all requests built first and kept; stream:
+    read as the replay reaches them, no records) and print the peak RSS in MB."""
+    fitted = fitted_from_anchor(load_anchor(ANCHOR))
+    base = load_trace(TRACE)
+    span = n * (base[-1].arrival + 1.0)
+    if mode == "list":
+        rep = simulate_workload(fitted, LAYOUT, Driver(list(_copies(base, n))), records=True)
+    else:
+        rep = simulate_workload(fitted, LAYOUT, StreamDriver(_copies(base, n), span), records=False)
+    assert rep.n_completed + rep.n_dropped == n * len(base)
+    print(_peak_mb())
+
+
+def _peak_mb() -> float:
+    """This process's peak RSS in MB. Linux's ru_maxrss survives exec (a child started by a big
+    parent reads the parent's peak): VmHWM belongs to the new address space."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return float(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def _peak_rss(mode: str, n: int) -> tuple[float, float]:
+    t0 = time.perf_counter()
+    out = subprocess.run([sys.executable, __file__, "--peak", mode, str(n)], capture_output=True, text=True,
+                         check=True)
+    return float(out.stdout.split()[-1]), time.perf_counter() - t0
+
+
+def bench_copies() -> float:
+    got = {}
+    for mode, n in (("list", 1), ("list", 4), ("stream", 1), ("stream", 4), ("stream", 24)):
+        got[mode, n] = _peak_rss(mode, n)
+    lst = " / ".join(f"{got['list', n][0]:.0f}" for n in (1, 4))
+    st = " / ".join(f"{got['stream', n][0]:.0f}" for n in (1, 4, 24))
+    peak24, wall24 = got["stream", 24]
+    print(f"Mooncake hour repeated n times, peak RSS of the process: all requests kept (baseline) n = 1 / 4: "
+          f"{lst} MB; streamed, no records, n = 1 / 4 / 24: {st} MB ({peak24 / COPIES_MB:.2f} x the "
+          f"{COPIES_MB:.0f} MB target for 24; {got['list', 4][0] / got['stream', 4][0]:.2f} x less than the "
+          f"baseline at n = 4; the 24 copies in {wall24:.1f} s)")
+    return peak24
+
+
 def main() -> dict[str, float]:
     if not TRACE.exists():
         print(f"skipped the simulator benchmark: {TRACE} not present")
@@ -117,8 +184,12 @@ def main() -> dict[str, float]:
     out = bench_replay(fitted)
     out["jump_speedup"] = bench_jump(fitted)
     out["peak_mb"] = bench_memory(fitted)
+    out["copies24_mb"] = bench_copies()
     return out
 
 
 if __name__ == "__main__":
-    main()
+    if len(sys.argv) == 4 and sys.argv[1] == "--peak":
+        peak_child(sys.argv[2], int(sys.argv[3]))
+    else:
+        main()

@@ -227,7 +227,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             max_batched_tokens=args.max_batched_tokens, mixed=args.mixed, seed=args.seed, router=args.router,
             prefix_caching=not args.no_prefix_caching, host_kv_bytes=args.host_kv_gb * 1e9, disagg=args.disagg,
             schedule_policy=args.schedule_policy, slo_ttft_ms=args.slo_ttft_ms, slo_itl_ms=args.slo_itl_ms,
-            progress=progress)
+            progress=progress, records=bool(args.requests_out or args.plot))  # only these read them
     finally:
         if progress is not None:
             progress.close()

@@ -3,7 +3,6 @@ recommendation, Pareto front and a short list of five."""
 
 from __future__ import annotations
 
-import copy
 import math
 import time
 from collections import defaultdict
@@ -37,6 +36,7 @@ from inferasim.search.select import (
     shortlist,
 )
 from inferasim.search.space import Candidate, Space, build_space
+from inferasim.search.stage2 import apply_replay, copy_estimate, run_stage2, simulate_one
 from inferasim.search.workload import WorkloadShape, shape_of
 
 STAGE2_TOP = 50
@@ -195,111 +195,6 @@ def anchored_fit(store: AnchorStore, engine: str, model: ModelSpec, gpu: GPU, pr
     return carry_to_gpu(fitted_from_anchor(best), gpu), best
 
 
-def _simulate_one(e: Estimate, w: WorkloadShape) -> dict[str, Any] | None:
-    """The discrete-event simulator on one candidate: the workload itself (sessions, prefix
-    reuse, arrivals) replayed request by request on the candidate's replicas; None when the
-    simulator does not apply (disaggregated candidates, no finite step time, no replayable
-    workload). Returns the report's summary (no series)."""
-    from inferasim.sim.api import simulate_workload
-    from inferasim.sim.collector import paused_collector
-
-    c = e.candidate
-    split = c.disagg
-    # The simulator's prefill and decode pools share one layout: a disaggregated candidate whose
-    # pools differ keeps its stage-1 estimate.
-    if (split is not None and split.prefill != split.decode) or not math.isfinite(e.tpot) or w.source is None:
-        return None
-    src = w.source
-    if src.kind == "closed":
-        # A closed loop over all replicas: the spec's clients.
-        src = src.model_copy(update={"num_requests": min(src.num_requests, max(4 * (src.concurrency or 1), 200))})
-    # The collector stays paused until the report (and with it the simulation's requests) is
-    # dropped: the state dies by reference counting and is never scanned.
-    # Stage 1 prices every replica with the workload's whole prefix reuse; a multi-turn session
-    # keeps it only where its turns return to the replica holding its KV. Replayed with that
-    # (session-affine, prefix-aware) routing, as stage 1 assumes: round-robin split the sessions
-    # (hit 0.76 -> 0.51 at 2 replicas) and the gap read as a slower replay. The table notes it.
-    router = "prefix" if src.kind == "multi-turn" and (e.replicas > 1 or split is not None) else "rr"
-    # A disaggregated candidate: its replicas x (prefill workers, decode workers) pools.
-    pools = None if split is None else (split.prefill_workers * e.replicas, split.decode_workers * e.replicas)
-    with paused_collector():
-        report = simulate_workload(e.fitted, c.layout if split is None else split.decode, src,
-                                   replicas=e.replicas if split is None else 1, max_num_seqs=c.max_num_seqs,
-                                   max_batched_tokens=c.max_batched_tokens,
-                                   mixed=None if c.chunked_prefill else False, seed=1, router=router, disagg=pools)
-        d = report.as_dict(series=False)
-        del report
-    return d
-
-
-def _apply(e: Estimate, d: dict[str, Any] | None) -> Estimate:
-    """Stage 2's refinement of `e` from its simulation summary `d` (see `_simulate_one`):
-    percentiles measured instead of assumed."""
-    if d is None:
-        return e
-    if not d["completed"]:
-        e.notes.append("the simulation completed no request")
-        return e
-    e.ttft, e.tpot = d["ttft"]["mean"] / 1e3, d["itl"]["mean"] / 1e3
-    e.ttft_p90, e.itl_p90 = d["ttft"]["p90"] / 1e3, d["itl"]["p90"] / 1e3
-    if d["dropped"]:
-        e.notes.append(f"{d['dropped']} of {d['requests']} requests dropped in simulation: {d['dropped_reasons']}")
-    e.stage = 2
-    return e
-
-
-# What the stage-2 worker processes simulate: set before they are forked, so that each task
-# carries an index only (no Estimate, FittedAnchor or workload pickled per task).
-_JOBS: tuple[list[Estimate], WorkloadShape] | None = None
-
-
-def _summary_fields(d: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The part of a report summary that `_apply` reads: what comes back from a worker."""
-    if d is None:
-        return None
-    return {"completed": d["completed"], "ttft": {k: d["ttft"][k] for k in ("mean", "p90")},
-            "itl": {k: d["itl"][k] for k in ("mean", "p90")}, "dropped": d["dropped"], "requests": d["requests"],
-            "dropped_reasons": d["dropped_reasons"]}
-
-
-def _worker_job(i: int) -> tuple[int, dict[str, Any] | None]:
-    assert _JOBS is not None
-    top, w = _JOBS
-    return i, _summary_fields(_simulate_one(top[i], w))
-
-
-def _run_stage2(top: list[Estimate], w: WorkloadShape, workers: int, progress: Progress | None) -> list[Estimate]:
-    """Simulate the best candidates, on `workers` processes when there are several cores: each
-    replay is independent and CPU-bound."""
-    global _JOBS
-    if workers > 1 and len(top) > 4:
-        import multiprocessing as mp
-        from concurrent.futures import ProcessPoolExecutor, as_completed
-
-        ctx = mp.get_context("fork")  # the workers inherit the loaded catalogs, caches and _JOBS
-        _JOBS = (top, w)
-        try:
-            out: list[Estimate] = [e for e in top]
-            with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-                # One task per candidate, handed out as workers free up: run times differ by 3x, so
-                # fixed chunks would leave one worker idle at the end.
-                futures = [pool.submit(_worker_job, i) for i in range(len(top))]
-                for n, fut in enumerate(as_completed(futures), 1):
-                    i, d = fut.result()
-                    out[i] = _apply(_copy(top[i]), d)
-                    if progress:
-                        progress("stage 2", n, len(top))
-        finally:
-            _JOBS = None
-        return out
-    refined = []
-    for i, e in enumerate(top, 1):
-        refined.append(_apply(_copy(e), _simulate_one(e, w)))
-        if progress:
-            progress("stage 2", i, len(top))
-    return refined
-
-
 def _slo_ratios(e: Estimate, slo: SLO) -> list[tuple[str, float, float, float]]:
     """(term, value in s, target in ms, value / target) of each p90 term the SLO sets; the ratio
     is inf where the value is not finite (the workload exceeds the capacity)."""
@@ -359,9 +254,9 @@ def _add_replicas(top: list[Estimate], w: WorkloadShape, slo: SLO, max_gpus: int
         retried += 1
         best = e
         for replicas in range(e.replicas + 1, min(budget, e.replicas + STAGE2_RETRY_REPLICAS) + 1):
-            more = _copy(e)
+            more = copy_estimate(e)
             more.replicas = replicas
-            more = _apply(more, _simulate_one(more, w))
+            more = apply_replay(more, simulate_one(more, w))
             more.meets_slo = _simulated_slo_ok(more, slo)
             best = more
             if more.meets_slo:
@@ -420,14 +315,6 @@ def _recalibrate_capacity(before: Estimate, after: Estimate, w: WorkloadShape, s
         after.max_rate_slo = capacity
 
 
-def _copy(e: Estimate) -> Estimate:
-    """Stage 2 refines a copy: the stage-1 objects stay as they were, so that the Pareto front is
-    drawn from one model over the whole space, whether stage 2 ran in this process or in workers."""
-    out = copy.copy(e)
-    out.notes = list(e.notes)
-    return out
-
-
 _DISAGG_JOB: tuple[list[Candidate], dict[tuple[str, str], FittedAnchor], WorkloadShape, SLO, int] | None = None
 
 
@@ -470,10 +357,12 @@ def _start_disagg(cands: list[Candidate], fitted_by: dict[tuple[str, str], Fitte
 
 def tune(spec: TuningSpec, anchor_dirs: list[Path] | None = None, progress: Progress | None = None,
          stage2_top: int = STAGE2_TOP, propose_with: tuple[str, str] | None = None,
-         workers: int | None = None, store: AnchorStore | None = None) -> TuneResult:
+         workers: int | None = None, store: AnchorStore | None = None, stage2_prune: bool = True) -> TuneResult:
     """`propose_with` = (endpoint, model) turns on the LLM proposer (off by default). `workers`
     processes run stage 2 (default: up to 2, the cores of the target machine). `store`, when given,
-    is the anchor store already read (instead of reading `anchor_dirs`, default the shipped ones)."""
+    is the anchor store already read (instead of reading `anchor_dirs`, default the shipped ones).
+    `stage2_prune`: leave out the replays that cannot change the short list (inferasim.search.stage2);
+    False replays all of the best `stage2_top`."""
     import os
     import threading
 
@@ -593,13 +482,31 @@ def tune(spec: TuningSpec, anchor_dirs: list[Path] | None = None, progress: Prog
             known.add(cand)
         ranked = sorted(estimates, key=score, reverse=True)
     t2 = time.perf_counter()
-    top = _run_stage2(ranked[:stage2_top], w, workers, progress)
     slo = spec.objective.slo
-    for before, e in zip(ranked[:stage2_top], top, strict=True):
+
+    def finish(before: Estimate, e: Estimate) -> None:
         if e.stage == 2:
             _trust_the_replay(e, w, slo)
             e.meets_slo = _simulated_slo_ok(e, slo)
             _recalibrate_capacity(before, e, w, slo)
+
+    def final(e: Estimate) -> tuple[tuple[int, int, float], str] | None:
+        # Within the SLO, a candidate's score is final (_add_replicas retries misses only).
+        return (score(e), e.candidate.shape) if e.meets_slo else None
+
+    def upper(e: Estimate) -> tuple[int, int, float]:
+        # The best its replay could make it: the SLO met, and the capacity at the largest value
+        # stage 2 sets (the stage-1 one, or the rate each replica got where the replay met the SLO).
+        best = copy_estimate(e)
+        best.meets_slo = True
+        if w.rate is not None:
+            best.max_rate_slo = max(best.max_rate_slo, w.rate / best.replicas)
+        return score(best)
+
+    top = run_stage2(ranked[:stage2_top], w, workers, progress, finish=finish,
+                     final=final if stage2_prune else None, upper=upper)
+    # Replayed candidates come back as refined copies; the ones left out as they were.
+    timings["stage2_replays"] = sum(a is not b for a, b in zip(ranked[:stage2_top], top, strict=True))
     top = _add_replicas(top, w, slo, spec.hardware.max_gpus)
     ranked = sorted(top, key=score, reverse=True) + ranked[stage2_top:]
     timings["stage2"] = time.perf_counter() - t2

@@ -22,6 +22,7 @@ from inferasim.sim.collector import paused_collector
 from inferasim.sim.engines import SimRequest
 from inferasim.sim.replica import Replica
 from inferasim.sim.report import SimReport, build_report
+from inferasim.sim.tally import Tally
 from inferasim.sim.workload import Driver, driver_for
 
 POLICIES = ("fcfs", "lpm")
@@ -55,7 +56,7 @@ def simulate_workload(fitted: FittedAnchor, layout: Layout,
                       host_kv_bytes: float = 0.0, disagg: tuple[int, int] | str | None = None,
                       schedule_policy: str = "fcfs", slo_ttft_ms: float | None = None,
                       slo_itl_ms: float | None = None, jump: bool = True, sample_dt: float | None = None,
-                      progress: Callable[[float], None] | None = None) -> SimReport:
+                      progress: Callable[[float], None] | None = None, records: bool = True) -> SimReport:
     """Simulate `replicas` replicas of `layout` (the step-time parameters of `fitted`, moved to
     this layout by the transfer law) serving `workload`, request by request.
 
@@ -66,7 +67,9 @@ def simulate_workload(fitted: FittedAnchor, layout: Layout,
     in the engines). `host_kv_bytes`: host memory for offloaded KV per replica (0 = no host tier).
     `disagg`: (prefill replicas, decode replicas) — a prefill pool and a decode pool of `layout`
     replicas instead of `replicas` colocated ones. `schedule_policy`: SGLang's fcfs or lpm.
-    `slo_*`: goodput counts the requests within them (TTFT, and mean inter-token latency)."""
+    `slo_*`: goodput counts the requests within them (TTFT, and mean inter-token latency).
+    `records`: keep the client requests in the report (`SimReport.requests`); without them the
+    report's memory does not grow with the workload (a streaming driver's neither)."""
     # The run allocates many small objects and frees none that need the cycle collector: pause
     # the collector until `_simulate` has returned, so that the simulation's state is freed by
     # reference counting first (the report keeps only the requests) and the collector never
@@ -74,7 +77,7 @@ def simulate_workload(fitted: FittedAnchor, layout: Layout,
     with paused_collector():
         return _simulate(fitted, layout, workload, replicas, max_num_seqs, max_batched_tokens, mixed, seed, router,
                          prefix_caching, host_kv_bytes, disagg, schedule_policy, slo_ttft_ms, slo_itl_ms, jump,
-                         sample_dt, progress)
+                         sample_dt, progress, records)
 
 
 def _simulate(fitted: FittedAnchor, layout: Layout,
@@ -82,7 +85,7 @@ def _simulate(fitted: FittedAnchor, layout: Layout,
               max_num_seqs: int | None, max_batched_tokens: int | None, mixed: bool | None, seed: int, router: str,
               prefix_caching: bool, host_kv_bytes: float, disagg: tuple[int, int] | str | None,
               schedule_policy: str, slo_ttft_ms: float | None, slo_itl_ms: float | None, jump: bool,
-              sample_dt: float | None, progress: Callable[[float], None] | None) -> SimReport:
+              sample_dt: float | None, progress: Callable[[float], None] | None, records: bool) -> SimReport:
     _positive_int("replicas", replicas)
     if router not in ROUTERS:
         raise ValueError(f"router {router!r} is not one of {', '.join(ROUTERS)}")
@@ -127,12 +130,13 @@ def _simulate(fitted: FittedAnchor, layout: Layout,
     if sample_dt is None:
         sample_dt = max(span / SAMPLES, 0.05) if span > 0 else 1.0
     n_rep = (pd[0] + pd[1]) if pd else replicas
+    tally = Tally(slo_ttft_ms, slo_itl_ms)
 
     def make(i: int, delay: float) -> Replica:
         return Replica(p, c, sched, engine=engine, mixed=use_mixed, delivery_delay=delay, jump=jump,
                        prefix_caching=prefix_caching, host_kv_tokens=host_tokens,
                        load_time=load_time, policy=schedule_policy, max_context=model.max_context,
-                       sample_dt=sample_dt, index=i, progress=progress if i == 0 else None)
+                       sample_dt=sample_dt, index=i, progress=progress if i == 0 else None, tally=tally)
 
     if pd:
         pool = [make(i, 0.0) for i in range(pd[0])]
@@ -140,8 +144,15 @@ def _simulate(fitted: FittedAnchor, layout: Layout,
         same = n_rep * layout.gpus <= gpu.scale_up.domain
         kv_b = kv_dtype_bytes(fitted.kv_dtype)
 
+        moved: dict[int, float] = {}
+
         def transfer(tokens: int) -> float:
-            return kv_transfer_time(model, gpu, tokens, kv_b, same_domain=same)
+            # Memoised: the model's KV bytes walk every layer (10% of a disaggregated replay),
+            # and a workload's prompts repeat few lengths (a session's turns, the same ones).
+            got = moved.get(tokens)
+            if got is None:
+                got = moved[tokens] = kv_transfer_time(model, gpu, tokens, kv_b, same_domain=same)
+            return got
 
         cluster = Cluster(pool, router, dpool, transfer, client_delay=p.t_ttft)
     else:
@@ -150,6 +161,8 @@ def _simulate(fitted: FittedAnchor, layout: Layout,
     cluster.run(driver)
     wall = time.perf_counter() - t0
     reps = cluster.replicas
+    for rep in reps:
+        rep.flush(final=True)
     cores = [core for rep in reps for core in rep.ranks]
     config = {
         "engine": engine, "engine_version": fitted.engine_version, "model": model.name, "gpu": gpu.name,
@@ -173,9 +186,9 @@ def _simulate(fitted: FittedAnchor, layout: Layout,
         "peak_fraction": max(rep.kv_peak_fraction() for rep in reps),
         "block_size": sched.block_size,
     }
-    report = build_report(driver.requests, cores, gpus=n_rep * layout.gpus, replicas=n_rep,
-                          steps=sum(rep.steps for rep in reps), preemptions=sum(rep.preemptions for rep in reps),
-                          kv=kv, series=_series(reps, sample_dt), slo_ttft_ms=slo_ttft_ms, slo_itl_ms=slo_itl_ms,
+    report = build_report(tally, driver.requests if records else [], cores, gpus=n_rep * layout.gpus,
+                          replicas=n_rep, steps=sum(rep.steps for rep in reps),
+                          preemptions=sum(rep.preemptions for rep in reps), kv=kv, series=_series(reps, sample_dt),
                           config=config)
     report.wall_s = wall
     return report

@@ -186,7 +186,18 @@ class Cluster:
         if len(reps) == 1 or (not driver.closed and not self.disaggregated and self.router.kind == "rr"):
             # Routing does not depend on the replicas' state: hand every request over as it comes
             # and run each replica on its own.
-            driver.start(self._submit_direct)
+            batches = driver.stream()
+            if batches is None:
+                driver.start(self._submit_direct)
+            else:
+                # A streamed workload: each replica runs up to a batch's first arrival before the
+                # batch is read (as the routed path below runs them up to each arrival).
+                for batch in batches:
+                    t = batch[0].arrival
+                    for rep in reps:
+                        rep.run_until(t, self._finish_direct)
+                    for req in batch:
+                        self._submit_direct(req, req.arrival)
             for rep in reps:
                 rep.run_until(math.inf, self._finish_direct)
             return
@@ -201,12 +212,23 @@ class Cluster:
                 for rep in busy:
                     rep.run_until(t, on_finish)
             elif busy:
-                acts = [(rep.next_activity(), rep.index, rep) for rep in busy]
-                a, _, first = min(acts, key=lambda x: (x[0], x[1]))
+                # The replica that acts first (ties to the lowest index, then the first listed):
+                # a loop, not min() over tuples with a key, on the hottest path of a lockstep run.
+                first = busy[0]
+                a = first.next_activity()
+                for rep in busy[1:]:
+                    x = rep.next_activity()
+                    if x < a or (x == a and rep.index < first.index):
+                        a, first = x, rep
                 if a < t:
                     # Run it up to the earliest time another replica could cause a request,
                     # and stop when it causes one itself.
-                    horizon = min([t] + [r.event_lb() for r in busy if r is not first])
+                    horizon = t
+                    for r in busy:
+                        if r is not first:
+                            lb = r.event_lb()
+                            if lb < horizon:
+                                horizon = lb
                     if a > first.now:
                         first.now = a  # idle until then, and no one acts earlier
                     before = (first.now, first.steps, first.outstanding)

@@ -242,10 +242,12 @@ class Core:
         self.batch: Batch = EMPTY
         # Token timing (see the module docstring).
         self.E: list[float] = []
+        self.e_off = 0  # absolute index of E[0]: a streaming report drops E's head (sim/tally.py)
         self.cont: list[int] = []
         self.gaps: list[float] = []
         self.joiners: dict[Row, float] = {}
-        self.finished: list[SimRequest] = []
+        self.finished: list[SimRequest] = []  # since the report's last flush
+        self.open_segs: list[SimRequest] = []  # requests with a decode range the report has not folded
         # Prefix-cache statistics (first admissions).
         self.hit_tokens = 0
         self.host_hit_tokens = 0
@@ -366,7 +368,7 @@ class Core:
         heapq.heappush(self.fin_heap, (row.fin, row.seq, row.jt, row))
         self.drows.add(row)
         row.in_d = True
-        row.i0 = len(self.E)
+        row.i0 = self.e_off + len(self.E)
         self.joiners[row] = t_prev
         self._on_join(row)
 
@@ -381,11 +383,12 @@ class Core:
         self.drows.discard(row)
         row.in_d = False
         self.joiners.pop(row, None)
-        i1 = len(self.E) - 1
+        i1 = self.e_off + len(self.E) - 1
         if i1 > row.i0:
             req = row.req
             if req.segs is None:
                 req.segs = []
+                self.open_segs.append(req)
             req.segs.append((row.i0, i1))
 
     def _on_join(self, row: Row) -> None:  # noqa: B027 - optional hook

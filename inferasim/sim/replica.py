@@ -32,6 +32,7 @@ from inferasim.model.steady import EngineSched
 from inferasim.model.steptime import StepParams, micro_batches, step_time
 from inferasim.sim.engines import Core, SimRequest, core_class
 from inferasim.sim.front import FrontEnd
+from inferasim.sim.tally import FLUSH_STEPS, Tally
 
 INF = math.inf
 
@@ -141,7 +142,7 @@ class Replica:
                  prefix_caching: bool = True, host_kv_tokens: int = 0,
                  load_time: Callable[[int], float] | None = None, policy: str = "fcfs",
                  max_context: int | None = None, sample_dt: float = 0.0, index: int = 0,
-                 progress: Callable[[float], None] | None = None) -> None:
+                 progress: Callable[[float], None] | None = None, tally: Tally | None = None) -> None:
         self.p, self.c, self.sched = p, c, sched
         self.index = index
         self.jump = jump
@@ -172,6 +173,10 @@ class Replica:
         self._next_sample = 0.0 if sample_dt > 0 else INF
         self.series: list[tuple[float, float, float, int, int, int, int]] = []
         self.progress = progress
+        # The streaming report, fed every FLUSH_STEPS steps so that the ranks' step-end lists and
+        # finished requests stay short (None: the caller flushes).
+        self.tally = tally
+        self._flush_at = FLUSH_STEPS
 
     # -- arrivals --------------------------------------------------------------------------------
     def fits(self, req: SimRequest) -> str | None:
@@ -377,6 +382,8 @@ class Replica:
                     return
             if self.now >= self._next_sample:
                 self._sample()
+            if self.steps >= self._flush_at:
+                self.flush()
             iters += 1
             if progress is not None and not iters & 1023:
                 progress(self.now)
@@ -464,6 +471,12 @@ class Replica:
             finished += ranks[i].advance_decode(k, ends)
         self.steps += k
         return finished
+
+    def flush(self, final: bool = False) -> None:
+        """Hand what the ranks finished to the streaming report (see `inferasim.sim.tally`)."""
+        self._flush_at = self.steps + FLUSH_STEPS
+        if self.tally is not None:
+            self.tally.flush(self.ranks, self.dropped, final)
 
     # -- observation -----------------------------------------------------------------------------
     def _sample(self) -> None:

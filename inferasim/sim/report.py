@@ -10,6 +10,12 @@ recorded one by one. Pooling the weighted differences and the single gaps gives 
 of every inter-token gap of the run (as `vllm bench serve` pools ITLs), and a range maximum over
 `E`'s differences gives each request's largest gap. Percentiles are the inverted CDF of that
 weighted distribution (the smallest gap with at least q of the gaps at or below it).
+
+The report streams (`inferasim.sim.tally`): those gaps, and every request's TTFT, TPOT, E2E and
+largest gap, go into quantile sketches as the run goes, so its memory does not grow with the
+trace. Means, counts, throughput and goodput are exact; percentiles are within the sketches'
+relative error (`inferasim.sim.sketch.ALPHA`, 0.25%) of the exact inverted CDF. Per-request
+records (`SimReport.requests`) are kept only when asked for.
 """
 
 from __future__ import annotations
@@ -22,11 +28,14 @@ import numpy as np
 
 from inferasim.output import table
 from inferasim.sim.engines import Core, SimRequest
+from inferasim.sim.tally import Tally, stats_ms
 
 QUANTILES = (50, 90, 99)
 
 
 def weighted_percentiles(values: np.ndarray, weights: np.ndarray, qs: tuple[int, ...] = QUANTILES) -> list[float]:
+    """Exact inverted-CDF percentiles of weighted values: what the sketches of the streaming
+    report approximate (tests compare the two)."""
     if values.size == 0:
         return [math.nan] * len(qs)
     order = np.argsort(values, kind="stable")
@@ -39,82 +48,11 @@ def weighted_percentiles(values: np.ndarray, weights: np.ndarray, qs: tuple[int,
     return [float(v[min(i, v.size - 1)]) for i in idx]
 
 
-def _stats_ms(values: np.ndarray, weights: np.ndarray | None = None) -> dict[str, float | None]:
-    if values.size == 0:
-        return {"mean": None, **{f"p{q}": None for q in QUANTILES}}
-    if weights is None:
-        weights = np.ones(values.size)
-    total = float(weights.sum())
-    mean = float((values * weights).sum() / total) if total > 0 else math.nan
-    ps = weighted_percentiles(values, weights)
-    return {"mean": mean * 1e3, **{f"p{q}": p * 1e3 for q, p in zip(QUANTILES, ps, strict=True)}}
-
-
-def _range_max(d: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """max(d[lo_i:hi_i]) for every i (hi > lo), by a sparse table: O(n log n) once."""
-    if d.size == 0 or lo.size == 0:
-        return np.zeros(lo.size)
-    levels = [d]
-    k = 1
-    while 2 * k <= d.size:
-        prev = levels[-1]
-        levels.append(np.maximum(prev[:-k], prev[k:]))
-        k *= 2
-    length = hi - lo
-    lvl = np.floor(np.log2(np.maximum(length, 1))).astype(np.int64)
-    out = np.empty(lo.size)
-    for L in np.unique(lvl):
-        sel = lvl == L
-        tab = levels[int(L)]
-        span = 1 << int(L)
-        out[sel] = np.maximum(tab[lo[sel]], tab[hi[sel] - span])
-    return out
-
-
-def itl_samples(cores: list[Core]) -> tuple[np.ndarray, np.ndarray]:
-    """Every inter-token gap of the run as (values, weights)."""
-    vals, wts = [], []
-    for core in cores:
-        if len(core.E) > 1:
-            e = np.asarray(core.E, dtype=float)
-            w = np.asarray(core.cont[1:], dtype=float)
-            d = np.diff(e)
-            keep = w > 0
-            vals.append(d[keep])
-            wts.append(w[keep])
-        if core.gaps:
-            g = np.asarray(core.gaps, dtype=float)
-            vals.append(g)
-            wts.append(np.ones(g.size))
-    if not vals:
-        return np.zeros(0), np.zeros(0)
-    return np.concatenate(vals), np.concatenate(wts)
-
-
-def fill_max_gaps(cores: list[Core]) -> None:
-    """Each finished request's largest inter-token gap (`SimRequest.max_gap`)."""
-    for core in cores:
-        reqs = [r for r in core.finished if r.segs]
-        if not reqs or len(core.E) < 2:
-            continue
-        d = np.diff(np.asarray(core.E, dtype=float))
-        owner, lo, hi = [], [], []
-        for i, r in enumerate(reqs):
-            for a, b in r.segs:  # type: ignore[union-attr]
-                owner.append(i)
-                lo.append(a)
-                hi.append(b)
-        m = _range_max(d, np.asarray(lo, dtype=np.int64), np.asarray(hi, dtype=np.int64))
-        for i, v in zip(owner, m.tolist(), strict=True):
-            if v > reqs[i].max_gap:
-                reqs[i].max_gap = v
-
-
 @dataclass
 class SimReport:
     """What `simulate_workload` returns; `as_dict()` is the JSON of `inferasim simulate`."""
 
-    requests: list[SimRequest]  # client requests, issue order (dropped ones included)
+    requests: list[SimRequest]  # client requests (dropped ones included) when records were asked for, else []
     gpus: int
     replicas: int
     duration: float  # s, first arrival to last token delivered
@@ -136,6 +74,8 @@ class SimReport:
     series: dict[str, list[float]]
     config: dict[str, Any] = field(default_factory=dict)
     wall_s: float = 0.0
+    counts: dict[str, int] = field(default_factory=dict)  # issued, completed, dropped (records or not)
+    reasons: dict[str, int] = field(default_factory=dict)  # dropped requests by cause
 
     @property
     def completed(self) -> list[SimRequest]:
@@ -149,20 +89,28 @@ class SimReport:
     def throughput_per_gpu(self) -> float:
         return self.throughput / self.gpus if self.gpus else 0.0
 
+    @property
+    def n_requests(self) -> int:
+        return self.counts.get("issued", len(self.requests))
+
+    @property
+    def n_completed(self) -> int:
+        return self.counts.get("completed", len(self.completed))
+
+    @property
+    def n_dropped(self) -> int:
+        return self.counts.get("dropped", len(self.dropped))
+
     def dropped_reasons(self) -> dict[str, int]:
         """Dropped requests by cause (the reason's words before its first colon)."""
-        reasons: dict[str, int] = {}
-        for r in self.dropped:
-            key = str(r.dropped).split(":")[0]
-            reasons[key] = reasons.get(key, 0) + 1
-        return reasons
+        return dict(self.reasons)
 
     def as_dict(self, series: bool = True) -> dict[str, Any]:
         d: dict[str, Any] = {
-            "completed": len(self.completed),
-            "dropped": len(self.dropped),
+            "completed": self.n_completed,
+            "dropped": self.n_dropped,
             "dropped_reasons": self.dropped_reasons(),
-            "requests": len(self.requests),
+            "requests": self.n_requests,
             "duration_s": self.duration,
             "gpus": self.gpus,
             "replicas": self.replicas,
@@ -214,11 +162,11 @@ class SimReport:
         lat = table(["latency", "mean", "p50", "p90", "p99"], rows)
         g = self.goodput
         reasons = self.dropped_reasons()
-        dropped = f"{len(self.dropped)}" + (f" ({', '.join(f'{n} {why}' for why, n in sorted(reasons.items()))})"
+        dropped = f"{self.n_dropped}" + (f" ({', '.join(f'{n} {why}' for why, n in sorted(reasons.items()))})"
                                             if reasons else "")
         summary = [
             # Issued: a session that ends at a refused turn issues fewer than the workload asks.
-            ("requests issued / completed / dropped", f"{len(self.requests)} / {len(self.completed)} / {dropped}"),
+            ("requests issued / completed / dropped", f"{self.n_requests} / {self.n_completed} / {dropped}"),
             ("simulated duration (s)", self.duration),
             ("GPUs (replicas)", f"{self.gpus} ({self.replicas})"),
             ("output tok/s", self.throughput),
@@ -239,60 +187,26 @@ class SimReport:
         return table(["simulation", "value"], summary) + "\n\n" + lat
 
 
-def build_report(requests: list[SimRequest], cores: list[Core], *, gpus: int, replicas: int, steps: int,
+def build_report(tally: Tally, requests: list[SimRequest], cores: list[Core], *, gpus: int, replicas: int, steps: int,
                  preemptions: int, kv: dict[str, Any], series: dict[str, list[float]],
-                 slo_ttft_ms: float | None = None, slo_itl_ms: float | None = None,
                  config: dict[str, Any] | None = None) -> SimReport:
-    fill_max_gaps(cores)
-    for core in cores:
-        for r in core.finished:
-            # A client request served in two phases (disaggregated) takes its decode phase's gaps.
-            if r.parent is not None and r.prebuilt and r.max_gap > r.parent.max_gap:
-                r.parent.max_gap = r.max_gap
-    done = [r for r in requests if r.dropped is None and r.finish is not None and r.first_token is not None]
-    arrival = np.array([r.arrival for r in done])
-    first = np.array([r.first_token for r in done], dtype=float)
-    finish = np.array([r.finish for r in done], dtype=float)
-    out = np.array([r.output for r in done], dtype=float)
-    prompt = np.array([r.prompt for r in done], dtype=float)
-    if done:
-        duration = float(finish.max() - min(r.arrival for r in requests))
-    else:
-        duration = 0.0
-    ttft = first - arrival
-    multi = out > 1
-    tpot = (finish - first)[multi] / (out[multi] - 1.0)
-    e2e = finish - arrival
-    gaps, weights = itl_samples(cores)
-    max_gap = np.array([r.max_gap for r in done if r.output > 1], dtype=float)
-    ok = np.ones(len(done), dtype=bool)
-    if slo_ttft_ms is not None:
-        ok &= ttft * 1e3 <= slo_ttft_ms
-    if slo_itl_ms is not None:
-        per_req_itl = np.where(multi, (finish - first) / np.maximum(out - 1.0, 1.0), 0.0)
-        ok &= per_req_itl * 1e3 <= slo_itl_ms
-    slo_text = ", ".join(s for s in (f"TTFT <= {slo_ttft_ms:g} ms" if slo_ttft_ms is not None else "",
-                                     f"ITL <= {slo_itl_ms:g} ms" if slo_itl_ms is not None else "") if s) or "none"
-    goodput = {
-        "slo": slo_text,
-        "slo_ttft_ms": slo_ttft_ms,
-        "slo_itl_ms": slo_itl_ms,
-        "requests_per_s": float(ok.sum() / duration) if duration > 0 else 0.0,
-        "tok_s": float(out[ok].sum() / duration) if duration > 0 else 0.0,
-        "fraction": float(ok.mean()) if ok.size else 0.0,
-    }
+    """The report of a finished run from its tally (every replica flushed with `final`)."""
+    duration = tally.duration
     hits = sum(c.hit_tokens for c in cores)
     host_hits = sum(c.host_hit_tokens for c in cores)
     queried = sum(c.query_tokens for c in cores)
+    done = int(tally.ttft.count)
     return SimReport(
         requests=requests, gpus=gpus, replicas=replicas, duration=duration,
-        ttft=_stats_ms(ttft), itl=_stats_ms(gaps, weights), tpot=_stats_ms(tpot), e2e=_stats_ms(e2e),
-        max_itl=_stats_ms(max_gap),
-        throughput=float(out.sum() / duration) if duration > 0 else 0.0,
-        total_throughput=float((out.sum() + prompt.sum()) / duration) if duration > 0 else 0.0,
-        request_throughput=float(len(done) / duration) if duration > 0 else 0.0,
-        goodput=goodput, prefix_hit_rate=hits / queried if queried else 0.0,
+        ttft=stats_ms(tally.ttft), itl=stats_ms(tally.itl), tpot=stats_ms(tally.tpot), e2e=stats_ms(tally.e2e),
+        max_itl=stats_ms(tally.max_itl),
+        throughput=tally.out_tokens / duration if duration > 0 else 0.0,
+        total_throughput=(tally.out_tokens + tally.prompt_tokens) / duration if duration > 0 else 0.0,
+        request_throughput=done / duration if duration > 0 else 0.0,
+        goodput=tally.goodput(), prefix_hit_rate=hits / queried if queried else 0.0,
         host_hit_rate=host_hits / queried if queried else 0.0,
         prefill_tokens=sum(c.prefill_tokens for c in cores),
         kv=kv, preemptions=preemptions, steps=steps, series=series, config=config or {},
+        counts={"issued": tally.issued, "completed": tally.completed, "dropped": tally.dropped},
+        reasons=dict(tally.reasons),
     )

@@ -21,7 +21,7 @@ import gzip
 import json
 import math
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import IO
@@ -64,6 +64,53 @@ class Driver:
         if not self.requests:
             return 0.0
         return max(r.arrival for r in self.requests) - min(r.arrival for r in self.requests)
+
+    def stream(self) -> Iterator[list[SimRequest]] | None:
+        """The requests in arrival-ordered batches, made as the simulation reaches them (None: all
+        up front, by `start`)."""
+        return None
+
+
+class StreamDriver(Driver):
+    """Open loop over an iterable of requests in order of arrival, read a batch at a time as the
+    simulation reaches it: with `simulate_workload(..., records=False)` a replay's memory does not
+    grow with the trace's length. `span`: the arrival span, if known (it spaces the report's
+    time series). Routed request by request (a router other than round robin over several
+    replicas), the requests are all read first."""
+
+    BATCH = 2048
+
+    def __init__(self, source: Iterable[SimRequest], span: float = 0.0) -> None:
+        super().__init__([])
+        self.source = source
+        self._span = float(span)
+
+    @property
+    def span(self) -> float:
+        return self._span
+
+    def start(self, submit: Submit) -> None:
+        for batch in self._batches():
+            for req in batch:
+                submit(req, req.arrival)
+
+    def stream(self) -> Iterator[list[SimRequest]] | None:
+        return self._batches()
+
+    def _batches(self) -> Iterator[list[SimRequest]]:
+        batch: list[SimRequest] = []
+        last = -math.inf
+        for req in self.source:
+            if req.arrival < last:
+                raise WorkloadError(f"streamed request {req.rid} arrives at {req.arrival} s, before the one "
+                                    f"before it ({last} s): a stream must come in order of arrival")
+            last = req.arrival
+            batch.append(req)
+            if len(batch) >= self.BATCH:
+                yield batch
+                batch = []
+        if batch:
+            yield batch
 
 
 def chain_keys(ids: list[int] | tuple[int, ...], salt: int = 0) -> tuple[int, ...]:

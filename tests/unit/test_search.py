@@ -441,7 +441,8 @@ def test_a_replay_slower_than_the_estimate_lowers_the_slo_capacity_never_raises_
     own rate shows p90s k times the estimate's, the curves are scaled by k before the capacity is
     read again (the capacity was 3-8x the replay's for gpt-oss-120b at dp8 on H100); a faster
     replay leaves the capacity alone, and a replay that met the SLO keeps at least its own rate."""
-    from inferasim.search.tune import _copy, _recalibrate_capacity
+    from inferasim.search.stage2 import copy_estimate as _copy
+    from inferasim.search.tune import _recalibrate_capacity
 
     model, gpu = get_model("meta-llama/Llama-3.1-70B"), get_gpu("H100")
     layout = Layout(tp=4)
@@ -471,7 +472,7 @@ def test_stage2_replays_multi_turn_sessions_with_the_routing_stage1_assumes(monk
     without sessions, stay round-robin."""
     import inferasim.sim.api as api
     from inferasim.core.spec import StaticWorkload
-    from inferasim.search.tune import _simulate_one
+    from inferasim.search.stage2 import simulate_one as _simulate_one
     from inferasim.search.workload import shape_of
 
     seen: list[str] = []
@@ -498,7 +499,7 @@ def test_stage2_replays_a_disaggregated_candidate_whose_pools_share_a_layout() -
     """The simulator's prefill and decode pools share one layout: such a candidate is replayed in
     stage 2 (its closed-form TTFT was 4-5x the replay's), one with two layouts keeps its estimate."""
     from inferasim.search.space import Disagg
-    from inferasim.search.tune import _simulate_one
+    from inferasim.search.stage2 import simulate_one as _simulate_one
 
     model, gpu = get_model("meta-llama/Llama-3.1-70B"), get_gpu("H100")
     fitted = unanchored("vllm", model, gpu, "fp8", Layout(tp=2))
@@ -545,7 +546,8 @@ def test_a_replay_within_the_slo_at_the_whole_rate_outweighs_stage1s_capacity_no
     """Stage 1 said the replicas cannot serve the rate ("needs N replicas"); the replay served it
     within the SLO dropping nothing: the note goes and the capacity is at least that rate. A replay
     over the SLO, or one that dropped requests, keeps stage 1's verdict."""
-    from inferasim.search.tune import _copy, _trust_the_replay
+    from inferasim.search.stage2 import copy_estimate as _copy
+    from inferasim.search.tune import _trust_the_replay
 
     model, gpu = get_model("meta-llama/Llama-3.1-70B"), get_gpu("H100")
     fitted = unanchored("vllm", model, gpu, "fp8", Layout(tp=4))

@@ -9,6 +9,7 @@ from test_sim_helpers import conversations, fitted, write_jsonl
 from inferasim.core.layout import Layout
 from inferasim.core.spec import StaticWorkload, TraceWorkload
 from inferasim.sim.api import simulate_workload
+from inferasim.sim.cluster import Cluster
 from inferasim.sim.workload import (
     ClosedLoop,
     Driver,
@@ -192,41 +193,91 @@ def test_same_seed_same_result_and_seed_matters() -> None:
     assert a != c
 
 
+def _exact_itl(cores) -> tuple[np.ndarray, np.ndarray]:  # noqa: ANN001
+    """Every inter-token gap of a run as (values, weights), from cores never flushed (whole E)."""
+    vals, wts = [], []
+    for core in cores:
+        if len(core.E) > 1:
+            w = np.asarray(core.cont[1:], dtype=float)
+            d = np.diff(np.asarray(core.E, dtype=float))
+            vals.append(d[w > 0])
+            wts.append(w[w > 0])
+        vals.append(np.asarray(core.gaps, dtype=float))
+        wts.append(np.ones(len(core.gaps)))
+    return np.concatenate(vals), np.concatenate(wts)
+
+
 @pytest.mark.parametrize("engine", ["vllm", "sglang", "atom"])
 def test_itl_distribution_accounts_for_every_gap(engine: str, tmp_path) -> None:  # noqa: ANN001
     """The pooled ITL has one entry per gap (output - 1 per request) and sums to the requests'
-    decode spans; each request's largest gap lies between its mean gap and its decode span."""
-    from inferasim.sim.report import itl_samples
+    decode spans; each request's largest gap lies between its mean gap and its decode span; the
+    streaming report's percentiles are within the sketch's error of the exact ones."""
+    from inferasim.sim.report import weighted_percentiles
+    from inferasim.sim.sketch import ALPHA
+    from inferasim.sim.tally import Tally
 
     trace = write_jsonl(tmp_path / "t.jsonl", conversations(n_conv=10, turns=4, seed=12))
     f = fitted(engine)
     rep = simulate_workload(f, Layout(tp=1), Driver(load_trace(trace)))
-    cores = [core for core in _cores(f, trace)]
-    vals, wts = itl_samples(cores)
+    tally = Tally()
+    streamed = _replica(f, tally)
+    Cluster([streamed]).run(Driver(load_trace(trace)))
+    streamed.flush(final=True)
+    exact = _replica(f, None)
+    Cluster([exact]).run(Driver(load_trace(trace)))
+    vals, wts = _exact_itl(exact.ranks)
     done = rep.completed
+    assert tally.itl.count == pytest.approx(sum(r.output - 1 for r in done))
     assert wts.sum() == pytest.approx(sum(r.output - 1 for r in done))
-    assert (vals * wts).sum() == pytest.approx(sum(r.finish - r.first_token for r in done), rel=1e-9)
+    assert tally.itl.sum == pytest.approx(sum(r.finish - r.first_token for r in done), rel=1e-9)
     assert rep.itl["mean"] == pytest.approx(1e3 * sum(r.finish - r.first_token for r in done) /
                                             sum(r.output - 1 for r in done), rel=1e-9)
     for r in done:
         if r.output > 2:
             assert r.tpot * (1 - 1e-9) <= r.max_gap <= (r.finish - r.first_token) * (1 + 1e-9)
     assert rep.itl["p50"] <= rep.itl["p90"] <= rep.itl["p99"]
+    for q, ref in zip((50, 90, 99), weighted_percentiles(vals, wts), strict=True):
+        assert abs(rep.itl[f"p{q}"] / 1e3 - ref) <= ALPHA * ref * (1 + 1e-9)
+    # The other latencies against the exact percentiles of the kept records.
+    ttft = np.array([r.ttft for r in done])
+    mg = np.array([r.max_gap for r in done if r.output > 1])
+    for name, v in (("ttft", ttft), ("max_itl", mg)):
+        stat = getattr(rep, name)
+        assert stat["mean"] == pytest.approx(1e3 * v.mean(), rel=1e-9)
+        for q, ref in zip((50, 90, 99), weighted_percentiles(v, np.ones(v.size)), strict=True):
+            assert abs(stat[f"p{q}"] / 1e3 - ref) <= ALPHA * ref * (1 + 1e-9)
 
 
-def _cores(f, trace):  # noqa: ANN001, ANN202
-    """The cores of a single-replica run (rebuilt: the report does not keep them)."""
+def test_streaming_report_trims_and_matches_records(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    """Flushing every few steps (the step-end list trimmed each time) reports the same counts,
+    sums and largest gaps as one flush at the end, and keeps no records unless asked."""
+    from inferasim.sim import replica as replica_mod
+
+    trace = write_jsonl(tmp_path / "t.jsonl", conversations(n_conv=12, turns=4, seed=3))
+    f = fitted("vllm")
+    once = simulate_workload(f, Layout(tp=1), Driver(load_trace(trace)), slo_ttft_ms=120, slo_itl_ms=20)
+    monkeypatch.setattr(replica_mod, "FLUSH_STEPS", 7)
+    often = simulate_workload(f, Layout(tp=1), Driver(load_trace(trace)), slo_ttft_ms=120, slo_itl_ms=20,
+                              records=False)
+    assert often.requests == [] and once.requests
+    a, b = once.as_dict(series=False), often.as_dict(series=False)
+    for key in ("completed", "dropped", "requests", "steps", "itl", "ttft", "tpot", "e2e", "max_itl"):
+        assert a[key] == pytest.approx(b[key], rel=1e-9), key
+    for key in ("requests_per_s", "tok_s", "fraction"):
+        assert a["goodput"][key] == pytest.approx(b["goodput"][key], rel=1e-9), key
+    assert 0 < a["goodput"]["fraction"] < 1  # the SLO splits the requests: the test can tell
+
+
+def _replica(f, tally):  # noqa: ANN001, ANN202
+    """A single replica of the fitted anchor on tp1 (the report does not keep its cores)."""
     from inferasim.model.layoutcost import layout_cost
     from inferasim.model.steady import engine_sched
-    from inferasim.sim.cluster import Cluster
     from inferasim.sim.replica import Replica
 
     lay = Layout(tp=1)
-    rep = Replica(f.params, layout_cost(f.model, f.gpu, lay, f.precision, f.kv_dtype),
-                  engine_sched(f.engine, f.model, f.gpu, lay, f.precision, f.engine_version, f.kv_dtype),
-                  delivery_delay=f.params.t_ttft)
-    Cluster([rep]).run(Driver(load_trace(trace)))
-    return rep.ranks
+    return Replica(f.params, layout_cost(f.model, f.gpu, lay, f.precision, f.kv_dtype),
+                   engine_sched(f.engine, f.model, f.gpu, lay, f.precision, f.engine_version, f.kv_dtype),
+                   delivery_delay=f.params.t_ttft, tally=tally)
 
 
 def test_trace_workload_spec_and_report_fields(shared_data) -> None:  # noqa: ANN001
@@ -274,3 +325,23 @@ def test_goodput_counts_the_requests_within_both_slos() -> None:
     assert g["slo"] == f"TTFT <= {ttft_ms:g} ms, ITL <= {itl_ms:g} ms"
     assert simulate_workload(fitted("vllm"), Layout(tp=1), Driver(poisson_requests(9.0, 400, 1500, 120, seed=13))
                              ).goodput["fraction"] == 1.0  # no SLO: every completed request counts
+
+
+def test_stream_driver_replays_as_the_list(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    """A streamed trace (read in batches as the replay reaches them) gives the list's report; out
+    of order, it is refused."""
+    from inferasim.sim.workload import StreamDriver, WorkloadError
+
+    trace = write_jsonl(tmp_path / "t.jsonl", conversations(n_conv=12, turns=4, seed=5))
+    f = fitted("vllm")
+    ref = simulate_workload(f, Layout(tp=1), Driver(load_trace(trace))).as_dict(series=False)
+    monkeypatch.setattr(StreamDriver, "BATCH", 5)
+    reqs = load_trace(trace)
+    got = simulate_workload(f, Layout(tp=1), StreamDriver(iter(reqs), reqs[-1].arrival),
+                            records=False).as_dict(series=False)
+    for key in ("completed", "requests", "itl", "ttft", "tpot", "max_itl", "throughput_tok_s", "prefix_hit_rate"):
+        assert got[key] == pytest.approx(ref[key], rel=1e-6), key
+    shuffled = load_trace(trace)
+    shuffled[3], shuffled[9] = shuffled[9], shuffled[3]
+    with pytest.raises(WorkloadError, match="order of arrival"):
+        simulate_workload(f, Layout(tp=1), StreamDriver(shuffled), records=False)

@@ -1,0 +1,186 @@
+"""Stage 2 of the search: the trace simulator replays the best candidates of stage 1, in rounds,
+spending replays only where they can change the answer.
+
+Honesty rule: every candidate that ends up recommended or short-listed was replayed in full. A
+candidate is left at its stage-1 estimate only when it can no longer reach the short list
+whatever its replay says: candidates are replayed in stage-1 order in rounds of `ROUND`, and
+when a round is drawn a candidate is skipped when at least `shortlist_n` already-final candidates of distinct
+shapes outscore the best score its replay could give it (`upper`: the SLO met, and the SLO
+capacity at the largest value stage 2 ever sets, see tune._trust_the_replay, _recalibrate_capacity
+and _add_replicas). The short list takes the best candidate of each shape in rank order, so that
+many distinct shapes above it fill the list before it. Only candidates within the SLO are final
+(stage 2 retries misses with more replicas afterwards). Rounds are fixed in size, so the same
+candidates are replayed whatever the number of worker processes.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable, Hashable
+from typing import Any
+
+from inferasim.search.estimate import Estimate
+from inferasim.search.workload import WorkloadShape
+
+ROUND = 4  # candidates replayed between two pruning decisions
+Progress = Callable[[str, int, int], None]
+Score = tuple[Any, ...]
+
+
+def simulate_one(e: Estimate, w: WorkloadShape) -> dict[str, Any] | None:
+    """The discrete-event simulator on one candidate: the workload itself (sessions, prefix
+    reuse, arrivals) replayed request by request on the candidate's replicas; None when the
+    simulator does not apply (disaggregated candidates, no finite step time, no replayable
+    workload). Returns the report's summary (no series)."""
+    from inferasim.sim.api import simulate_workload
+    from inferasim.sim.collector import paused_collector
+
+    c = e.candidate
+    split = c.disagg
+    # The simulator's prefill and decode pools share one layout: a disaggregated candidate whose
+    # pools differ keeps its stage-1 estimate.
+    if (split is not None and split.prefill != split.decode) or not math.isfinite(e.tpot) or w.source is None:
+        return None
+    src = w.source
+    if src.kind == "closed":
+        # A closed loop over all replicas: the spec's clients.
+        src = src.model_copy(update={"num_requests": min(src.num_requests, max(4 * (src.concurrency or 1), 200))})
+    # The collector stays paused until the report (and with it the simulation's requests) is
+    # dropped: the state dies by reference counting and is never scanned.
+    # Stage 1 prices every replica with the workload's whole prefix reuse; a multi-turn session
+    # keeps it only where its turns return to the replica holding its KV. Replayed with that
+    # (session-affine, prefix-aware) routing, as stage 1 assumes: round-robin split the sessions
+    # (hit 0.76 -> 0.51 at 2 replicas) and the gap read as a slower replay. The table notes it.
+    router = "prefix" if src.kind == "multi-turn" and (e.replicas > 1 or split is not None) else "rr"
+    # A disaggregated candidate: its replicas x (prefill workers, decode workers) pools.
+    pools = None if split is None else (split.prefill_workers * e.replicas, split.decode_workers * e.replicas)
+    with paused_collector():
+        report = simulate_workload(e.fitted, c.layout if split is None else split.decode, src,
+                                   replicas=e.replicas if split is None else 1, max_num_seqs=c.max_num_seqs,
+                                   max_batched_tokens=c.max_batched_tokens,
+                                   mixed=None if c.chunked_prefill else False, seed=1, router=router, disagg=pools,
+                                   records=False)
+        d = report.as_dict(series=False)
+        del report
+    return d
+
+
+def apply_replay(e: Estimate, d: dict[str, Any] | None) -> Estimate:
+    """Stage 2's refinement of `e` from its simulation summary `d` (see `_simulate_one`):
+    percentiles measured instead of assumed."""
+    if d is None:
+        return e
+    if not d["completed"]:
+        e.notes.append("the simulation completed no request")
+        return e
+    e.ttft, e.tpot = d["ttft"]["mean"] / 1e3, d["itl"]["mean"] / 1e3
+    e.ttft_p90, e.itl_p90 = d["ttft"]["p90"] / 1e3, d["itl"]["p90"] / 1e3
+    if d["dropped"]:
+        e.notes.append(f"{d['dropped']} of {d['requests']} requests dropped in simulation: {d['dropped_reasons']}")
+    e.stage = 2
+    return e
+
+
+# What the stage-2 worker processes simulate: set before they are forked, so that each task
+# carries an index only (no Estimate, FittedAnchor or workload pickled per task).
+_JOBS: tuple[list[Estimate], WorkloadShape] | None = None
+
+
+def _summary_fields(d: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The part of a report summary that `_apply` reads: what comes back from a worker."""
+    if d is None:
+        return None
+    return {"completed": d["completed"], "ttft": {k: d["ttft"][k] for k in ("mean", "p90")},
+            "itl": {k: d["itl"][k] for k in ("mean", "p90")}, "dropped": d["dropped"], "requests": d["requests"],
+            "dropped_reasons": d["dropped_reasons"]}
+
+
+def _worker_job(i: int) -> tuple[int, dict[str, Any] | None]:
+    assert _JOBS is not None
+    top, w = _JOBS
+    return i, _summary_fields(simulate_one(top[i], w))
+
+
+def can_skip(bound: Score, finals: list[tuple[Score, Hashable]], shortlist_n: int) -> bool:
+    """True when `shortlist_n` distinct shapes among the final (score, shape) pairs score above
+    `bound`: a candidate whose replay cannot score above `bound` stays off the short list."""
+    shapes = {shape for score, shape in finals if score > bound}
+    return len(shapes) >= shortlist_n
+
+
+def run_stage2(top: list[Estimate], w: WorkloadShape, workers: int, progress: Progress | None = None, *,
+               finish: Callable[[Estimate, Estimate], None] | None = None,
+               final: Callable[[Estimate], tuple[Score, Hashable] | None] | None = None,
+               upper: Callable[[Estimate], Score] | None = None, shortlist_n: int = 5) -> list[Estimate]:
+    """Replay `top` (stage-1 order) and return their refined copies, or the originals for the
+    candidates left out. `finish(before, after)` completes a replayed copy (SLO verdict, capacity);
+    `final(e)` is (score, shape) when e's score is final, else None; `upper(e)` bounds the score
+    of e's replay. Without `final` and `upper` every candidate is replayed."""
+    global _JOBS
+    out: list[Estimate] = list(top)
+    finals: list[tuple[Score, Hashable]] = []
+    todo = list(range(len(top)))
+    done = 0
+    pool = None
+    if workers > 1 and len(top) > 4:
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor
+
+        _JOBS = (top, w)
+        # Forked once for every round: the workers inherit the loaded catalogs, caches and _JOBS.
+        pool = ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("fork"))
+
+    def next_round() -> list[int]:
+        nonlocal todo
+        if final is not None and upper is not None and len(finals) >= shortlist_n:
+            todo = [i for i in todo if not can_skip(upper(top[i]), finals, shortlist_n)]
+        batch, todo = todo[:ROUND], todo[ROUND:]
+        return batch
+
+    def start(batch: list[int]) -> list[Any]:
+        # One task per candidate, handed out as workers free up (run times differ by 3x).
+        return [pool.submit(_worker_job, i) for i in batch] if pool is not None else list(batch)
+
+    def results(jobs: list[Any]) -> list[tuple[int, dict[str, Any] | None]]:
+        if pool is not None:
+            return [f.result() for f in jobs]
+        return [(i, simulate_one(top[i], w)) for i in jobs]
+
+    try:
+        # Two rounds in flight: round k + 2 is decided once round k is in, so the workers never
+        # wait at a round's end, and the decisions (on rounds 0..k only) are the same whatever
+        # the number of workers, in process or not.
+        flight = [start(next_round()), start(next_round())]
+        while flight:
+            jobs = flight.pop(0)
+            for i, d in results(jobs):
+                e = apply_replay(copy_estimate(top[i]), d)
+                if finish is not None:
+                    finish(top[i], e)
+                out[i] = e
+                got = final(e) if final is not None else None
+                if got is not None:
+                    finals.append(got)
+                done += 1
+                if progress:
+                    progress("stage 2", done, len(top))
+            batch = next_round()
+            if batch:
+                flight.append(start(batch))
+            flight = [f for f in flight if f]
+    finally:
+        if pool is not None:
+            pool.shutdown()
+            _JOBS = None
+    return out
+
+
+def copy_estimate(e: Estimate) -> Estimate:
+    """Stage 2 refines a copy: the stage-1 objects stay as they were, so that the Pareto front is
+    drawn from one model over the whole space, whether stage 2 ran in this process or in workers."""
+    out = copy.copy(e)
+    out.notes = list(e.notes)
+    return out
+
+
