@@ -109,8 +109,9 @@ def test_no_module_over_600_lines_except_data_tables() -> None:
     # architecture section; this list may only shrink.
     known = {"inferasim/cli/main.py", "inferasim/render.py", "inferasim/sim/engines.py", "inferasim/deployment.py",
              "inferasim/emulator/engine.py", "inferasim/emulator/server.py", "inferasim/sim/scheduler.py",
-             "inferasim/observe.py", "inferasim/model/anchors.py", "inferasim/search/tune.py"}
+             "inferasim/observe.py", "inferasim/model/anchors.py"}
     assert set(over) - DATA_TABLES - known == set(), over
+    assert known - set(over) == set(), "these are under the limit now: take them off the list"
 
 
 def test_every_library_exception_is_an_inferasim_error() -> None:
