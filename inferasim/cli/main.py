@@ -434,9 +434,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
     }
     rows = [("deployment", f"{engine} {model.name} on {replicas}x{layout.label()} {gpu.name} ({gpus} GPUs)"),
             ("load", ", ".join(f"{k}={v}" for k, v in load.items()) + f", isl={isl}, osl={osl}"),
-            ("TTFT (ms)", f"{out['ttft_ms']:,.1f}  [{out['interval']['ttft_ms'][0]:,.1f}, "
+            ("TTFT (ms) [90%]", f"{out['ttft_ms']:,.1f}  [{out['interval']['ttft_ms'][0]:,.1f}, "
                           f"{out['interval']['ttft_ms'][1]:,.1f}]" if stable else "unbounded (the queue grows)"),
-            ("TPOT (ms)", f"{out['tpot_ms']:.2f}  [{out['interval']['tpot_ms'][0]:.2f}, "
+            ("TPOT (ms) [90%]", f"{out['tpot_ms']:.2f}  [{out['interval']['tpot_ms'][0]:.2f}, "
                           f"{out['interval']['tpot_ms'][1]:.2f}]" if has_tpot else "- (one output token)"),
             ("output tok/s", f"{tput:,.0f}"), ("tok/s per GPU", f"{tput / gpus:,.0f}"),
             ("extrapolated", extrap), ("stable", stable),

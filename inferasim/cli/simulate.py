@@ -205,7 +205,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.trace:
         from inferasim.sim.workload import Driver
 
-        driver = Driver(load_trace(args.trace, args.format, args.time_scale, args.sample))
+        trace_notes: list[str] = []
+        driver = Driver(load_trace(args.trace, args.format, args.time_scale, args.sample, trace_notes))
+        for note in trace_notes:
+            print(f"warning: {note}", file=sys.stderr)
         source = f"trace {args.trace}"
     else:
         # The trace options mean nothing to a generated workload: refused, not ignored.

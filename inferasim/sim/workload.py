@@ -201,8 +201,10 @@ def _mooncake_error(d: object, p: Path, lineno: int) -> WorkloadError:
     return WorkloadError(f"{where}: field 'hash_ids' must be a list of integers, got {d.get('hash_ids')!r}")
 
 
-def load_mooncake(path: str | Path, time_scale: float = 1.0, sample: int | None = None) -> list[SimRequest]:
-    """Mooncake JSONL: {timestamp (ms), input_length, output_length, hash_ids}."""
+def load_mooncake(path: str | Path, time_scale: float = 1.0, sample: int | None = None,
+                  notes: list[str] | None = None) -> list[SimRequest]:
+    """Mooncake JSONL: {timestamp (ms), input_length, output_length, hash_ids}. `notes` receives what
+    was done to the recorded times (_sorted)."""
     p = Path(path)
     reqs: list[SimRequest] = []
     cache: dict[tuple[int, ...], tuple[int, ...]] = {}
@@ -252,7 +254,7 @@ def load_mooncake(path: str | Path, time_scale: float = 1.0, sample: int | None 
         except (ValueError, KeyError, TypeError, AttributeError, OverflowError):
             raise _mooncake_error(d, p, lineno) from None
         reqs.append(SimRequest(len(reqs), ts * time_scale, isl, osl, ids, MOONCAKE_BLOCK, id_tokens))
-    return _sorted(reqs)
+    return _sorted(reqs, f"{p}", notes)
 
 
 def _azure_time(text: str) -> float:
@@ -279,7 +281,8 @@ def _azure_error(rec: dict[str, str], p: Path, lineno: int) -> WorkloadError:
     return WorkloadError(f"{where}: bad Azure record")
 
 
-def load_azure(path: str | Path, time_scale: float = 1.0, sample: int | None = None) -> list[SimRequest]:
+def load_azure(path: str | Path, time_scale: float = 1.0, sample: int | None = None,
+               notes: list[str] | None = None) -> list[SimRequest]:
     """Azure LLM inference trace CSV: TIMESTAMP, ContextTokens, GeneratedTokens (no prefix ids)."""
     p = Path(path)
     rows: list[tuple[float, int, int]] = []
@@ -308,16 +311,25 @@ def load_azure(path: str | Path, time_scale: float = 1.0, sample: int | None = N
         return []
     t0 = min(r[0] for r in rows)
     reqs = [SimRequest(i, (t - t0) * time_scale, isl, osl) for i, (t, isl, osl) in enumerate(rows)]
-    return _sorted(reqs)
+    return _sorted(reqs, f"{p}", notes)
 
 
-def _sorted(reqs: list[SimRequest]) -> list[SimRequest]:
+def _sorted(reqs: list[SimRequest], where: str = "", notes: list[str] | None = None) -> list[SimRequest]:
+    """Requests in arrival order, the first at 0. What that changed of the recorded times is said in
+    `notes`: a negative timestamp (a clock before the epoch, or a trace cut and re-based by hand) and
+    records out of order are read, not refused, but a user should know the replay is not the file."""
     if any(b.arrival < a.arrival for a, b in zip(reqs, reqs[1:], strict=False)):
         reqs.sort(key=lambda r: r.arrival)
         for i, r in enumerate(reqs):
             r.rid = i
+        if notes is not None:
+            notes.append(f"{where}: records are not in time order; replayed in order of their timestamps")
     if reqs:
         t0 = reqs[0].arrival
+        if t0 < 0 and notes is not None:
+            negative = sum(1 for r in reqs if r.arrival < 0)
+            notes.append(f"{where}: {negative} record(s) have a negative timestamp (the first at {t0:.3f} s); "
+                         "arrivals are shifted to start at 0")
         if t0:
             for r in reqs:
                 r.arrival -= t0
@@ -325,9 +337,10 @@ def _sorted(reqs: list[SimRequest]) -> list[SimRequest]:
 
 
 def load_trace(path: str | Path, fmt: str = "auto", time_scale: float = 1.0,
-               sample: int | None = None) -> list[SimRequest]:
+               sample: int | None = None, notes: list[str] | None = None) -> list[SimRequest]:
     """Requests of a trace file, arrivals from 0, `time_scale` x the recorded times (0.5 = twice
-    the rate), only the first `sample` records when given."""
+    the rate), only the first `sample` records when given; `notes` receives what the reading
+    changed of the recorded times (negative timestamps, records out of order)."""
     if not time_scale > 0:
         raise WorkloadError(f"time_scale must be > 0, got {time_scale}")
     if sample is not None and sample < 1:
@@ -339,7 +352,9 @@ def load_trace(path: str | Path, fmt: str = "auto", time_scale: float = 1.0,
         raise WorkloadError(f"unknown trace format {fmt!r}; accepted: mooncake, azure, auto")
     # Reading builds many small objects and no garbage cycles.
     with paused_collector():
-        return load_mooncake(p, time_scale, sample) if kind == "mooncake" else load_azure(p, time_scale, sample)
+        if kind == "mooncake":
+            return load_mooncake(p, time_scale, sample, notes)
+        return load_azure(p, time_scale, sample, notes)
 
 
 def trace_driver(tw: TraceWorkload) -> Driver:
