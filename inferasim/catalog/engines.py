@@ -159,11 +159,18 @@ def allreduce_hop_latency(engine: str, version: str, gpu_name: str, vendor: str)
     (0.0: the link's own, as a one-shot custom all-reduce kernel or a current library gets)."""
     if engine != "vllm" or vendor != "amd":
         return 0.0
-    release = release_of(version)
-    fork = ROCM_FORK_TAG in version.lower()
-    if gpu_name in _GFX90A or (release and release < _VLLM_ROCM_CUSTOM_ALLREDUCE and not fork):
+    if gpu_name in _GFX90A or _upstream_vllm_on_amd_before(engine, version, vendor, _VLLM_ROCM_CUSTOM_ALLREDUCE):
         return RCCL_HOP_LATENCY
     return 0.0
+
+
+def _upstream_vllm_on_amd_before(engine: str, version: str, vendor: str, release: tuple[int, ...]) -> bool:
+    """An upstream vLLM build (not AMD's fork, ROCM_FORK_TAG) on an AMD GPU, numbered below
+    `release`; an unnumbered build reads as current."""
+    if engine != "vllm" or vendor != "amd" or ROCM_FORK_TAG in version.lower():
+        return False
+    number = release_of(version)
+    return bool(number) and number < release
 
 
 # vLLM decoded on AMD GPUs with its generic paged-attention kernel until v0.6.2 brought the ROCm
@@ -176,10 +183,7 @@ _VLLM_ROCM_CUSTOM_PAGED_ATTENTION = (0, 6, 2)
 
 def decode_reads_per_query_head(engine: str, version: str, vendor: str) -> bool:
     """Whether the engine build's decode attention reads the KV cache once per query head."""
-    if engine != "vllm" or vendor != "amd" or ROCM_FORK_TAG in version.lower():
-        return False
-    release = release_of(version)
-    return bool(release) and release < _VLLM_ROCM_CUSTOM_PAGED_ATTENTION
+    return _upstream_vllm_on_amd_before(engine, version, vendor, _VLLM_ROCM_CUSTOM_PAGED_ATTENTION)
 
 
 def engine_gpu_error(engine: str, vendor: str, gpu_name: str) -> str | None:

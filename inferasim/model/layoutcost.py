@@ -232,17 +232,18 @@ def layout_cost(model: ModelSpec, gpu: GPU, layout: Layout, precision: str = "au
     """Per-GPU work of `layout` (cached: searches ask for the same layouts many times). `engine`
     picks the prefill attention kernels' dtype (catalog.engines.prefill_attention_dtype); without
     one, attention math is priced in BF16."""
+    # Cached on what the engine build changes here (its decode kernel's reads), not on the version
+    # string: builds that read alike share one entry.
     return _layout_cost(model, gpu, layout, precision, kv_dtype, engine,
-                        engine_version if decode_reads_per_query_head(engine, engine_version, gpu.vendor) else "")
+                        decode_reads_per_query_head(engine, engine_version, gpu.vendor))
 
 
 @functools.lru_cache(maxsize=4096)
 def _layout_cost(model: ModelSpec, gpu: GPU, layout: Layout, precision: str, kv_dtype: str,
-                 engine: str, engine_version: str = "") -> LayoutCost:
+                 engine: str, per_query_head: bool = False) -> LayoutCost:
     precision = normalize_precision(precision)
     if precision == "auto":
         precision = {"nvfp4": "fp4"}.get(model.checkpoint_format, model.checkpoint_format)
-    per_query_head = decode_reads_per_query_head(engine, engine_version, gpu.vendor)
     amp_num, amp_den = 0.0, 0.0
     w = weight_bytes_per_gpu(model, layout, precision)
     fmts = model.weight_formats(precision)
