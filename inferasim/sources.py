@@ -88,20 +88,17 @@ ROCM_DEV_DOCKER_FORK = SourceRule(
 SOURCE_RULES: tuple[SourceRule, ...] = (ARGONNE_MI250_PACKAGES, ROCM_DEV_DOCKER_FORK)
 
 
-def read_as_run(rows: Sequence[BenchRow], rules: Sequence[SourceRule] = SOURCE_RULES) -> list[BenchRow]:
-    """`rows` with every source rule applied where it applies (the first that applies wins)."""
+def read_as_run(rows: Sequence[BenchRow], rules: Sequence[SourceRule] = SOURCE_RULES,
+                applied: dict[str, int] | None = None) -> list[BenchRow]:
+    """`rows` with every source rule applied where it applies (the first that applies wins);
+    `applied` receives how many rows each rule read (rules that read none are left out)."""
     out = []
     for row in rows:
         rule = next((r for r in rules if r.applies(row)), None)
-        out.append(rule.read(row) if rule is not None else row)
+        if rule is None:
+            out.append(row)
+            continue
+        out.append(rule.read(row))
+        if applied is not None:
+            applied[rule.name] = applied.get(rule.name, 0) + 1
     return out
-
-
-def rules_applied(rows: Sequence[BenchRow], rules: Sequence[SourceRule] = SOURCE_RULES) -> dict[str, int]:
-    """How many of `rows` each rule reads (rules that read none are left out)."""
-    counts: dict[str, int] = {}
-    for row in rows:
-        rule = next((r for r in rules if r.applies(row)), None)
-        if rule is not None:
-            counts[rule.name] = counts.get(rule.name, 0) + 1
-    return counts

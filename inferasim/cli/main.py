@@ -61,7 +61,7 @@ from inferasim.model.anchors import (
 )
 from inferasim.model.memory import plan_memory
 from inferasim.output import OUTPUT_FORMATS, emit, table
-from inferasim.sources import SOURCE_RULES, read_as_run, rules_applied
+from inferasim.sources import SOURCE_RULES, read_as_run
 
 EXIT_USAGE = 2
 
@@ -312,8 +312,8 @@ def _load_rows_noted(path: str, unreadable: list[Any] | None = None, *, as_writt
     notes: list[str] = []
     rows = load_rows(path, notes, unreadable)
     if not as_written:
-        counts = rules_applied(rows)
-        rows = read_as_run(rows)
+        counts: dict[str, int] = {}
+        rows = read_as_run(rows, applied=counts)
         for rule in SOURCE_RULES:
             if counts.get(rule.name):
                 notes.append(f"{path}: source rule {rule.name} read {counts[rule.name]} row(s): {rule.why} "
@@ -1299,11 +1299,13 @@ def _demo_amd_cases() -> None:
         gpu = get_gpu(gpu_name)
         try:
             fitted = _find_or_sibling(store, ks.model_copy(update={"gpu": gpu_name}), layout, gpu)
+            anchored = True
             how = f"anchored: {fitted.anchor_id}" + (" (carried from the same die)" if fitted.measured_on else "")
         except NoCompatibleAnchor:
             fitted = unanchored("vllm", model, gpu, "fp8", layout, version, benchmark_kv_dtype("fp8"))
+            anchored = False
             how = "measurement-free (no anchor on this die)"
-        p = predict_deployment(fitted, layout, isl, osl, concurrency=conc, anchored=not how.startswith("measurement"))
+        p = predict_deployment(fitted, layout, isl, osl, concurrency=conc, anchored=anchored)
         lo, hi = p.tpot_interval or (math.nan, math.nan)
         t_lo, t_hi = p.ttft_interval or (math.nan, math.nan)
         g_lo, g_hi = (v / p.gpus for v in (p.throughput_interval or (math.nan, math.nan)))
