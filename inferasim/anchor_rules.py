@@ -8,13 +8,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from inferasim.core.runs import BenchRow, KernelKey, Layout, is_target
+from inferasim.harvest.plan import default_plan
 
 ANCHOR_RULES = ("min-gpus", "harvest")
-# What `inferasim harvest run` measures by default (harvest.plan): the short pair at these client
-# counts, the long prompt at one. The harvest anchor rule takes the rows nearest to it.
-HARVEST_SHORT = (512, 128)
-HARVEST_CONCURRENCIES = (1, 4, 16, 64)
-HARVEST_LONG_CONCURRENCY = 8
+# What `inferasim harvest run` measures by default (harvest.plan.DEFAULT_PLAN_TEXT: 512x128 at 1, 4,
+# 16, 64 clients; 4096x64 at 8): the short pair at its client counts, the long prompt at one. The
+# harvest anchor rule takes the rows nearest to it, so it follows the plan if the plan changes.
+_PLAN = default_plan()
+HARVEST_SHORT = (_PLAN[0].isl, _PLAN[0].osl)
+HARVEST_CONCURRENCIES = tuple(p.concurrency for p in _PLAN if (p.isl, p.osl) == HARVEST_SHORT)
+HARVEST_LONG = max(_PLAN, key=lambda p: p.isl)  # its osl and concurrency are what the long rows are held to
 @dataclass(frozen=True)
 class AnchorChoice:
     layout: Layout
@@ -76,9 +79,9 @@ def _choose_harvest_anchor(rows: list[BenchRow]) -> AnchorChoice:
     long_isl = max(r.isl for r in at_layout)
     longest = [r for r in at_layout if r.isl == long_isl]
     conc = min({r.concurrency for r in longest},
-               key=lambda c: (_log_distance(c, HARVEST_LONG_CONCURRENCY), c))
+               key=lambda c: (_log_distance(c, HARVEST_LONG.concurrency), c))
     at_conc = [r for r in longest if r.concurrency == conc]
-    long_osl = min({r.osl for r in at_conc}, key=lambda o: (_log_distance(o, 64), o))
+    long_osl = min({r.osl for r in at_conc}, key=lambda o: (_log_distance(o, HARVEST_LONG.osl), o))
     ids = {id(r) for r in chosen}
     chosen += [r for r in at_conc if r.osl == long_osl and id(r) not in ids]
     return AnchorChoice(layout=layout, isl=isl, osl=osl, rows=chosen)
