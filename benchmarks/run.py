@@ -10,6 +10,8 @@
   workload: wall time against the 10 s budget, stage times and stage-1 candidates/s;
 - the bundled example's tune (`inferasim tune examples/llama70b-mi355x.yaml`) against its 2 s target;
 - the accuracy figures of `inferasim validate` on the dev files;
+- the step model against isolated H200 step timings (benchmarks/h200_steps.py): held-out steps,
+  tp slices, other models;
 - the trace simulator (benchmarks/sim_bench.py): the full Mooncake replay against its 2 s and 500 MB
   budgets, simulated s per wall s, the decode-run jumps against one step at a time.
 """
@@ -189,6 +191,9 @@ def main() -> int:
     for f in files + [DATA / "rocm-vllm-dev-docker" / "vllm_rocm_mi300x.csv"]:
         if f.exists():
             bench_anchor_rules(f)
+    from benchmarks import h200_steps
+
+    h200_steps.main()
     from benchmarks import sim_bench
 
     sim_bench.main()

@@ -27,6 +27,7 @@ from inferasim.model.fit import FitPoint, FitResult, fit_anchor_params, predict_
 from inferasim.model.layoutcost import layout_cost
 from inferasim.model.memory import layout_problems
 from inferasim.model.steady import engine_sched
+from inferasim.model.stepfit import engine_params_from_steps
 from inferasim.model.steptime import STEP_MODEL_REVISION, StepParams, default_params, step_time
 from inferasim.model.transfer import disagg_point
 
@@ -440,12 +441,13 @@ def stale_params(anchor: Anchor) -> str | None:
     the step-time model (steptime.STEP_MODEL_REVISION) while it holds benchmark points to refit
     from. None when they are used as stored (current revision, no revision recorded, or nothing
     to refit from)."""
-    if not anchor.params or anchor.fit is None or not anchor.fit.step_model or not anchor.points:
+    if not anchor.params or anchor.fit is None or not anchor.fit.step_model or not (anchor.points or anchor.steps):
         return None
     if anchor.fit.step_model == STEP_MODEL_REVISION:
         return None
+    what = f"{len(anchor.points)} points" if anchor.points else f"{len(anchor.steps)} steps"
     return (f"parameters fitted under step-time model {anchor.fit.step_model}, this inferasim is "
-            f"{STEP_MODEL_REVISION}: refitted from the anchor's {len(anchor.points)} points")
+            f"{STEP_MODEL_REVISION}: refitted from the anchor's {what}")
 
 
 def fitted_from_anchor(anchor: Anchor) -> FittedAnchor:
@@ -470,15 +472,25 @@ def fitted_from_anchor(anchor: Anchor) -> FittedAnchor:
                            max_abs_log_error=rep.max_abs_log_error if rep else 0.1,
                            per_metric_mape=dict(rep.per_metric) if rep else {}, n_points=len(points),
                            iterations=0, converged=True, message="stored parameters")
+    elif not points:
+        # Isolated step timings only (a PyTorch harvest): GPU terms from the steps, host terms
+        # from the engine's prior (model.stepfit.engine_params_from_steps).
+        cost = layout_cost(model, gpu, layout, precision, kv_dtype, engine, ks.engine_version)
+        params, sfit = engine_params_from_steps(cost, anchor.steps, default_params(gpu, engine, ks.engine_version))
+        result = FitResult(params=params, rms_log_error=sfit.rms_log_error, max_abs_log_error=sfit.max_abs_log_error,
+                           per_metric_mape={"step": sfit.median_abs_error}, n_points=sfit.n_points,
+                           iterations=sfit.iterations, converged=sfit.converged,
+                           message=(f"{stale}; " if stale else "") + "fitted from isolated steps")
     else:
         cost = layout_cost(model, gpu, layout, precision, kv_dtype, engine, ks.engine_version)
         sched = engine_sched(engine, model, gpu, layout, precision, ks.engine_version, kv_dtype)
         result = fit_anchor_params(cost, sched, points, default_params(gpu, engine, ks.engine_version))
         if stale:
             result.message = f"{stale}; {result.message}"[:500]
-    concs = [p.concurrency for p in anchor.points] or [1]
-    isls = [p.isl for p in anchor.points] or [1]
-    osls = [p.osl for p in anchor.points] or [1]
+    # A steps-only anchor spans the decode batches and the prompt chunks and contexts it timed.
+    concs = [p.concurrency for p in anchor.points] or [s.n_decode for s in anchor.steps if s.n_decode] or [1]
+    isls = [p.isl for p in anchor.points] or [s.n_prefill_tokens for s in anchor.steps if s.n_prefill_tokens] or [1]
+    osls = [p.osl for p in anchor.points] or [1, *(int(s.decode_context) for s in anchor.steps)]
     return FittedAnchor(engine=engine, engine_version=ks.engine_version, model=model, gpu=gpu,
                         precision=precision, kv_dtype=kv_dtype, layout=layout, fit=result, anchor_id=anchor.id,
                         conc_range=(min(concs), max(concs)), isl_range=(min(isls), max(isls)),
