@@ -8,8 +8,8 @@ physics of `steptime` + `transfer` + `model.steady`. `AnchoredPredictor` impleme
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -26,6 +26,7 @@ from inferasim.model.anchors import Anchor, BenchPoint, FitReport, KernelSet, La
 from inferasim.model.fit import FitPoint, FitResult, fit_anchor_params, predict_points
 from inferasim.model.layoutcost import layout_cost
 from inferasim.model.memory import layout_problems
+from inferasim.model.population import FittedMember, Population
 from inferasim.model.steady import engine_sched
 from inferasim.model.stepfit import engine_params_from_steps
 from inferasim.model.steptime import STEP_MODEL_REVISION, StepParams, default_params, step_time
@@ -202,6 +203,9 @@ class FittedAnchor:
     # The GPU the anchor was measured on, when it is a sibling of `gpu` (carry_to_gpu); "" when
     # measured on `gpu` itself.
     measured_on: str = ""
+    # Priced from the population of other kernel sets' anchors (model.population): the half-width
+    # of each metric's 90% band, measured as that population's leave-one-out error; empty otherwise.
+    population_spread: dict[str, float] = field(default_factory=dict)
 
     @property
     def params(self) -> StepParams:
@@ -210,6 +214,8 @@ class FittedAnchor:
     def spread(self, extrapolated: bool, layout: Layout, isl: int, osl: int, metric: str = "tpot",
                 concurrency: int | None = None) -> float:
         """Half-width (log) of the nominal 90% band of `metric` at a target deployment."""
+        if self.population_spread:
+            return self.population_spread.get(metric, self.population_spread.get("tpot", 0.5))
         res = self.fit.residuals.get(metric)
         base = max(float(np.sqrt(np.mean(np.square(res)))) if res else self.fit.rms_log_error, 0.03)
         parts = [base]
@@ -356,10 +362,33 @@ def fit_anchor_rows(rows: list[BenchRow]) -> FittedAnchor:
 
 
 class AnchoredPredictor:
-    """`inferasim.validate.Predictor`: fit on the anchor rows, predict the rest."""
+    """`inferasim.validate.Predictor`: fit on the anchor rows, predict the rest; or, measurement-free
+    (`validate --measurement-free`), price each kernel set from the others' anchors alone."""
+
+    def __init__(self) -> None:
+        self._rows: dict[tuple[str, ...], list[BenchRow]] = {}
+        self._population: Population | None = None
 
     def fit(self, kernel_key: tuple[str, ...], anchor_rows: list[BenchRow]) -> FittedAnchor:
+        self._rows[kernel_key] = anchor_rows
         return fit_anchor_rows(anchor_rows)
+
+    def learn_population(self, fitted: Mapping[tuple[str, ...], FittedAnchor]) -> None:
+        """The population of these fitted kernel sets (their anchor rows as given to fit)."""
+        self._population = Population({
+            k: FittedMember(key=k, engine=f.engine, engine_version=f.engine_version, model=f.model, gpu=f.gpu,
+                            precision=f.precision, kv_dtype=f.kv_dtype, layout=f.layout, params=f.params,
+                            points=[fit_point(r) for r in self._rows.get(k, [])])
+            for k, f in fitted.items()})
+
+    def population(self, kernel_key: tuple[str, ...], row: BenchRow) -> FittedAnchor:
+        """`row`'s kernel set priced from the population without it (leave one kernel set out)."""
+        if self._population is None:
+            raise CannotPredict("no population learned (learn_population first)")
+        base = self.unanchored(kernel_key, row)
+        fit, spread = self._population.fit_for(kernel_key, base.engine, base.engine_version, base.model, base.gpu,
+                                               base.precision)
+        return replace(base, fit=fit, anchor_id="population", population_spread=spread)
 
     def unanchored(self, kernel_key: tuple[str, ...], row: BenchRow) -> FittedAnchor:
         """A kernel set without an anchor of its own (disaggregated rows only), priced from the
