@@ -342,7 +342,8 @@ def _refuse_beyond_context(model: ModelSpec, isl: int, osl: int) -> None:
 
 def cmd_predict(args: argparse.Namespace) -> int:
     from inferasim.model.deployment import RequestTooLong, predict_deployment
-    from inferasim.model.predictor import fitted_from_anchor, unanchored
+    from inferasim.model.measurement_free import measurement_free
+    from inferasim.model.predictor import fitted_from_anchor
 
     engine = normalize_engine(args.engine)
     model = get_model(args.model)
@@ -385,9 +386,11 @@ def cmd_predict(args: argparse.Namespace) -> int:
         except NoCompatibleAnchor as exc:
             if args.require_anchor:
                 raise UsageError(str(exc)) from None
-            fitted = unanchored(engine, model, gpu, precision, layout, args.engine_version, kv_dtype)
+            fitted = measurement_free(_anchor_store(args.anchors), engine, model, gpu, precision, layout,
+                                      args.engine_version, kv_dtype)
             anchored = False
-            print(f"note: {exc}; predicting measurement-free (rank within one engine only)", file=sys.stderr)
+            print(f"note: {exc}; predicting measurement-free from the population of the store's other "
+                  "anchors (rank within one engine first)", file=sys.stderr)
     # Checked at what the prediction will run: an anchor's precision and KV dtype may differ from
     # the flags' (an fp8 anchor of a bf16 checkpoint fits layouts bf16 does not).
     refuse_unservable(fitted.model, fitted.gpu, layout, fitted.engine, fitted.precision, fitted.kv_dtype)
@@ -1148,7 +1151,8 @@ def _find_or_sibling(store: Any, ks: KernelSet, layout: Layout, gpu: GPU) -> Any
 
 def _fitted_for(args: argparse.Namespace, layout: Layout):  # noqa: ANN202
     from inferasim.catalog.checkpoints import priced_precision
-    from inferasim.model.predictor import benchmark_kv_dtype, fitted_from_anchor, unanchored
+    from inferasim.model.measurement_free import measurement_free
+    from inferasim.model.predictor import benchmark_kv_dtype, fitted_from_anchor
     from inferasim.search.tune import anchored_fit
 
     engine = normalize_engine(args.engine)
@@ -1167,7 +1171,8 @@ def _fitted_for(args: argparse.Namespace, layout: Layout):  # noqa: ANN202
         note_carried(found[0])
         return found[0], True
     print("note: no anchor for this kernel set; advising measurement-free", file=sys.stderr)
-    return unanchored(engine, model, gpu, precision, layout, kv_dtype=benchmark_kv_dtype(precision)), False
+    return measurement_free(_anchor_store(args.anchors), engine, model, gpu, precision, layout,
+                            kv_dtype=benchmark_kv_dtype(precision)), False
 
 
 def cmd_advise(args: argparse.Namespace) -> int:
@@ -1287,7 +1292,8 @@ _DEMO_AMD = ("amd/Llama-3.1-70B-Instruct-FP8-KV", "0.10.0" + ROCM_FORK_TAG, 8, 2
 
 def _demo_amd_cases() -> None:
     from inferasim.model.deployment import predict_deployment
-    from inferasim.model.predictor import benchmark_kv_dtype, unanchored
+    from inferasim.model.measurement_free import measurement_free
+    from inferasim.model.predictor import benchmark_kv_dtype
 
     model_id, version, tp, isl, osl, conc = _DEMO_AMD
     model, layout = get_model(model_id), Layout(tp=tp)
@@ -1302,9 +1308,9 @@ def _demo_amd_cases() -> None:
             anchored = True
             how = f"anchored: {fitted.anchor_id}" + (" (carried from the same die)" if fitted.measured_on else "")
         except NoCompatibleAnchor:
-            fitted = unanchored("vllm", model, gpu, "fp8", layout, version, benchmark_kv_dtype("fp8"))
+            fitted = measurement_free(store, "vllm", model, gpu, "fp8", layout, version, benchmark_kv_dtype("fp8"))
             anchored = False
-            how = "measurement-free (no anchor on this die)"
+            how = "measurement-free (population prior; no anchor on this die)"
         p = predict_deployment(fitted, layout, isl, osl, concurrency=conc, anchored=anchored)
         lo, hi = p.tpot_interval or (math.nan, math.nan)
         t_lo, t_hi = p.ttft_interval or (math.nan, math.nan)

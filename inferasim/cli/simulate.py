@@ -132,7 +132,8 @@ def resolve_fitted(args: argparse.Namespace, layout: Any) -> tuple[Any, bool, st
     from inferasim.catalog.gpus import get_gpu
     from inferasim.catalog.models import get_model
     from inferasim.model.anchors import load_anchor
-    from inferasim.model.predictor import benchmark_kv_dtype, fitted_from_anchor, unanchored
+    from inferasim.model.measurement_free import measurement_free
+    from inferasim.model.predictor import benchmark_kv_dtype, fitted_from_anchor
     from inferasim.search.tune import anchored_fit
 
     engine = normalize_engine(args.engine)
@@ -151,7 +152,8 @@ def resolve_fitted(args: argparse.Namespace, layout: Any) -> tuple[Any, bool, st
         note_carried(fitted)
         note_poor_anchor(fitted)
         return fitted, True, fitted.anchor_id
-    fitted = unanchored(engine, model, gpu, precision, layout, args.engine_version, kv_dtype=kv)
+    fitted = measurement_free(anchor_store(args.anchors), engine, model, gpu, precision, layout,
+                              args.engine_version, kv_dtype=kv)
     return fitted, False, "unanchored"
 
 

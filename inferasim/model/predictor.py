@@ -243,6 +243,8 @@ class FittedAnchor:
         """What a prediction at this deployment carries from the anchor, in words (what widens
         its interval): another layout, lengths beyond the measured range, a concurrency outside
         the sweep. Empty at the anchor's own layout, lengths and sweep."""
+        if self.population_spread:
+            return [f"no measurement: {self.fit.message.removeprefix('measurement-free: ')}"]
         if self.isl_range[1] <= 0:
             return ["no measurement: GPU-family defaults (rank within one engine only)"]
         out = []
@@ -388,7 +390,7 @@ class AnchoredPredictor:
         base = self.unanchored(kernel_key, row)
         fit, spread = self._population.fit_for(kernel_key, base.engine, base.engine_version, base.model, base.gpu,
                                                base.precision)
-        return replace(base, fit=fit, anchor_id="population", population_spread=spread)
+        return replace(base, fit=fit, population_spread=spread)
 
     def unanchored(self, kernel_key: tuple[str, ...], row: BenchRow) -> FittedAnchor:
         """A kernel set without an anchor of its own (disaggregated rows only), priced from the

@@ -18,7 +18,8 @@ from inferasim.catalog.precision import weight_class
 from inferasim.core.spec import SLO, TuningSpec
 from inferasim.harvest.plan import engine_startup_s, harvest_gpu_hours
 from inferasim.model.anchors import SHIPPED_ANCHORS, Anchor, AnchorStore, method_rank
-from inferasim.model.predictor import FittedAnchor, benchmark_kv_dtype, carry_to_gpu, fitted_from_anchor, unanchored
+from inferasim.model.measurement_free import measurement_free
+from inferasim.model.predictor import FittedAnchor, benchmark_kv_dtype, carry_to_gpu, fitted_from_anchor
 from inferasim.search.estimate import (
     Estimate,
     blocked,
@@ -402,7 +403,8 @@ def tune(spec: TuningSpec, anchor_dirs: list[Path] | None = None, progress: Prog
                 fitted_by[key], anchor = found
                 anchors_used[f"{cand.engine}/{cand.precision}"] = anchor.id
             else:
-                fitted_by[key] = unanchored(cand.engine, model, gpu, cand.precision, cand.layout, kv_dtype=kv)
+                fitted_by[key] = measurement_free(store, cand.engine, model, gpu, cand.precision, cand.layout,
+                                                  kv_dtype=kv)
             if found is None or fitted_by[key].measured_on:
                 # No anchor of this GPU (a sibling's carried one still wants its own measurement).
                 # The fewest GPUs; among those the plainest layout (no pipeline stages, attention dp
