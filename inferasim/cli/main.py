@@ -1090,6 +1090,14 @@ def cmd_tune(args: argparse.Namespace) -> int:
     # is reported after the result, which is printed all the same.
     failures: list[str] = []
     plotted = bool(args.plot) and draw_plot(lambda: _plot_pareto(result, args.plot), args.plot, failures)
+    exported: tuple[Path, Path] | None = None
+    if args.plot:
+        from inferasim.search.export import write_exports
+
+        try:
+            exported = write_exports(data, args.plot)
+        except OSError as exc:
+            failures.append(f"--plot {args.plot}: the CSVs beside it cannot be written ({exc.strerror or exc})")
     if args.manifest and result.recommendation is not None:
         from inferasim.search.deploy import manifests_for
 
@@ -1101,9 +1109,12 @@ def cmd_tune(args: argparse.Namespace) -> int:
         except OSError as exc:
             failures.append(f"--manifest {args.manifest}: cannot write ({exc.strerror or exc})")
     emit(data, args.output, _tune_table(result))
+    args.result_data = data  # for the demo's next steps
     if args.output == "table":
         if plotted:
             print(f"Pareto plot written to {args.plot}")
+        if exported:
+            print(f"Pareto front and short list as CSV: {exported[0]}, {exported[1]}")
         if "manifest_file" in data:
             print(f"Deployment manifest written to {args.manifest}")
     for failure in failures:
@@ -1324,13 +1335,43 @@ def _demo_amd_cases() -> None:
           "die; the MI355X, a CDNA 4 part, has none yet: `inferasim harvest run` measures one)")
 
 
+def _harvest_commands(data: dict[str, Any]) -> list[str]:
+    """`inferasim harvest run` for each anchor the tune result is missing, at its cheapest layout."""
+    out = []
+    for m in data.get("missing_anchors", []):
+        lay = m.get("harvest_layout", {})
+        flags = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in lay.items() if v != 1)
+        out.append(f"inferasim harvest run --endpoint http://ENGINE:8000 --model {m['model']} --gpu {m['gpu']} "
+                   f"--engine {m['engine']} --precision {m['precision']} {flags}".rstrip() + " --out anchors/")
+    return out
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
+    import importlib.util
+
     example = Path(__file__).resolve().parents[2] / "examples" / "llama70b-mi355x.yaml"
-    print(f"inferasim demo: `inferasim tune {example.relative_to(example.parent.parent)}`\n")
-    rc = cmd_tune(argparse.Namespace(spec=str(example), anchors=None, plot=None, manifest=None, name="llm",
-                                     namespace="default", output="table", propose_endpoint=None,
-                                     propose_model="default"))
+    out = Path(args.out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--out {args.out!r}: cannot create the folder ({exc.strerror or exc})") from None
+    # The plot needs matplotlib (the `plot` extra); without it the demo still writes the manifest.
+    plot = str(out / "pareto.png") if importlib.util.find_spec("matplotlib") else None
+    manifest = str(out / "deploy.yaml")
+    print(f"inferasim demo: `inferasim tune {example.relative_to(example.parent.parent)} "
+          f"{'--plot ' + plot + ' ' if plot else ''}--manifest {manifest}`\n")
+    ns = argparse.Namespace(spec=str(example), anchors=None, plot=plot, manifest=manifest, name="llm",
+                            namespace="default", output="table", propose_endpoint=None, propose_model="default")
+    rc = cmd_tune(ns)
     _demo_amd_cases()
+    commands = _harvest_commands(getattr(ns, "result_data", {}))
+    if commands:
+        print("\nNext: harvest the missing anchors on the cluster's GPUs (an engine serving the model at ENGINE), "
+              "then tune again:")
+        for c in commands:
+            print(f"  {c}")
+        print(f"  inferasim tune {example} --plot {plot or 'pareto.png'} --manifest {manifest}")
+        print("  (or let the operator do it: kubectl apply -f a ServingTuning; see charts/ and README 'The operator')")
     return rc
 
 
@@ -1474,7 +1515,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("tune", help="search deployments for a spec (the ServingTuning spec fields)")
     p.add_argument("spec", help="SPEC.yaml: a tuning spec or a whole ServingTuning manifest")
     p.add_argument("--anchors", action="append", default=None, help="anchor folder(s) (default: anchors/)")
-    p.add_argument("--plot", default=None, help="write the Pareto plot here (.png, .svg, .pdf: the extension picks)")
+    p.add_argument("--plot", default=None, help="write the Pareto plot here (.png, .svg, .pdf: the extension picks); "
+                                                "the front and the short list go beside it as CSV (STEM.csv, "
+                                                "STEM-shortlist.csv)")
     p.add_argument("--manifest", default=None, help="write the recommended Deployment + Service YAML here")
     p.add_argument("--name", default="llm", help="name of the rendered Deployment")
     p.add_argument("--namespace", default="default")
@@ -1521,6 +1564,8 @@ def build_parser() -> argparse.ArgumentParser:
         importlib.import_module(module).add_cli(sub)
 
     p = sub.add_parser("demo", help="run the main job on the bundled example")
+    p.add_argument("--out", default="demo-out", help="folder for the Pareto plot, its CSVs and the manifest "
+                                                     "(default %(default)s)")
     p.set_defaults(func=cmd_demo)
     return parser
 

@@ -1,0 +1,51 @@
+"""tune's CSV exports beside the plot, and the demo's written files and next commands (issue 27 items 2, 7)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from inferasim.search.export import PARETO_COLUMNS, SHORTLIST_COLUMNS, csv_paths, pareto_csv, shortlist_csv
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "llama70b-mi355x.yaml"
+
+
+def _cli() -> list[str]:
+    exe = shutil.which("inferasim")
+    return [exe] if exe else [sys.executable, "-m", "inferasim"]
+
+
+def test_csvs_hold_what_the_json_holds() -> None:
+    r = subprocess.run([*_cli(), "tune", str(EXAMPLE), "-o", "json"], capture_output=True, text=True, timeout=300)
+    data = json.loads(r.stdout)
+    front = list(csv.DictReader(pareto_csv(data).splitlines()))
+    assert tuple(front[0].keys()) == PARETO_COLUMNS and len(front) == len(data["pareto"])
+    assert float(front[0]["throughput_per_gpu"]) == float(f"{data['pareto'][0]['throughput_per_gpu']:.6g}")
+    short = list(csv.DictReader(shortlist_csv(data).splitlines()))
+    assert tuple(short[0].keys()) == SHORTLIST_COLUMNS and len(short) == len(data["shortlist"])
+    for i, (row, entry) in enumerate(zip(short, data["shortlist"], strict=True), 1):
+        assert int(row["rank"]) == i and row["shape"] == entry["shape"]
+        # The 90% band as a factor: exp of the log half-width, always above 1.
+        assert float(row["interval_factor_90"]) == float(f"{math.exp(entry['predicted']['interval_log']):.6g}") > 1
+
+
+def test_csv_paths_sit_beside_the_plot() -> None:
+    front, short = csv_paths("out/x/pareto.svg")
+    assert front == Path("out/x/pareto.csv") and short == Path("out/x/pareto-shortlist.csv")
+
+
+def test_demo_writes_its_files_and_prints_the_next_commands(tmp_path: Path) -> None:
+    out = tmp_path / "demo"
+    r = subprocess.run([*_cli(), "demo", "--out", str(out)], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert (out / "deploy.yaml").read_text().startswith(("apiVersion", "#", "---"))
+    assert (out / "pareto.csv").exists() and (out / "pareto-shortlist.csv").exists()
+    assert "Next: harvest the missing anchors" in r.stdout
+    assert "inferasim harvest run --endpoint http://ENGINE:8000 --model meta-llama/Meta-Llama-3.1-70B --gpu MI355X" \
+        in r.stdout
