@@ -108,9 +108,19 @@ def base_url(endpoint: str) -> str:
     return url
 
 
-async def served_models(client: httpx.AsyncClient, endpoint: str) -> list[str]:
+# Seconds a control request (/v1/models, /metrics) may take. An engine answers them at once once it
+# serves; one that accepts the connection and sends nothing is not serving yet (vLLM and SGLang
+# open their port before the model is loaded only behind a proxy) or is not an OpenAI server.
+CONTROL_TIMEOUT_S = 30.0
+
+
+async def served_models(client: httpx.AsyncClient, endpoint: str, timeout: float = CONTROL_TIMEOUT_S) -> list[str]:
     try:
-        r = await client.get(f"{base_url(endpoint)}/v1/models")
+        r = await client.get(f"{base_url(endpoint)}/v1/models", timeout=timeout)
+    except httpx.TimeoutException:
+        raise HarvestError(f"{endpoint} sent no answer to GET /v1/models within {timeout:g} s: not an OpenAI-"
+                           "compatible server, or one still loading its model (check `curl ENDPOINT/v1/models`)") \
+            from None
     except httpx.HTTPError as exc:
         raise HarvestError(f"cannot reach {endpoint}: {exc!r}") from None
     if r.status_code != 200:
@@ -125,18 +135,18 @@ async def served_models(client: httpx.AsyncClient, endpoint: str) -> list[str]:
 ENGINE_METRIC_PREFIXES = {"vllm": "vllm:", "sglang": "sglang:", "atom": "atom:"}
 
 
-async def served_engine(client: httpx.AsyncClient, endpoint: str) -> str | None:
+async def served_engine(client: httpx.AsyncClient, endpoint: str, timeout: float = CONTROL_TIMEOUT_S) -> str | None:
     """The engine an endpoint is, by the prefix of its /metrics series (vllm:, sglang:, atom:), else
     by the `owned_by` of its /v1/models entries; None when neither says."""
     seen: set[str] = set()
     try:
-        r = await client.get(f"{base_url(endpoint)}/metrics")
+        r = await client.get(f"{base_url(endpoint)}/metrics", timeout=timeout)
         if r.status_code == 200:
             for line in r.text.splitlines():
                 if line and not line.startswith("#"):
                     seen.update(e for e, pre in ENGINE_METRIC_PREFIXES.items() if line.startswith(pre))
         if len(seen) != 1:
-            r = await client.get(f"{base_url(endpoint)}/v1/models")
+            r = await client.get(f"{base_url(endpoint)}/v1/models", timeout=timeout)
             listed = r.json().get("data", []) if r.status_code == 200 else []
             seen = {str(m.get("owned_by", "")).lower() for m in listed} & set(ENGINE_METRIC_PREFIXES)
     except (httpx.HTTPError, ValueError, AttributeError, TypeError):
@@ -144,13 +154,14 @@ async def served_engine(client: httpx.AsyncClient, endpoint: str) -> str | None:
     return seen.pop() if len(seen) == 1 else None
 
 
-async def _scrape_sums(client: httpx.AsyncClient, endpoint: str, wanted: dict[str, str]) -> dict[str, float] | None:
+async def _scrape_sums(client: httpx.AsyncClient, endpoint: str, wanted: dict[str, str],
+                       timeout: float = CONTROL_TIMEOUT_S) -> dict[str, float] | None:
     """The engine's /metrics samples named in `wanted` (sample name -> key), summed per key over
     all series; only the keys seen. None when /metrics is unreachable, not 200, or unparsable."""
     from prometheus_client.parser import text_string_to_metric_families
 
     try:
-        r = await client.get(f"{base_url(endpoint)}/metrics")
+        r = await client.get(f"{base_url(endpoint)}/metrics", timeout=timeout)
     except httpx.HTTPError:
         return None
     if r.status_code != 200:
@@ -167,20 +178,22 @@ async def _scrape_sums(client: httpx.AsyncClient, endpoint: str, wanted: dict[st
     return out
 
 
-async def scrape_counters(client: httpx.AsyncClient, endpoint: str, engine: str) -> dict[str, float] | None:
+async def scrape_counters(client: httpx.AsyncClient, endpoint: str, engine: str,
+                          timeout: float = CONTROL_TIMEOUT_S) -> dict[str, float] | None:
     """Prompt and generation token counters summed over all series; None without /metrics.
 
     Names: vLLM `vllm:prompt_tokens_total` / `vllm:generation_tokens_total`, SGLang
     `sglang:prompt_tokens_total` / `sglang:generation_tokens_total` (engine-facts notes 1.1, 2)."""
     prefix = {"sglang": "sglang:", "atom": "atom:"}.get(engine, "vllm:")
     sums = await _scrape_sums(client, endpoint, {f"{prefix}prompt_tokens_total": "prompt_tokens",
-                                                 f"{prefix}generation_tokens_total": "generation_tokens"})
+                                                 f"{prefix}generation_tokens_total": "generation_tokens"}, timeout)
     if not sums:
         return None
     return {"prompt_tokens": 0.0, "generation_tokens": 0.0, **sums}
 
 
-async def scrape_latency(client: httpx.AsyncClient, endpoint: str, engine: str) -> dict[str, float] | None:
+async def scrape_latency(client: httpx.AsyncClient, endpoint: str, engine: str,
+                         timeout: float = CONTROL_TIMEOUT_S) -> dict[str, float] | None:
     """Sums and counts of the engine's TTFT and end-to-end latency histograms (all series); None
     when /metrics lacks them. vLLM `vllm:time_to_first_token_seconds` and
     `vllm:e2e_request_latency_seconds` (notes 1.2), SGLang `sglang:...` of the same names
@@ -190,7 +203,7 @@ async def scrape_latency(client: httpx.AsyncClient, endpoint: str, engine: str) 
             f"{prefix}time_to_first_token_seconds_count": "ttft_count",
             f"{prefix}e2e_request_latency_seconds_sum": "e2e_sum",
             f"{prefix}e2e_request_latency_seconds_count": "e2e_count"}
-    sums = await _scrape_sums(client, endpoint, keys)
+    sums = await _scrape_sums(client, endpoint, keys, timeout)
     return sums if sums is not None and len(sums) == 4 else None
 
 

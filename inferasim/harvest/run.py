@@ -33,6 +33,7 @@ from inferasim.catalog.gpus import get_gpu
 from inferasim.catalog.models import get_model
 from inferasim.core.layout import Layout
 from inferasim.harvest.client import (
+    CONTROL_TIMEOUT_S,
     HarvestError,
     PointResult,
     base_url,
@@ -156,10 +157,14 @@ async def harvest_async(cfg: HarvestConfig, progress: Callable[[str], None] | No
     limits = httpx.Limits(max_connections=biggest + 8, max_keepalive_connections=biggest + 8)
     timeout = httpx.Timeout(cfg.request_timeout_s, connect=30.0)
     async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
-        names = await served_models(client, endpoint)
+        names = await served_models(client, endpoint, timeout=min(CONTROL_TIMEOUT_S, cfg.budget_s))
         # An anchor of one engine's measurements filed under another's kernel set would price the
         # wrong engine: refuse when the endpoint says which engine it is, and it is not --engine.
-        serving = await served_engine(client, endpoint)
+        # Control requests share the budget: a /metrics that never answers costs seconds, not minutes.
+        def control() -> float:
+            return max(min(CONTROL_TIMEOUT_S, deadline - time.perf_counter()), 0.5)
+
+        serving = await served_engine(client, endpoint, control())
         if serving is not None and serving != engine:
             raise HarvestError(f"{endpoint} is a {serving} server (its /metrics series and model list say so), not "
                                f"--engine {engine}: pass --engine {serving}")
@@ -172,18 +177,27 @@ async def harvest_async(cfg: HarvestConfig, progress: Callable[[str], None] | No
                 raise HarvestError(f"{endpoint} does not serve {name!r}; it serves {names} "
                                    "(pass --served-model-name)")
         if cfg.warmup:
-            await warm_up(client, endpoint, name, rng, cfg.client, cfg.request_timeout_s)
-        before = await scrape_counters(client, endpoint, engine)
+            # Within the budget: an endpoint that lists its model but never answers a request must
+            # fail the harvest in --budget-s, not in --request-timeout-s.
+            left = max(deadline - time.perf_counter(), 1.0)
+            try:
+                await warm_up(client, endpoint, name, rng, cfg.client, min(cfg.request_timeout_s, left))
+            except (HarvestError, httpx.HTTPError, OSError, TimeoutError) as exc:
+                why = str(exc) or type(exc).__name__
+                raise HarvestError(f"{endpoint} lists {name!r} but answered no 4-token warm-up request within "
+                                   f"{min(cfg.request_timeout_s, left):.0f} s (of --budget-s {cfg.budget_s:g}): "
+                                   f"{why}") from None
+        before = await scrape_counters(client, endpoint, engine, control())
         for point in cfg.plan:
             left = deadline - time.perf_counter()
             if left <= 0:
                 skipped.append(f"{point.label()}: skipped, the time budget of {cfg.budget_s:g} s is spent")
                 continue
-            lat_before = await scrape_latency(client, endpoint, engine)
+            lat_before = await scrape_latency(client, endpoint, engine, control())
             res = await run_point(client, endpoint, name, point, cfg.speedup, deadline, rng, cfg.client,
                                   cfg.request_timeout_s)
             if res.ok:
-                res.server = server_means(lat_before, await scrape_latency(client, endpoint, engine),
+                res.server = server_means(lat_before, await scrape_latency(client, endpoint, engine, control()),
                                           len(res.requests), point.osl)
                 if cfg.timing == "server" and res.server is None:
                     res.failures.append("--timing server: /metrics has no TTFT and e2e histograms counting "
@@ -197,7 +211,7 @@ async def harvest_async(cfg: HarvestConfig, progress: Callable[[str], None] | No
             else:
                 skipped.append(f"{point.label()}: dropped ({'; '.join(res.failures[:3])})")
                 _log(progress, skipped[-1])
-        after = await scrape_counters(client, endpoint, engine)
+        after = await scrape_counters(client, endpoint, engine, control())
     wall = time.perf_counter() - t_start
     counters = None
     if before is not None and after is not None:
