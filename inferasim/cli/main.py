@@ -984,6 +984,17 @@ def _tune_table(result: Any) -> str:
             # assumption, not by measurement.
             lines.append(f"note: {', '.join(engines)} are compared measurement-free: which engine serves best is "
                          "not decided until their anchors are harvested (below)")
+    cap = d.get("capacity")
+    if cap:
+        lines += ["", f"Capacity: {cap['headline']}"]
+        if cap["answers"]:
+            span = "rate_interval" if cap["question"] == "maxRate" else "gpus_interval"
+            rows_c = [(a["engine"], a["precision"], a["shape"], a["replicas"], a["gpus"], f"{a['rate']:.2f}",
+                       f"[{a[span][0]:.2f}, {a[span][1]:.2f}]" if span == "rate_interval"
+                       else f"[{a[span][0]}, {a[span][1]}]", "yes" if a["anchored"] else "no")
+                      for a in cap["answers"]]
+            lines.append(table(["engine", "prec", "shape", "repl", "GPUs", "req/s", f"{span.split('_')[0]} [90%]",
+                                "anchored"], rows_c))
     for x in d["space"]["excluded"]:
         lines.append(f"not considered: {x['what']}: {x['why']}")
     for p in d.get("proposals") or []:

@@ -284,6 +284,16 @@ class SearchSpace(_Model):
     pipeline_parallel: bool = True
 
 
+class Capacity(_Model):
+    """A capacity question tune answers beside its recommendation (search.capacity)."""
+
+    question: Literal["maxRate", "gpusForRate"] = Field(
+        description="maxRate: the most requests/s hardware.maxGPUs serves within the SLO; gpusForRate: the "
+                    "fewest GPUs that serve requestRate (or the workload's own rate) within the SLO.")
+    request_rate: float | None = Field(None, gt=0, le=MAX_RATE,
+                                       description="Requests/s to serve (gpusForRate; default: the workload's rate).")
+
+
 class TuningSpec(_Model):
     """Everything `inferasim tune` needs: the same fields as a ServingTuning's spec."""
 
@@ -296,6 +306,7 @@ class TuningSpec(_Model):
     engines: list[Annotated[str, Field(max_length=MAX_SHORT)]] = Field(default_factory=lambda: list(ENGINES),
                                                                        max_length=MAX_LIST)
     objective: Objective = Field(default_factory=Objective)
+    capacity: Capacity | None = Field(None, description="Also answer a capacity question (maxRate, gpusForRate).")
     workload: WorkloadSource
     search: SearchSpace = Field(default_factory=SearchSpace)
     harvest: HarvestPolicy = Field(default_factory=HarvestPolicy)

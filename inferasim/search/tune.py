@@ -20,6 +20,7 @@ from inferasim.harvest.plan import engine_startup_s, harvest_gpu_hours
 from inferasim.model.anchors import SHIPPED_ANCHORS, Anchor, AnchorStore, method_rank
 from inferasim.model.measurement_free import measurement_free
 from inferasim.model.predictor import FittedAnchor, benchmark_kv_dtype, carry_to_gpu, fitted_from_anchor
+from inferasim.search.capacity import answer as capacity_answer
 from inferasim.search.estimate import (
     Estimate,
     blocked,
@@ -133,6 +134,7 @@ class TuneResult:
                       "excluded": [{"what": w, "why": r} for w, r in self.space.excluded]},
             "timings_s": self.timings,
             "proposals": self.proposals,
+            "capacity": capacity_answer(self),
         }
 
 
