@@ -1000,11 +1000,14 @@ def _tune_table(result: Any) -> str:
     for p in d.get("proposals") or []:
         # An LLM proposer's suggestions, the refused ones with their reason (an unreachable endpoint too).
         lines.append(f"proposal {p['verdict']}: {p['proposal'] or '-'}" + (f" ({p['reason']})" if p["reason"] else ""))
+    if len(d["missing_anchors"]) > 1:
+        lines.append("missing anchors, most informative first (how much of the leading candidates' 90% bands "
+                     "rests on each):")
     for m in d["missing_anchors"]:
         cost = f", ${m['harvest_cost']:.2f}" if m.get("harvest_cost") is not None else ""
         lines.append(f"missing anchor: {m['engine']} {m['precision']} on {m['gpu']} "
                      f"(harvest ~{m['harvest_gpu_hours']:.2f} GPU-hours{cost} at "
-                     f"{Layout(**m['harvest_layout']).label()})")
+                     f"{Layout(**m['harvest_layout']).label()}; band weight {m.get('band_weight', 0.0):.2f})")
     return "\n".join(lines)
 
 

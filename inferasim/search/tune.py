@@ -517,4 +517,30 @@ def tune(spec: TuningSpec, anchor_dirs: list[Path] | None = None, progress: Prog
     front = pareto_front(estimates, w.osl)
     timings["total"] = time.perf_counter() - t0
     timings["candidates_per_s"] = len(space.candidates) / max(timings["stage1"], 1e-9)
-    return TuneResult(spec, model, gpu, w, space, ranked, front, missing, timings, anchors_used, proposals)
+    result = TuneResult(spec, model, gpu, w, space, ranked, front, missing, timings, anchors_used, proposals)
+    rank_harvests(result)
+    return result
+
+
+# Ranked candidates whose bands a harvest is credited for narrowing (the short list and the
+# candidates just behind it, which an anchor may lift into it).
+INFORMATIVE_TOP = 20
+
+
+def rank_harvests(result: TuneResult) -> None:
+    """Order the missing anchors most informative first: by how much of the leading candidates'
+    90% bands rests on each one. A candidate at rank r of kernel set K contributes its band's log
+    half-width / r to K's harvest (anchoring K replaces that band by an anchored one, and the
+    higher a candidate ranks, the more the recommendation depends on it). Recorded as
+    `band_weight`; ties keep the cheaper harvest first."""
+    weight: dict[tuple[str, str], float] = defaultdict(float)
+    isl, osl = int(result.workload.isl), int(result.workload.osl)
+    for r, e in enumerate(result.ranked[:INFORMATIVE_TOP], 1):
+        if e.anchored:
+            continue
+        c = e.candidate
+        band = e.fitted.spread(True, c.layout, isl, osl)
+        weight[(c.engine, c.precision)] += band / r
+    for m in result.missing_anchors:
+        m["band_weight"] = round(weight.get((m["engine"], m["precision"]), 0.0), 6)
+    result.missing_anchors.sort(key=lambda m: (-m["band_weight"], m.get("harvest_gpu_hours", 0.0)))

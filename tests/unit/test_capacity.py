@@ -66,3 +66,15 @@ def test_a_capacity_question_is_checked_in_the_spec(tmp_path: Path) -> None:
         load_spec(_spec(tmp_path, {"question": "maxGPUs"}))
     with pytest.raises(SpecError, match="requestRate"):
         load_spec(_spec(tmp_path, {"question": "gpusForRate", "requestRate": -1}))
+
+
+def test_missing_anchors_come_most_informative_first() -> None:
+    """Issue 28 item 4: the harvest whose kernel set carries most of the leading candidates' bands first."""
+    res = tune(load_spec(Path(__file__).resolve().parents[2] / "examples" / "llama70b-mi355x.yaml"))
+    weights = [m["band_weight"] for m in res.missing_anchors]
+    assert len(weights) > 1 and weights == sorted(weights, reverse=True)
+    # The recommendation's own kernel set (unanchored here) is the first harvest.
+    rec = res.recommendation
+    assert not rec.anchored
+    assert (res.missing_anchors[0]["engine"], res.missing_anchors[0]["precision"]) == \
+        (rec.candidate.engine, rec.candidate.precision)
