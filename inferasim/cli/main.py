@@ -972,6 +972,10 @@ def _tune_table(result: Any) -> str:
                       f"({rec['gpus']} GPUs), max_num_seqs {rec['max_num_seqs']}, "
                       f"max_num_batched_tokens {rec['max_num_batched_tokens']}: {how}"
                       + ("" if rec["anchor"] else "  [unanchored: measurement-free, rank within engine]")]
+        if rec.get("disaggregation"):
+            lines.append("note: P/D: the manifest (--manifest) renders the prefill and decode pools, not the P/D "
+                         "router clients reach them through; each pool's annotation inferasim.io/pd-router names the "
+                         "engine's own (deploy it in front of both pools)")
         w = result.spec.workload.static
         if w is not None and w.kind == "multi-turn" and rec["replicas"] > 1:
             lines.append(f"note: {rec['replicas']} replicas keep the sessions' prefix reuse only behind session-affine "

@@ -49,3 +49,10 @@ def test_demo_writes_its_files_and_prints_the_next_commands(tmp_path: Path) -> N
     assert "Next: harvest the missing anchors" in r.stdout
     assert "inferasim harvest run --endpoint http://ENGINE:8000 --model meta-llama/Meta-Llama-3.1-70B --gpu MI355X" \
         in r.stdout
+
+
+def test_a_pd_recommendation_says_its_manifest_has_no_router() -> None:
+    r = subprocess.run([*_cli(), "tune", str(EXAMPLE)], capture_output=True, text=True, timeout=300)
+    rec = next(line for line in r.stdout.splitlines() if line.startswith("Recommendation"))
+    assert "+D" in rec  # the bundled example's recommendation is a P/D shape (P2xtp1+D2xtp1)
+    assert "not the P/D router" in r.stdout
