@@ -37,10 +37,8 @@ def population_of(store: AnchorStore) -> Population:
             f = fitted_from_anchor(anchor)
         except (CannotPredict, ValueError):  # an anchor this version cannot price adds nothing
             continue
-        members[(anchor.id,)] = FittedMember(
-            key=(anchor.id,), engine=f.engine, engine_version=f.engine_version, model=f.model, gpu=f.gpu,
-            precision=f.precision, kv_dtype=f.kv_dtype, layout=f.layout, params=f.params,
-            points=fit_points(anchor.points))
+        members[(anchor.id,)] = FittedMember(key=(anchor.id,), fitted=f, layout=f.layout,
+                                             points=fit_points(anchor.points))
     population = Population(members)
     _CACHE[key] = population
     return population

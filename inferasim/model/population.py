@@ -17,10 +17,12 @@ import numpy as np
 
 from inferasim.catalog.gpus import GPU
 from inferasim.catalog.models import ModelSpec
+from inferasim.core.layout import Layout
 from inferasim.model.fit import FitPoint, FitResult, predict_points
 from inferasim.model.layoutcost import layout_cost
 from inferasim.model.priors import Member, PriorBook, member
 from inferasim.model.steady import engine_sched
+from inferasim.model.transfer import FittedKernelSet
 
 Key = tuple[str, ...]
 # The band's share: a 90% interval, like every other band inferasim prints.
@@ -31,24 +33,20 @@ METRICS: tuple[str, ...] = ("ttft", "tpot", "batch_latency", "throughput")
 
 @dataclass
 class FittedMember:
-    """What the population needs of one fitted kernel set."""
+    """What the population needs of one fitted kernel set: the kernel set and its parameters
+    (predictor.FittedAnchor is one), the layout it was fitted at, and its anchor's points."""
 
     key: Key
-    engine: str
-    engine_version: str
-    model: ModelSpec
-    gpu: GPU
-    precision: str
-    kv_dtype: str
-    layout: object  # core.layout.Layout
-    params: object  # steptime.StepParams
+    fitted: FittedKernelSet
+    layout: Layout
     points: Sequence[FitPoint]
 
 
 def _residuals(book: PriorBook, m: FittedMember) -> dict[str, np.ndarray]:
-    prior = book.prior(m.engine, m.engine_version, m.model, m.gpu, m.precision)
-    cost = layout_cost(m.model, m.gpu, m.layout, m.precision, m.kv_dtype, m.engine, m.engine_version)  # type: ignore[arg-type]
-    sched = engine_sched(m.engine, m.model, m.gpu, m.layout, m.precision, m.engine_version, m.kv_dtype)  # type: ignore[arg-type]
+    f = m.fitted
+    prior = book.prior(f.engine, f.engine_version, f.model, f.gpu, f.precision)
+    cost = layout_cost(f.model, f.gpu, m.layout, f.precision, f.kv_dtype, f.engine, f.engine_version)
+    sched = engine_sched(f.engine, f.model, f.gpu, m.layout, f.precision, f.engine_version, f.kv_dtype)
     pred = predict_points(prior.params, cost, sched, list(m.points))
     out: dict[str, np.ndarray] = {}
     for name in METRICS:
@@ -65,7 +63,8 @@ class Population:
     def __init__(self, members: Mapping[Key, FittedMember]) -> None:
         self.fitted = dict(members)
         self._members: dict[Key, Member] = {
-            k: member(k, m.engine, m.engine_version, m.model, m.gpu, m.precision, m.params)  # type: ignore[arg-type]
+            k: member(k, m.fitted.engine, m.fitted.engine_version, m.fitted.model, m.fitted.gpu, m.fitted.precision,
+                      m.fitted.params)
             for k, m in self.fitted.items()}
         self.book = PriorBook(self._members.values())
         self._loo: dict[Key, dict[str, np.ndarray]] = {}

@@ -378,9 +378,7 @@ class AnchoredPredictor:
     def learn_population(self, fitted: Mapping[tuple[str, ...], FittedAnchor]) -> None:
         """The population of these fitted kernel sets (their anchor rows as given to fit)."""
         self._population = Population({
-            k: FittedMember(key=k, engine=f.engine, engine_version=f.engine_version, model=f.model, gpu=f.gpu,
-                            precision=f.precision, kv_dtype=f.kv_dtype, layout=f.layout, params=f.params,
-                            points=[fit_point(r) for r in self._rows.get(k, [])])
+            k: FittedMember(key=k, fitted=f, layout=f.layout, points=[fit_point(r) for r in self._rows.get(k, [])])
             for k, f in fitted.items()})
 
     def population(self, kernel_key: tuple[str, ...], row: BenchRow) -> FittedAnchor:
