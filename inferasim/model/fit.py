@@ -114,6 +114,9 @@ class FitResult:
     message: str = ""
     residuals: dict[str, list[float]] = field(default_factory=dict)
     objective: float = 0.0  # the minimised sum of squares, data and priors (compares two starts)
+    # Per free parameter, the share of its information that came from the points rather than the
+    # prior (fit_params); a parameter not freed is absent (its prior, or the floor of its kind).
+    data_share: dict[str, float] = field(default_factory=dict)
 
 
 def _metric_arrays(points: Sequence[FitPoint]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -227,10 +230,23 @@ def fit_params(cost: LayoutCost, sched: EngineSched, points: Sequence[FitPoint],
         res_out[name] = logs.tolist()
         per_metric[name] = float(np.median(np.abs(pred[name][idx] - meas) / meas))
     arr = np.array(all_log)
+    # What the data say of each free parameter, against its prior: the data's information on its
+    # log (the squared sensitivities of the data residuals at the solution) over that plus the
+    # prior's ((0.5 / sigma)^2, as the prior residual above weighs it). Near 1: fitted from the
+    # points; near 0: the prior decides (one anchor cannot tell it apart from the others).
+    n_data = sum(len(idx) for idx, _ in metrics.values())
+    r0 = residuals(z)[:n_data]
+    data_share: dict[str, float] = {}
+    for j, (name, sigma) in enumerate(zip(free, sigmas, strict=True)):
+        dz = np.zeros_like(z)
+        dz[j] = 1e-4 if z[j] + 1e-4 <= hi[j] else -1e-4
+        info = float(np.sum(np.square((residuals(z + dz)[:n_data] - r0) / dz[j])))
+        prior_info = (0.5 / sigma) ** 2 if np.isfinite(sigma) else 0.0
+        data_share[name] = info / (info + prior_info) if info + prior_info > 0 else 0.0
     return FitResult(
         params=params, rms_log_error=float(np.sqrt(np.mean(arr ** 2))),
         max_abs_log_error=float(np.max(np.abs(arr))), per_metric_mape=per_metric, n_points=len(points),
-        iterations=iterations, converged=converged, residuals=res_out, objective=cost_val,
+        iterations=iterations, converged=converged, residuals=res_out, objective=cost_val, data_share=data_share,
     )
 
 

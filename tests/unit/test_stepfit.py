@@ -104,3 +104,23 @@ def test_measured_h200_steps_hold_out_of_sample() -> None:
         # Efficiencies stay physical: the weight read below the measured copy bandwidth's share.
         full = fit_steps(cost, steps, prior)
         assert 0.5 < full.params.e_bw <= data["ceilings"]["copy_bytes_per_s"] / get_gpu("h200").hbm_bandwidth + 0.02
+
+
+def test_benchmark_fit_says_what_its_points_identify() -> None:
+    """model.fit's data_share: a batch sweep at one short length pair pins the weight read and the
+    fixed cost, and leaves long-prompt attention (e_attn) to the prior."""
+    from inferasim.model.fit import FitPoint, fit_params, predict_points
+    from inferasim.model.steady import engine_sched
+
+    model, gpu = get_model("meta-llama/Meta-Llama-3-8B"), get_gpu("h100_sxm")
+    cost = layout_cost(model, gpu, Layout(), "bf16", "auto", "vllm", "")
+    sched = engine_sched("vllm", model, gpu, Layout(), "bf16", "", "auto")
+    prior = default_params(gpu, "vllm", "")
+    truth = replace(prior, e_bw=0.9, t_fixed=3e-3)
+    blank = [FitPoint(isl=128, osl=128, concurrency=c, scenario="offline") for c in (1, 8, 32, 64)]
+    pred = predict_points(truth, cost, sched, blank)
+    points = [replace(p, batch_latency=float(pred["batch_latency"][i])) for i, p in enumerate(blank)]
+    fit = fit_params(cost, sched, points, prior)
+    assert set(fit.data_share) >= {"t_fixed", "e_bw", "e_attn"}
+    assert all(0.0 <= v <= 1.0 for v in fit.data_share.values())
+    assert fit.data_share["e_attn"] < 0.5 < fit.data_share["t_fixed"]
