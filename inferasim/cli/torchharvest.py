@@ -28,6 +28,9 @@ def add_actions(actions: argparse._SubParsersAction) -> None:  # type: ignore[ty
     plan.add_argument("--tp", action="append", type=positive_int("tp"), default=None,
                       help="also time one GPU's slice at this tensor width, for the layout check "
                            "(repeatable; default 1 only)")
+    plan.add_argument("--weights", action="append", choices=("bf16", "fp8"), default=None,
+                      help="weight format of the layers' linear weights (repeatable; default bf16; fp8: per-tensor "
+                           "scaled FP8 GEMMs)")
     plan.add_argument("--out", required=True, help="plan JSON to write")
     plan.set_defaults(func=cmd_torch_plan)
     imp = actions.add_parser(
@@ -49,17 +52,18 @@ def cmd_torch_plan(args: argparse.Namespace) -> int:
     from inferasim.harvest.torchplan import torch_plan
 
     tps = tuple(dict.fromkeys([1, *(args.tp or [])]))
-    plan = torch_plan([get_model(m, allow_path=False) for m in args.model], get_gpu(args.gpu), tps)
+    weights = tuple(dict.fromkeys(args.weights or ["bf16"]))
+    plan = torch_plan([get_model(m, allow_path=False) for m in args.model], get_gpu(args.gpu), tps, weights)
     out = Path(args.out)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(plan, indent=1) + "\n", encoding="utf-8")
     except OSError as exc:
         raise ValueError(f"--out {args.out!r}: cannot write the plan ({exc.strerror or exc})") from None
-    print(f"{'model':<36} {'tp':>3} {'weights GiB':>11} {'decode':>6} {'prefill':>7} {'mixed':>5}")
+    print(f"{'model':<36} {'tp':>3} {'format':>6} {'weights GiB':>11} {'decode':>6} {'prefill':>7} {'mixed':>5}")
     for e in plan["models"]:
-        print(f"{e['model']:<36} {e['tp']:>3} {e['weight_bytes'] / 2**30:>11.1f} {len(e['decode']):>6} "
-              f"{len(e['prefill']):>7} {len(e['mixed']):>5}")
+        print(f"{e['model']:<36} {e['tp']:>3} {e['weights']:>6} {e['weight_bytes'] / 2**30:>11.1f} "
+              f"{len(e['decode']):>6} {len(e['prefill']):>7} {len(e['mixed']):>5}")
     print(f"wrote {out}; on the GPU node: python3 {Path(torchstep.__file__).name} {out.name} result.json "
           f"(the harness is {torchstep.__file__})")
     return 0

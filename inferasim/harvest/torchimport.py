@@ -98,7 +98,11 @@ def import_result(data: dict[str, Any], engine: str, engine_version: str = "", s
         model = get_model(entry["model"], allow_path=False)
         steps = _steps(entry, where)
         layout = Layout()
-        cost = layout_cost(model, gpu, layout, "bf16", "auto", engine, engine_version)
+        precision = str(entry.get("weights", "bf16"))
+        if precision not in ("bf16", "fp8"):
+            raise TorchResultError(f"{where}.weights must be bf16 or fp8, got {precision!r}")
+        # The KV cache stays bf16 in the harness, whatever the weights.
+        cost = layout_cost(model, gpu, layout, precision, "bf16", engine, engine_version)
         params, fit = engine_params_from_steps(cost, steps, default_params(gpu, engine, engine_version))
         wall = sum(float(s.get("wall_s", 0.0)) for s in entry["steps"])
         ceil = ""
@@ -111,7 +115,8 @@ def import_result(data: dict[str, Any], engine: str, engine_version: str = "", s
                  f"fitted to {fit.params.t_fixed * 1e3:.2f} ms, not used for the engine{ceil}")
         anchor = Anchor(
             kernel_set=KernelSet(engine=engine, engine_version=engine_version, model=model.name, gpu=gpu.name,
-                                 precision="bf16", attention_backend=ATTENTION_BACKEND, graph_mode=GRAPH_MODE),
+                                 precision=precision, kv_dtype="auto" if precision == "bf16" else "bf16",
+                                 attention_backend=ATTENTION_BACKEND, graph_mode=GRAPH_MODE),
             layout=LayoutModel.from_layout(layout), steps=steps, params=params.as_dict(),
             fit=FitReport(n_points=fit.n_points, rms_log_error=fit.rms_log_error,
                           max_abs_log_error=fit.max_abs_log_error, per_metric={"step": fit.median_abs_error},

@@ -77,22 +77,30 @@ def kv_bytes_per_token(arch: dict[str, Any]) -> int:
     return 2 * arch["layers"] * arch["kv_heads"] * arch["head_dim"] * 2
 
 
-def weight_bytes(arch: dict[str, Any]) -> int:
-    """bf16 bytes of the weights the harness allocates (embedding and LM head untied)."""
+def weight_bytes(arch: dict[str, Any], weights: str = "bf16") -> int:
+    """Bytes of the weights the harness allocates: the layers' linear weights at 2 bytes (bf16) or
+    1 (fp8), embedding and LM head (untied) at 2."""
     h, d = arch["hidden"], arch["head_dim"]
     per_layer = (h * (arch["heads"] + 2 * arch["kv_heads"]) * d + h * arch["heads"] * d +
                  3 * h * arch["intermediate"])
-    return 2 * (arch["layers"] * per_layer + 2 * arch["vocab"] * h)
+    return (1 if weights == "fp8" else 2) * arch["layers"] * per_layer + 2 * 2 * arch["vocab"] * h
 
 
-def torch_plan(models: list[ModelSpec], gpu: GPU, tps: tuple[int, ...] = (1,)) -> dict[str, Any]:
+WEIGHTS = ("bf16", "fp8")
+
+
+def torch_plan(models: list[ModelSpec], gpu: GPU, tps: tuple[int, ...] = (1,),
+               weights: tuple[str, ...] = ("bf16",)) -> dict[str, Any]:
     """The plan for `models` on `gpu` at each tensor width of `tps` (one GPU's slice of it):
     steps whose KV fits beside the weights, contexts within the model's own maximum. UserError
     when a slice's weights alone do not fit on one card."""
     entries = []
-    for model, tp in ((m, t) for m in models for t in tps):
+    for w in weights:
+        if w not in WEIGHTS:
+            raise UserError(f"weights {w!r}: the harness times {' or '.join(WEIGHTS)} (per-tensor FP8) weights")
+    for model, tp, w in ((m, t, w) for m in models for t in tps for w in weights):
         arch = shard(torch_arch(model), tp)
-        wbytes = weight_bytes(arch)
+        wbytes = weight_bytes(arch, w)
         room = gpu.hbm_bytes - wbytes - HEADROOM_BYTES
         if room <= 0:
             raise UserError(f"model {model.name}: {wbytes / 2**30:.0f} GiB of bf16 weights do not fit on one "
@@ -103,6 +111,6 @@ def torch_plan(models: list[ModelSpec], gpu: GPU, tps: tuple[int, ...] = (1,)) -
         decode = [[b, c] for c in ctxs for b in DECODE_BATCHES if b * c <= kv_tokens]
         prefill = [t for t in PREFILL_TOKENS if t <= model.max_context]
         mixed = [[b, c, t] for b, c, t in MIXED if b * c <= kv_tokens and c <= model.max_context]
-        entries.append({"model": model.name, "tp": tp, "arch": arch, "weight_bytes": wbytes, "decode": decode,
-                        "prefill": prefill, "mixed": mixed, "cuda_graph": True})
+        entries.append({"model": model.name, "tp": tp, "weights": w, "arch": arch, "weight_bytes": wbytes,
+                        "decode": decode, "prefill": prefill, "mixed": mixed, "cuda_graph": True})
     return {"schema": "inferasim-torchplan/1", "gpu": gpu.name, "models": entries}

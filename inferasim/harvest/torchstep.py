@@ -84,24 +84,42 @@ def _sync_ms(fn: Any, torch: Any, repeats: int, warmup: int) -> list[float]:
     return [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]
 
 
-class Model:
-    """Random-weight layers of `arch` and a flat per-layer KV cache of `kv_tokens` tokens."""
+# The largest finite float8 e4m3 value (OCP FP8 format; torch.finfo(torch.float8_e4m3fn).max).
+FP8_MAX = 448.0
 
-    def __init__(self, arch: Arch, kv_tokens: int, device: str, dtype: Any, torch: Any) -> None:
+
+class Model:
+    """Random-weight layers of `arch` and a flat per-layer KV cache of `kv_tokens` tokens.
+
+    `weights="fp8"`: the layers' linear weights in float8 e4m3 with one scale per tensor, and each
+    activation quantized to it with a dynamic per-tensor scale before a scaled FP8 GEMM
+    (torch._scaled_mm on the GPU), as vLLM's per-tensor FP8 checkpoints run; embedding, norms, LM
+    head and KV cache stay in `dtype`."""
+
+    def __init__(self, arch: Arch, kv_tokens: int, device: str, dtype: Any, torch: Any,
+                 weights: str = "bf16") -> None:
         self.a, self.torch, self.device, self.dtype = arch, torch, device, dtype
+        self.fp8 = weights == "fp8"
         a = arch
 
         def w(*shape: int) -> Any:
             return torch.empty(*shape, device=device, dtype=dtype).normal_(0.0, 0.02)
 
+        def lin(*shape: int) -> Any:
+            full = w(*shape)
+            if not self.fp8:
+                return full
+            scale = (full.abs().amax().float() / FP8_MAX).clamp(min=1e-12)
+            return ((full.float() / scale).to(torch.float8_e4m3fn), scale)
+
         qkv = (a.heads + 2 * a.kv_heads) * a.head_dim
         self.layers = [{
             "ln1": torch.ones(a.hidden, device=device, dtype=dtype),
-            "wqkv": w(qkv, a.hidden),
-            "wo": w(a.hidden, a.heads * a.head_dim),
+            "wqkv": lin(qkv, a.hidden),
+            "wo": lin(a.hidden, a.heads * a.head_dim),
             "ln2": torch.ones(a.hidden, device=device, dtype=dtype),
-            "wgu": w(2 * a.intermediate, a.hidden),
-            "wdown": w(a.hidden, a.intermediate),
+            "wgu": lin(2 * a.intermediate, a.hidden),
+            "wdown": lin(a.hidden, a.intermediate),
             "qn": torch.ones(a.head_dim, device=device, dtype=dtype),
             "kn": torch.ones(a.head_dim, device=device, dtype=dtype),
             # One flat buffer per layer for K and for V; each (B, C) decode views its first
@@ -118,6 +136,26 @@ class Model:
         pos = torch.arange(65536, device=device, dtype=torch.float32)
         ang = torch.outer(pos, inv)
         self.cos, self.sin = ang.cos().to(dtype), ang.sin().to(dtype)
+
+    def _linear(self, x: Any, weight: Any) -> Any:
+        """x @ W.T: bf16 as is, or a scaled FP8 GEMM (per-tensor scales) for FP8 weights."""
+        t = self.torch
+        if not self.fp8:
+            return t.nn.functional.linear(x, weight)
+        wq, ws = weight
+        xs = (x.abs().amax().float() / FP8_MAX).clamp(min=1e-12)
+        if x.is_cuda:
+            # cuBLASLt's FP8 GEMM wants every dimension a multiple of 16: pad the rows (a decode
+            # batch of 1-15 tokens) and drop them after.
+            m = x.shape[0]
+            pad = -m % 16
+            xp = t.nn.functional.pad(x, (0, 0, 0, pad)) if pad else x
+            xq = (xp.float() / xs).to(t.float8_e4m3fn)
+            out = t._scaled_mm(xq, wq.t(), scale_a=xs, scale_b=ws, out_dtype=self.dtype)
+            return out[:m] if pad else out
+        xq = (x.float() / xs).to(t.float8_e4m3fn)
+        # On a CPU (tests): the same arithmetic, dequantized.
+        return ((xq.to(t.float64) * xs) @ (wq.to(t.float64) * ws).T).to(self.dtype)
 
     def _rms(self, x: Any, g: Any) -> Any:
         t = self.torch
@@ -144,7 +182,7 @@ class Model:
         h = self.embed[tokens]
         for L in self.layers:
             x = self._rms(h, L["ln1"])
-            qkv = F.linear(x, L["wqkv"])
+            qkv = self._linear(x, L["wqkv"])
             q, k, v = qkv.split([a.heads * a.head_dim, a.kv_heads * a.head_dim, a.kv_heads * a.head_dim], dim=-1)
             q = q.view(-1, a.heads, a.head_dim)
             k = k.view(-1, a.kv_heads, a.head_dim)
@@ -170,11 +208,11 @@ class Model:
                 op = F.scaled_dot_product_attention(qp, kp, vp, is_causal=True)
                 outs.append(op.squeeze(0).transpose(0, 1).reshape(n_pref, a.heads * a.head_dim))
             o = outs[0] if len(outs) == 1 else t.cat(outs, dim=0)
-            h = h + F.linear(o, L["wo"])
+            h = h + self._linear(o, L["wo"])
             x = self._rms(h, L["ln2"])
-            gu = F.linear(x, L["wgu"])
+            gu = self._linear(x, L["wgu"])
             gate, up = gu.chunk(2, dim=-1)
-            h = h + F.linear(F.silu(gate) * up, L["wdown"])
+            h = h + self._linear(F.silu(gate) * up, L["wdown"])
         # Logits for the last position of each sequence only (what an engine samples from).
         last = h[:n_dec] if not n_pref else t.cat([h[:n_dec], h[-1:]], dim=0)
         return F.linear(self._rms(last, self.ln_f), self.lm_head)
@@ -273,11 +311,13 @@ def run_model(entry: dict[str, Any], out_path: Path, result: dict[str, Any], tor
     wbytes = int(entry["weight_bytes"])
     want = max([b * c for b, c in entry.get("decode", [])] + [b * c for b, c, _ in entry.get("mixed", [])] + [1])
     kv_tokens = kv_capacity(arch, wbytes, torch, want)
-    rec: dict[str, Any] = {"model": entry["model"], "arch": entry["arch"], "weight_bytes": wbytes,
+    rec: dict[str, Any] = {"model": entry["model"], "tp": int(entry.get("tp", 1)),
+                           "weights": str(entry.get("weights", "bf16")), "arch": entry["arch"], "weight_bytes": wbytes,
                            "kv_tokens": kv_tokens, "steps": [], "skipped": []}
     result["models"].append(rec)
     t0 = time.perf_counter()
-    model = Model(arch, kv_tokens, device, torch.bfloat16 if device != "cpu" else torch.float32, torch)
+    model = Model(arch, kv_tokens, device, torch.bfloat16 if device != "cpu" else torch.float32, torch,
+                  weights=str(entry.get("weights", "bf16")))
     rec["build_s"] = time.perf_counter() - t0
     grid = ([(b, c, 0) for b, c in entry.get("decode", [])] + [(0, 0, t) for t in entry.get("prefill", [])] +
             [(b, c, t) for b, c, t in entry.get("mixed", [])])
@@ -295,7 +335,8 @@ def run_model(entry: dict[str, Any], out_path: Path, result: dict[str, Any], tor
                 torch.cuda.empty_cache()
             continue
         rec["steps"].append(point)
-        print(f"{entry['model']:<28} dec {b:>4} x ctx {c:>6}  pref {t:>5}  {point['step_ms']:9.3f} ms"
+        print(f"{entry['model']:<28} {rec['weights']:>4} tp{rec['tp']} dec {b:>4} x ctx {c:>6}  pref {t:>5}  "
+              f"{point['step_ms']:9.3f} ms"
               f"  (+-{point['std_ms']:.3f}, n={point['repeats']}, graph={point['cuda_graph']})", flush=True)
         out_path.write_text(json.dumps(result, indent=1))
     del model
