@@ -199,7 +199,7 @@ def test_tune_plot_adds_a_cost_panel_with_a_price(tmp_path: Path, price: float |
     pytest.importorskip("matplotlib")
     import matplotlib.pyplot as plt
 
-    from inferasim.cli.main import _plot_pareto
+    from inferasim.cli.tune import plot_pareto
 
     hw = {"gpu": "H100", "gpusPerNode": 8, "maxGPUs": 2}
     if price is not None:
@@ -209,7 +209,7 @@ def test_tune_plot_adds_a_cost_panel_with_a_price(tmp_path: Path, price: float |
     close = plt.close
     monkeypatch.setattr(plt, "close", lambda fig=None: (figs.append(fig), close(fig)))
     png = tmp_path / "pareto.png"
-    _plot_pareto(result, str(png))
+    plot_pareto(result, str(png))
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     axes = figs[0].axes
     assert len(axes) == (1 if price is None else 2)
