@@ -43,21 +43,12 @@ from inferasim.catalog.engines import (
 from inferasim.catalog.gpus import GPU, UnknownGPUError, get_gpu
 from inferasim.catalog.precision import PRECISIONS
 from inferasim.catalog.userfile import UserFileError, load_yaml_all, read_user_text
+from inferasim.core.config import KV_DTYPES, SPEC_SPELLING, ServingConfig
+from inferasim.core.engine_args import alias_map, flag_spelling
 from inferasim.core.layout import Layout, LayoutError
 from inferasim.errors import UserError
 from inferasim.model.anchors import KernelSet
-from inferasim.render import (
-    _KV_DTYPES,
-    _PRODUCT_LABEL_KEY,
-    _SPEC_SPELLING,
-    AMD_DEVICE_IDS,
-    LABEL_GPU,
-    LABEL_ROLE,
-    ServingConfig,
-    _alias_map,
-    _image,
-    flag_spelling,
-)
+from inferasim.render import AMD_DEVICE_IDS, LABEL_GPU, LABEL_ROLE, PRODUCT_LABEL_KEY, image_of
 
 __all__ = ["DeploymentError", "LiveDeployment", "engine_version_from_image", "kernel_set_of", "read_deployment"]
 
@@ -255,12 +246,12 @@ class _Flags:
         return flag is not None and self._canon(flag) in self.values
 
     def _canon(self, flag: str) -> str:
-        return flag_spelling(self.engine, flag, _alias_map(self.engine))
+        return flag_spelling(self.engine, flag, alias_map(self.engine))
 
 
 def _parse_flags(engine: str, tokens: list[str]) -> _Flags:
     catalog = engine_flags(engine)
-    aliases = _alias_map(engine)
+    aliases = alias_map(engine)
     out = _Flags(engine, {}, [], [], [])
     i = 0
     while i < len(tokens):
@@ -425,7 +416,7 @@ def _gpu(spec: Mapping[str, Any], container: Mapping[str, Any], labels: Mapping[
     if labels.get(LABEL_GPU):
         candidates.append((f"label {LABEL_GPU}", labels[LABEL_GPU]))
     node_sel = spec.get("nodeSelector") or {}
-    for key in (*_PRODUCT_LABEL_KEY.values(), "amd.com/gpu.device-id"):
+    for key in (*PRODUCT_LABEL_KEY.values(), "amd.com/gpu.device-id"):
         if key in node_sel:
             candidates.append((f"nodeSelector {key}", str(node_sel[key])))
     terms = _get(spec, "affinity", "nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution",
@@ -434,7 +425,7 @@ def _gpu(spec: Mapping[str, Any], container: Mapping[str, Any], labels: Mapping[
         for expr in (term or {}).get("matchExpressions") or []:
             key = expr.get("key")
             values = expr.get("values") or []
-            if key in (*_PRODUCT_LABEL_KEY.values(), "amd.com/gpu.device-id") and expr.get("operator") == "In" \
+            if key in (*PRODUCT_LABEL_KEY.values(), "amd.com/gpu.device-id") and expr.get("operator") == "In" \
                     and len(values) == 1:
                 candidates.append((f"nodeAffinity {key}", str(values[0])))
     for where, value in candidates:
@@ -452,7 +443,7 @@ def _gpu(spec: Mapping[str, Any], container: Mapping[str, Any], labels: Mapping[
         raise DeploymentError("the engine container requests no amd.com/gpu or nvidia.com/gpu and the pod names no "
                               "GPU product label; pass gpu= (--gpu)")
     raise DeploymentError(f"GPU type unknown: the container requests {count} {vendor}.com/gpu but the pod selects no "
-                          f"product ({_PRODUCT_LABEL_KEY[vendor]} in nodeSelector or a required node affinity); "
+                          f"product ({PRODUCT_LABEL_KEY[vendor]} in nodeSelector or a required node affinity); "
                           "pass gpu= (--gpu), e.g. --gpu MI300X")
 
 
@@ -478,15 +469,15 @@ def _kv_dtype(flags: _Flags) -> str:
     # SGLang has no bare fp8: the renderer writes fp8 as fp8_e4m3, and reading it back gives fp8.
     if flags.engine == "sglang" and norm == "fp8_e4m3":
         return "fp8"
-    if norm not in _KV_DTYPES[flags.engine]:
+    if norm not in KV_DTYPES[flags.engine]:
         raise DeploymentError(f"{flags.engine} --kv-cache-dtype {raw!r} is not one inferasim models; accepted: "
-                              f"{', '.join(k for k in _KV_DTYPES[flags.engine] if k != 'auto')}")
+                              f"{', '.join(k for k in KV_DTYPES[flags.engine] if k != 'auto')}")
     return norm
 
 
 def _spec(flags: _Flags) -> tuple[str, int, str | None]:
     eng = flags.engine
-    inverse = {v.lower(): k for k, v in _SPEC_SPELLING[eng].items()}
+    inverse = {v.lower(): k for k, v in SPEC_SPELLING[eng].items()}
     if eng == "vllm":
         raw = flags.get("--speculative-config")
         if raw is None:
@@ -507,7 +498,7 @@ def _spec(flags: _Flags) -> tuple[str, int, str | None]:
         return "none", 0, None
     if algo.lower() not in inverse:
         raise DeploymentError(f"{eng} {flag_for(eng, 'speculative')} {algo!r} is not modelled; accepted: "
-                              f"{', '.join(_SPEC_SPELLING[eng].values())}")
+                              f"{', '.join(SPEC_SPELLING[eng].values())}")
     method = inverse[algo.lower()]
     if eng == "sglang":
         k = _int(flags, "--speculative-num-draft-tokens" if method == "ngram" else "--speculative-num-steps",
@@ -547,7 +538,7 @@ def _float(flags: _Flags, role: str) -> float | None:
 
 def _consumed(engine: str) -> set[str]:
     """Canonical flags the ServingConfig fields stand for (the renderer writes them back)."""
-    aliases = _alias_map(engine)
+    aliases = alias_map(engine)
     roles = ("tensor_parallel", "pipeline_parallel", "data_parallel", "expert_parallel", "dp_attention",
              "max_num_seqs", "max_num_batched_tokens", "max_prefill_tokens", "memory_fraction", "kv_cache_dtype",
              "enable_prefix_caching", "disable_prefix_caching", "enable_chunked_prefill", "speculative",
@@ -674,7 +665,7 @@ def read_deployment(manifest: Mapping[str, Any] | str | Path, *, gpu: str | None
         cfg = ServingConfig(**fields)
         # The image is a config field only when it is not the one the renderer would pick anyway.
         try:
-            same = _image(cfg, cfg.gpu_spec) == image
+            same = image_of(cfg, cfg.gpu_spec) == image
         except ValueError:  # no image derivable for this version: keep the manifest's
             same = False
         if not same:

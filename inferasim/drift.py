@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from inferasim.core.config import ServingConfig
 from inferasim.deployment import LiveDeployment, kernel_set_of
 from inferasim.model.anchors import AnchorStore
 from inferasim.model.layoutcost import layout_cost
@@ -30,7 +31,6 @@ from inferasim.model.predictor import FittedAnchor, fitted_from_anchor
 from inferasim.model.steady import closed_loop, engine_sched
 from inferasim.observe import ObservedWorkload
 from inferasim.passive import Window
-from inferasim.render import ServingConfig
 
 __all__ = ["METRICS", "PredictionError", "prediction_error"]
 

@@ -23,8 +23,9 @@ def cmd_render(args: argparse.Namespace) -> int:
     for its recommendation), checked as tune checks its own: flags known to the engine, the
     replica on one node, a precision the engine would run with this checkpoint."""
     from inferasim.catalog.checkpoints import priced_precision
+    from inferasim.core.config import ServingConfig
     from inferasim.model.predictor import benchmark_kv_dtype
-    from inferasim.render import ServingConfig, render_manifests, served_model_id, to_yaml
+    from inferasim.render import render_manifests, served_model_id, to_yaml
 
     if args.out == "-":  # as `anchors fit-live --out -` and kubectl's `-f -`: standard output
         args.out = None

@@ -40,6 +40,7 @@ from inferasim_e2e_support import PhasedLoad, Prometheus, running_prometheus  # 
 from inferasim.catalog.gpus import get_gpu  # noqa: E402
 from inferasim.catalog.models import get_model  # noqa: E402
 from inferasim.cli.main import main  # noqa: E402
+from inferasim.core.config import ServingConfig  # noqa: E402
 from inferasim.core.layout import Layout  # noqa: E402
 from inferasim.deployment import read_deployment  # noqa: E402
 from inferasim.drift import prediction_error  # noqa: E402
@@ -53,7 +54,7 @@ from inferasim.model.predictor import fitted_from_anchor  # noqa: E402
 from inferasim.model.steady import engine_sched  # noqa: E402
 from inferasim.model.steptime import StepParams  # noqa: E402
 from inferasim.observe import observe_windows  # noqa: E402
-from inferasim.render import ServingConfig, render_manifests, to_yaml  # noqa: E402
+from inferasim.render import render_manifests, to_yaml  # noqa: E402
 
 pytestmark = pytest.mark.integration
 

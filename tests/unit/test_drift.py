@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from inferasim.core.config import ServingConfig
 from inferasim.core.layout import Layout
 from inferasim.deployment import kernel_set_of
 from inferasim.drift import PredictionError, prediction_error
@@ -14,7 +15,6 @@ from inferasim.model.predictor import fitted_from_anchor
 from inferasim.model.steptime import StepParams
 from inferasim.observe import LatencyQuantiles, ObservedWorkload
 from inferasim.passive import Window
-from inferasim.render import ServingConfig
 
 CFG = ServingConfig(engine="vllm", model="meta-llama/Meta-Llama-3.1-8B", gpu="H100", layout=Layout(tp=2),
                     replicas=2, precision="bf16", engine_version="0.10.1")
