@@ -48,7 +48,8 @@ from inferasim.errors import InferasimError, UserError
 from inferasim.model.layoutcost import LayoutCost
 from inferasim.model.steady import EngineSched
 from inferasim.model.steptime import StepParams, step_time
-from inferasim.sim.scheduler import Batch, Request, RunningSet, Scheduler, SglangScheduler, make_scheduler
+from inferasim.sim.running import Batch, Request, RunningSet
+from inferasim.sim.scheduler import Scheduler, SglangScheduler, make_scheduler
 
 # Real seconds between wakes: a floor, plus a share per open stream (one write each per wake),
 # capped so that delivery is never more than a few ms late in real time.

@@ -87,7 +87,7 @@ def test_batches_carry_their_longest_prefill_sequence() -> None:
     """Both schedulers' batches give the longest prefill sequence (cached prefix included), which
     decides a DSA model's dense or sparse prefill; no prefill, no length."""
     from inferasim.sim.request import Batch as CoreBatch
-    from inferasim.sim.scheduler import Batch as SchedBatch
+    from inferasim.sim.running import Batch as SchedBatch
 
     b = CoreBatch(2, 100.0, [(None, 300, 1500), (None, 1000, 0)])  # type: ignore[list-item]
     assert (b.n_pref, b.seq_pref) == (1300, 1800.0)

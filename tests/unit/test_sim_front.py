@@ -31,7 +31,7 @@ from inferasim.sim.api import simulate_workload
 from inferasim.sim.des import Simulator, simulate_closed_loop, simulate_offline
 from inferasim.sim.replica import Replica
 from inferasim.sim.request import SimRequest
-from inferasim.sim.scheduler import Request
+from inferasim.sim.running import Request
 from inferasim.sim.workload import ClosedLoop, Driver, load_trace, poisson_requests
 
 ENGINES = ("vllm", "sglang")
