@@ -35,14 +35,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from inferasim.emulator.api import ApiError, merge_params
 from inferasim.emulator.config import EmulatorConfig, Resolved, resolve
-from inferasim.emulator.engine import (
-    EmuRequest,
-    EngineLoop,
-    EngineUnavailable,
-    RequestRejected,
-    emulated_capacity_note,
-)
+from inferasim.emulator.engine import EngineLoop, EngineUnavailable, RequestRejected, emulated_capacity_note
 from inferasim.emulator.metrics import EngineMetrics
+from inferasim.emulator.request import EmuRequest
 from inferasim.emulator.timing import VirtualClock, new_event_loop
 from inferasim.model.steptime import StepParams
 
