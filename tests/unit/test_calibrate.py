@@ -18,7 +18,7 @@ from inferasim.model.layoutcost import layout_cost
 from inferasim.model.predictor import fitted_from_anchor
 from inferasim.model.steady import engine_sched
 from inferasim.model.steptime import default_params
-from inferasim.observe import ObservedWorkload
+from inferasim.observed import ObservedWorkload
 
 MODEL, GPU = "meta-llama/Meta-Llama-3-8B", "MI300X"
 TP1 = Layout(tp=1)

@@ -13,7 +13,7 @@ from inferasim.drift import PredictionError, prediction_error
 from inferasim.model.anchors import AnchorStore, BenchPoint, KernelSet, LayoutModel
 from inferasim.model.predictor import fitted_from_anchor
 from inferasim.model.steptime import StepParams
-from inferasim.observe import LatencyQuantiles, ObservedWorkload
+from inferasim.observed import LatencyQuantiles, ObservedWorkload
 from inferasim.passive import Window
 
 CFG = ServingConfig(engine="vllm", model="meta-llama/Meta-Llama-3.1-8B", gpu="H100", layout=Layout(tp=2),

@@ -22,7 +22,7 @@ from inferasim.core.layout import Layout
 from inferasim.model.anchors import Anchor, AnchorStore, BenchPoint, KernelSet, LayoutModel, Provenance
 from inferasim.model.predictor import fitted_from_anchor
 from inferasim.model.steptime import default_params
-from inferasim.observe import ObservedWorkload
+from inferasim.observed import ObservedWorkload
 
 SPEC: dict[str, Any] = {
     "target": {"name": "chat"}, "model": "meta-llama/Meta-Llama-3-8B", "precision": ["bf16"],

@@ -18,7 +18,8 @@ from typing import Any
 import kopf
 
 from inferasim.core.spec import SpecError, TuningSpec, WorkloadSource
-from inferasim.observe import ObservationError, ObservedWorkload, observe
+from inferasim.observe import ObservationError, observe
+from inferasim.observed import ObservedWorkload
 from inferasim_operator import metrics
 from inferasim_operator.anchor_cache import anchor_dirs, sync_anchors
 from inferasim_operator.harvest import plan_harvests
