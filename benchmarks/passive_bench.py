@@ -35,7 +35,7 @@ from inferasim.core.config import ServingConfig  # noqa: E402
 from inferasim.core.layout import Layout  # noqa: E402
 from inferasim.core.spec import parse_spec  # noqa: E402
 from inferasim.deployment import read_deployment  # noqa: E402
-from inferasim.model.anchors import AnchorStore  # noqa: E402
+from inferasim.model.anchor_store import AnchorStore  # noqa: E402
 from inferasim.model.layoutcost import layout_cost  # noqa: E402
 from inferasim.model.steady import closed_loop, engine_sched  # noqa: E402
 from inferasim.model.steptime import default_params  # noqa: E402

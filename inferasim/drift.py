@@ -25,7 +25,7 @@ import numpy as np
 
 from inferasim.core.config import ServingConfig
 from inferasim.deployment import LiveDeployment, kernel_set_of
-from inferasim.model.anchors import AnchorStore
+from inferasim.model.anchor_store import AnchorStore
 from inferasim.model.layoutcost import layout_cost
 from inferasim.model.predictor import FittedAnchor, fitted_from_anchor
 from inferasim.model.steady import closed_loop, engine_sched

@@ -23,7 +23,8 @@ from inferasim.cli.usage import (
     progress,
     usage_check,
 )
-from inferasim.model.anchors import Anchor, AnchorFileError, AnchorStore, load_anchor
+from inferasim.model.anchor_store import AnchorStore
+from inferasim.model.anchors import Anchor, AnchorFileError, load_anchor
 from inferasim.output import emit, table
 
 # anchors: the actions each flag applies to (flag, attribute, default). A flag given to another

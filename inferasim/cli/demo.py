@@ -13,7 +13,8 @@ from inferasim.cli.predict import find_or_sibling
 from inferasim.cli.tune import cmd_tune
 from inferasim.cli.usage import anchors_in
 from inferasim.core.layout import Layout
-from inferasim.model.anchors import KernelSet, NoCompatibleAnchor
+from inferasim.model.anchor_store import NoCompatibleAnchor
+from inferasim.model.anchors import KernelSet
 from inferasim.output import table
 
 # ---- demo --------------------------------------------------------------------------------------

@@ -33,7 +33,8 @@ from inferasim.cli.usage import UsageError
 from inferasim.core.layout import LayoutError
 from inferasim.core.spec import SpecError
 from inferasim.errors import CannotPredict
-from inferasim.model.anchors import AnchorFileError, NoCompatibleAnchor
+from inferasim.model.anchor_store import NoCompatibleAnchor
+from inferasim.model.anchors import AnchorFileError
 
 EXIT_USAGE = 2
 

@@ -33,7 +33,8 @@ from inferasim.cli.usage import (
     refuse_beyond_context,
 )
 from inferasim.core.layout import Layout
-from inferasim.model.anchors import KernelSet, NoCompatibleAnchor, load_anchor
+from inferasim.model.anchor_store import NoCompatibleAnchor
+from inferasim.model.anchors import KernelSet, load_anchor
 from inferasim.output import emit, table
 
 

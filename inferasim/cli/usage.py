@@ -15,7 +15,8 @@ from inferasim.cli.args import positive_int as _positive
 from inferasim.core.layout import Layout, LayoutError
 from inferasim.core.runs import load_rows
 from inferasim.errors import InferasimError
-from inferasim.model.anchors import SHIPPED_ANCHORS, AnchorStore
+from inferasim.model.anchor_store import AnchorStore
+from inferasim.model.anchors import SHIPPED_ANCHORS
 from inferasim.output import OUTPUT_FORMATS
 from inferasim.sources import SOURCE_RULES, read_as_run
 

@@ -17,7 +17,8 @@ from inferasim.catalog.models import ModelSpec, context_error, get_model, resolv
 from inferasim.catalog.precision import weight_class
 from inferasim.core.spec import SLO, TuningSpec
 from inferasim.harvest.plan import engine_startup_s, harvest_gpu_hours
-from inferasim.model.anchors import SHIPPED_ANCHORS, Anchor, AnchorStore, method_rank
+from inferasim.model.anchor_store import AnchorStore, method_rank
+from inferasim.model.anchors import SHIPPED_ANCHORS, Anchor
 from inferasim.model.predictor import FittedAnchor, benchmark_kv_dtype, carry_to_gpu, fitted_from_anchor, unanchored
 from inferasim.search.estimate import (
     Estimate,

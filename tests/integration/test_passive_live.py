@@ -47,7 +47,8 @@ from inferasim.drift import prediction_error  # noqa: E402
 from inferasim.emulator import EmulatorConfig, EmulatorProcess, spawn_emulator  # noqa: E402
 from inferasim.harvest import HarvestConfig, harvest, parse_plan  # noqa: E402
 from inferasim.harvest.rawhttp import RawConnection  # noqa: E402
-from inferasim.model.anchors import Anchor, AnchorStore, load_anchor  # noqa: E402
+from inferasim.model.anchor_store import AnchorStore  # noqa: E402
+from inferasim.model.anchors import Anchor, load_anchor  # noqa: E402
 from inferasim.model.fit import FitPoint, predict_points  # noqa: E402
 from inferasim.model.layoutcost import layout_cost  # noqa: E402
 from inferasim.model.predictor import fitted_from_anchor  # noqa: E402

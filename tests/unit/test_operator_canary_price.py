@@ -19,7 +19,8 @@ from inferasim_operator.spec_rules import parse_tuning_spec
 from inferasim.calibrate import CanaryWindow
 from inferasim.catalog.gpus import get_gpu
 from inferasim.core.layout import Layout
-from inferasim.model.anchors import Anchor, AnchorStore, BenchPoint, KernelSet, LayoutModel, Provenance
+from inferasim.model.anchor_store import AnchorStore
+from inferasim.model.anchors import Anchor, BenchPoint, KernelSet, LayoutModel, Provenance
 from inferasim.model.predictor import fitted_from_anchor
 from inferasim.model.steptime import default_params
 from inferasim.observed import ObservedWorkload

@@ -34,7 +34,8 @@ from inferasim.catalog.gpus import get_gpu
 from inferasim.catalog.models import get_model
 from inferasim.core.layout import Layout
 from inferasim.core.spec import PrometheusWorkload, TuningSpec
-from inferasim.model.anchors import Anchor, AnchorStore, BenchPoint, KernelSet
+from inferasim.model.anchor_store import AnchorStore
+from inferasim.model.anchors import Anchor, BenchPoint, KernelSet
 from inferasim.model.predictor import benchmark_kv_dtype
 from inferasim.observe import ObservationError, observe, quantile_agrees
 from inferasim.observed import ObservedWorkload

@@ -27,7 +27,8 @@ from inferasim.core.spec import TuningSpec
 from inferasim.deployment import DeploymentError, LiveDeployment
 from inferasim.drift import PredictionError, prediction_error
 from inferasim.live import drift_transition, fit_live, read_live, refit_range
-from inferasim.model.anchors import Anchor, AnchorStore, KernelSet, NoCompatibleAnchor
+from inferasim.model.anchor_store import AnchorStore, NoCompatibleAnchor
+from inferasim.model.anchors import Anchor, KernelSet
 from inferasim.model.predictor import fitted_from_anchor
 from inferasim.observe import ObservationError, observe_windows
 from inferasim.passive import NotIdentifiable, Window
