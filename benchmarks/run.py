@@ -10,6 +10,8 @@
   workload: wall time against the 10 s budget, stage times and stage-1 candidates/s;
 - the bundled example's tune (`inferasim tune examples/llama70b-mi355x.yaml`) against its 2 s target;
 - the accuracy figures of `inferasim validate` on the dev files;
+- the step model against isolated H200 step timings (benchmarks/h200_steps.py): held-out steps,
+  tp slices, other models;
 - the trace simulator (benchmarks/sim_bench.py): the full Mooncake replay against its 2 s and 500 MB
   budgets, simulated s per wall s, the decode-run jumps against one step at a time.
 """
@@ -93,6 +95,38 @@ def _median_by_gpu(results: list, metric: str) -> dict[str, tuple[float, int]]:
             by.setdefault(r.row.system, []).append(ape)
             by.setdefault("all", []).append(ape)
     return {g: (100 * float(np.median(v)), len(v)) for g, v in by.items()}
+
+
+def bench_measurement_free(path: Path) -> None:
+    """Issue 28: every kernel set priced from the others' anchors alone (leave one kernel set out),
+    against the GPU-family defaults that measurement-free predictions used before (an empty
+    population), per engine and GPU; with the 90% intervals' coverage."""
+    from inferasim.model import priors
+
+    rows = read_as_run(load_rows(path))
+    population = run_validation(rows, AnchoredPredictor(), measurement_free=True, split_by=("engine", "gpu"))
+    shrink, priors.SHRINK = priors.SHRINK, float("inf")  # no population: the defaults alone
+    try:
+        defaults = run_validation(rows, AnchoredPredictor(), measurement_free=True, split_by=("engine", "gpu"))
+    finally:
+        priors.SHRINK = shrink
+    offline = any(r.scenario == "offline" for r in rows)
+    metrics = ("throughput_per_gpu", "batch_latency") if offline else ("tpot", "ttft", "throughput_per_gpu")
+    print(f"measurement-free (leave one kernel set out) on {path.name}: median APE " + " / ".join(metrics)
+          + ", population priors vs GPU-family defaults")
+    for name, res in (("population", population), ("defaults", defaults)):
+        s = res.summary
+        cov = " / ".join(f"{100 * s['interval_coverage'][m]['share']:.0f}%" for m in metrics
+                         if s["interval_coverage"].get(m, {}).get("n"))
+        print(f"  {name:10s} all: " + " / ".join(f"{100 * s[m]['median_ape']:.1f}%" for m in metrics if s[m]["n"])
+              + f"  (90% interval coverage {cov})")
+    for split in ("engine", "gpu"):
+        for group, sub in population.summary["splits"][split].items():
+            other = defaults.summary["splits"][split].get(group, {})
+            cells = [f"{100 * sub[m]['median_ape']:.1f}% ({100 * other[m]['median_ape']:.1f}%)" for m in metrics
+                     if sub.get(m, {}).get("n") and other.get(m, {}).get("n")]
+            if cells:
+                print(f"    {split}={group}: " + " / ".join(cells))
 
 
 def bench_anchor_rules(path: Path) -> None:
@@ -189,6 +223,12 @@ def main() -> int:
     for f in files + [DATA / "rocm-vllm-dev-docker" / "vllm_rocm_mi300x.csv"]:
         if f.exists():
             bench_anchor_rules(f)
+    for f in files:
+        if f.exists():
+            bench_measurement_free(f)
+    from benchmarks import h200_steps
+
+    h200_steps.main()
     from benchmarks import sim_bench
 
     sim_bench.main()

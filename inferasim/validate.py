@@ -431,36 +431,50 @@ def run_validation(
     split_by: Sequence[str] = (),
     progress: Callable[[int, int], None] | None = None,
     unreadable: Sequence[Unreadable] = (),
+    measurement_free: bool = False,
 ) -> ValidationResult:
     """Run the protocol of DESIGN.md section 7 with `predictor` on `rows`. `unreadable`: what a
     lenient load_rows could not read; rows it left out that validate would have scored count as
-    unpredicted, with the cell that stopped them as the reason, and every entry is listed."""
+    unpredicted, with the cell that stopped them as the reason, and every entry is listed.
+
+    `measurement_free`: leave one kernel set out. Every anchor is fitted as the rule selects it,
+    the predictor learns their population (`learn_population`), and every row of every kernel set,
+    its anchor rows too, is priced from the population without that kernel set (`population`)."""
     check_rule(rule)
     splits = _check_splits(split_by)
     filtered = filter_rows(rows)
     anchors = select_anchors(filtered, rule)
-    anchor_ids = {id(r) for a in anchors.values() for r in a.rows}
-    targets = [r for r in filtered if id(r) not in anchor_ids]
-    total = len(targets)
     deployment: Deployment | None = getattr(predictor, "deployment", None)
 
     fitted: dict[KernelKey, FittedKernel | str] = {}
+    if measurement_free:
+        for key, anchor in anchors.items():
+            try:
+                fitted[key] = predictor.fit(key, list(anchor.rows))
+            except Exception as exc:  # listed with the unusable anchors below
+                fitted[key] = "fit failed: " + _reason(exc)
+        predictor.learn_population({k: f for k, f in fitted.items() if not isinstance(f, str)})  # type: ignore[attr-defined]
+    anchor_ids = set() if measurement_free else {id(r) for a in anchors.values() for r in a.rows}
+    targets = [r for r in filtered if id(r) not in anchor_ids]
+    total = len(targets)
     # A kernel set with disaggregated rows only has no aggregated anchor. DESIGN section 7 counts a
     # row unpredicted only where no architecture is known: a predictor that can price one
     # measurement-free (`unanchored(kernel_key, row)`) does, flagged (reach "no anchor").
-    measurement_free: Callable[[KernelKey, BenchRow], FittedKernel] | None = getattr(predictor, "unanchored", None)
+    price_free: Callable[[KernelKey, BenchRow], FittedKernel] | None = getattr(predictor, "unanchored", None)
     free: dict[KernelKey, FittedKernel | str] = {}
     no_anchor = "no aggregated anchor for this kernel set (no agg row of the same backend, version, model, system " \
                 "and precision)"
     results: list[RowResult] = []
+    if measurement_free:
+        price_free = predictor.population  # type: ignore[attr-defined]
     for done, row in enumerate(targets, start=1):
         key = row.kernel_key
-        anchor = anchors.get(key)
+        anchor = None if measurement_free else anchors.get(key)
         if anchor is None:
             measured = metric_values(row, row.ttft_ms, row.tpot_ms, row.batch_latency_s, row.throughput_tok_s)
-            if measurement_free is not None and key not in free:
+            if price_free is not None and key not in free:
                 try:
-                    free[key] = measurement_free(key, row)
+                    free[key] = price_free(key, row)
                 except CannotPredict as exc:
                     free[key] = f"{no_anchor}, and none measurement-free: {exc}"
                 except Exception as exc:  # a defect of the predictor: counted as unpredicted_errors
@@ -504,7 +518,7 @@ def run_validation(
         if isinstance(kernel, str):
             unusable.append({"kernel_set": ":".join(str(k) for k in key), "anchor": anchor.describe(),
                              "rows": [r.id for r in anchor.rows], "reason": kernel})
-    n_anchor = sum(len(a.rows) for a in anchors.values())
+    n_anchor = 0 if measurement_free else sum(len(a.rows) for a in anchors.values())
     excluded = {
         "excluded_engine": sum(1 for r in rows if r.mode in MODES and not is_target(r)),
         "excluded_mode": sum(1 for r in rows if r.mode not in MODES),

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from inferasim.cli.args import precision_name
 from inferasim.cli.emulate import add_layout_args, positive_float, positive_int
+from inferasim.cli.torchharvest import add_actions as add_torch_actions
 from inferasim.harvest.plan import DEFAULT_PLAN_TEXT, MIN_REQUESTS, REQUESTS_PER_CLIENT, parse_plan
 from inferasim.harvest.run import (
     DEFAULT_BUDGET_S,
@@ -72,6 +73,7 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[typ
     run.add_argument("--report", default=None, help="also write a JSON report (points, fit, counters) here")
     run.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     run.set_defaults(func=cmd_harvest)
+    add_torch_actions(actions)
 
 
 def config_from_args(args: argparse.Namespace) -> HarvestConfig:

@@ -88,7 +88,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     applied: dict[str, int] = {}
     rows = load_rows_noted(args.data, unreadable, as_written=args.as_written, applied=applied)
     result = run_validation(rows, AnchoredPredictor(), rule=args.anchor_rule, split_by=split_by,
-                            progress=progress, unreadable=unreadable)
+                            progress=progress, unreadable=unreadable, measurement_free=args.measurement_free)
     out = Path(args.out)
     # Which source rules read the file's rows as their engine ran them (none with --as-written).
     result.summary["source_rules"] = {r.name: {"rows": applied[r.name], "why": r.why}
@@ -122,6 +122,9 @@ def add_cli(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--as-written", action="store_true",
                    help="read every row's layout as the file writes it, without the named rules of known public "
                         "sources (inferasim/sources.py; e.g. Argonne counts an MI250 package of two GCDs as one GPU)")
+    p.add_argument("--measurement-free", action="store_true",
+                   help="leave one kernel set out: price every row of each kernel set, its anchor rows too, from "
+                        "the population of the other kernel sets' anchors (model/priors.py), with no row of its own")
     p.add_argument("--out", required=True, help="folder for predictions.csv and summary.json")
     add_output(p)
     p.add_argument("--split-by", action="append", default=[],

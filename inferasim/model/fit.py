@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from inferasim.model.layoutcost import LayoutCost
+from inferasim.model.lsq import bounded_lm
 from inferasim.model.steady import EngineSched, closed_loop, offline_batch
 from inferasim.model.steptime import PARAM_BOUNDS, T_SEQ_V0, StepParams
 
@@ -211,43 +212,10 @@ def fit_params(cost: LayoutCost, sched: EngineSched, points: Sequence[FitPoint],
         return np.concatenate(parts)
 
     first = {**prior_d, **(start or {})}
-    z = np.array([np.log(max(first[f], _FLOOR.get(f, 1e-9))) for f in free])
-    r = residuals(z)
-    cost_val = float(r @ r)
-    lam = 1e-2
-    iterations = 0
-    converged = False
-    for _ in range(max_iter):
-        iterations += 1
-        jac = np.empty((r.size, z.size))
-        for j in range(z.size):
-            dz = np.zeros_like(z)
-            dz[j] = 1e-4
-            jac[:, j] = (residuals(z + dz) - r) / 1e-4
-        g = jac.T @ r
-        h = jac.T @ jac
-        improved = False
-        for _ in range(8):
-            step = -np.linalg.solve(h + lam * np.diag(np.diag(h) + 1e-9), g)
-            z_new = z + step
-            # Keep z inside the bounds so that the clipping does not hide the gradient.
-            for j, name in enumerate(free):
-                lo, hi = PARAM_BOUNDS[name]
-                z_new[j] = np.clip(z_new[j], np.log(max(lo, _FLOOR.get(name, lo))), np.log(hi))
-            r_new = residuals(z_new)
-            c_new = float(r_new @ r_new)
-            if c_new < cost_val:
-                rel = (cost_val - c_new) / max(cost_val, 1e-12)
-                z, r, cost_val = z_new, r_new, c_new
-                lam = max(lam / 3.0, 1e-6)
-                improved = True
-                if rel < 1e-6:
-                    converged = True
-                break
-            lam *= 4.0
-        if not improved or converged:
-            converged = True
-            break
+    z0 = np.array([np.log(max(first[f], _FLOOR.get(f, 1e-9))) for f in free])
+    lo = np.array([np.log(max(PARAM_BOUNDS[f][0], _FLOOR.get(f, PARAM_BOUNDS[f][0]))) for f in free])
+    hi = np.array([np.log(PARAM_BOUNDS[f][1]) for f in free])
+    z, cost_val, iterations, converged = bounded_lm(residuals, z0, lo, hi, max_iter)
     params = to_params(z)
     pred = predict_points(params, cost, sched, points)
     per_metric: dict[str, float] = {}

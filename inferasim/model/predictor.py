@@ -8,8 +8,8 @@ physics of `steptime` + `transfer` + `model.steady`. `AnchoredPredictor` impleme
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -26,7 +26,9 @@ from inferasim.model.anchors import Anchor, BenchPoint, FitReport, KernelSet, La
 from inferasim.model.fit import FitPoint, FitResult, fit_anchor_params, predict_points
 from inferasim.model.layoutcost import layout_cost
 from inferasim.model.memory import layout_problems
+from inferasim.model.population import FittedMember, Population
 from inferasim.model.steady import engine_sched
+from inferasim.model.stepfit import engine_params_from_steps
 from inferasim.model.steptime import STEP_MODEL_REVISION, StepParams, default_params, step_time
 from inferasim.model.transfer import disagg_point
 
@@ -201,6 +203,9 @@ class FittedAnchor:
     # The GPU the anchor was measured on, when it is a sibling of `gpu` (carry_to_gpu); "" when
     # measured on `gpu` itself.
     measured_on: str = ""
+    # Priced from the population of other kernel sets' anchors (model.population): the half-width
+    # of each metric's 90% band, measured as that population's leave-one-out error; empty otherwise.
+    population_spread: dict[str, float] = field(default_factory=dict)
 
     @property
     def params(self) -> StepParams:
@@ -209,6 +214,8 @@ class FittedAnchor:
     def spread(self, extrapolated: bool, layout: Layout, isl: int, osl: int, metric: str = "tpot",
                 concurrency: int | None = None) -> float:
         """Half-width (log) of the nominal 90% band of `metric` at a target deployment."""
+        if self.population_spread:
+            return self.population_spread.get(metric, self.population_spread.get("tpot", 0.5))
         res = self.fit.residuals.get(metric)
         base = max(float(np.sqrt(np.mean(np.square(res)))) if res else self.fit.rms_log_error, 0.03)
         parts = [base]
@@ -355,10 +362,33 @@ def fit_anchor_rows(rows: list[BenchRow]) -> FittedAnchor:
 
 
 class AnchoredPredictor:
-    """`inferasim.validate.Predictor`: fit on the anchor rows, predict the rest."""
+    """`inferasim.validate.Predictor`: fit on the anchor rows, predict the rest; or, measurement-free
+    (`validate --measurement-free`), price each kernel set from the others' anchors alone."""
+
+    def __init__(self) -> None:
+        self._rows: dict[tuple[str, ...], list[BenchRow]] = {}
+        self._population: Population | None = None
 
     def fit(self, kernel_key: tuple[str, ...], anchor_rows: list[BenchRow]) -> FittedAnchor:
+        self._rows[kernel_key] = anchor_rows
         return fit_anchor_rows(anchor_rows)
+
+    def learn_population(self, fitted: Mapping[tuple[str, ...], FittedAnchor]) -> None:
+        """The population of these fitted kernel sets (their anchor rows as given to fit)."""
+        self._population = Population({
+            k: FittedMember(key=k, engine=f.engine, engine_version=f.engine_version, model=f.model, gpu=f.gpu,
+                            precision=f.precision, kv_dtype=f.kv_dtype, layout=f.layout, params=f.params,
+                            points=[fit_point(r) for r in self._rows.get(k, [])])
+            for k, f in fitted.items()})
+
+    def population(self, kernel_key: tuple[str, ...], row: BenchRow) -> FittedAnchor:
+        """`row`'s kernel set priced from the population without it (leave one kernel set out)."""
+        if self._population is None:
+            raise CannotPredict("no population learned (learn_population first)")
+        base = self.unanchored(kernel_key, row)
+        fit, spread = self._population.fit_for(kernel_key, base.engine, base.engine_version, base.model, base.gpu,
+                                               base.precision)
+        return replace(base, fit=fit, anchor_id="population", population_spread=spread)
 
     def unanchored(self, kernel_key: tuple[str, ...], row: BenchRow) -> FittedAnchor:
         """A kernel set without an anchor of its own (disaggregated rows only), priced from the
@@ -440,12 +470,13 @@ def stale_params(anchor: Anchor) -> str | None:
     the step-time model (steptime.STEP_MODEL_REVISION) while it holds benchmark points to refit
     from. None when they are used as stored (current revision, no revision recorded, or nothing
     to refit from)."""
-    if not anchor.params or anchor.fit is None or not anchor.fit.step_model or not anchor.points:
+    if not anchor.params or anchor.fit is None or not anchor.fit.step_model or not (anchor.points or anchor.steps):
         return None
     if anchor.fit.step_model == STEP_MODEL_REVISION:
         return None
+    what = f"{len(anchor.points)} points" if anchor.points else f"{len(anchor.steps)} steps"
     return (f"parameters fitted under step-time model {anchor.fit.step_model}, this inferasim is "
-            f"{STEP_MODEL_REVISION}: refitted from the anchor's {len(anchor.points)} points")
+            f"{STEP_MODEL_REVISION}: refitted from the anchor's {what}")
 
 
 def fitted_from_anchor(anchor: Anchor) -> FittedAnchor:
@@ -470,15 +501,25 @@ def fitted_from_anchor(anchor: Anchor) -> FittedAnchor:
                            max_abs_log_error=rep.max_abs_log_error if rep else 0.1,
                            per_metric_mape=dict(rep.per_metric) if rep else {}, n_points=len(points),
                            iterations=0, converged=True, message="stored parameters")
+    elif not points:
+        # Isolated step timings only (a PyTorch harvest): GPU terms from the steps, host terms
+        # from the engine's prior (model.stepfit.engine_params_from_steps).
+        cost = layout_cost(model, gpu, layout, precision, kv_dtype, engine, ks.engine_version)
+        params, sfit = engine_params_from_steps(cost, anchor.steps, default_params(gpu, engine, ks.engine_version))
+        result = FitResult(params=params, rms_log_error=sfit.rms_log_error, max_abs_log_error=sfit.max_abs_log_error,
+                           per_metric_mape={"step": sfit.median_abs_error}, n_points=sfit.n_points,
+                           iterations=sfit.iterations, converged=sfit.converged,
+                           message=(f"{stale}; " if stale else "") + "fitted from isolated steps")
     else:
         cost = layout_cost(model, gpu, layout, precision, kv_dtype, engine, ks.engine_version)
         sched = engine_sched(engine, model, gpu, layout, precision, ks.engine_version, kv_dtype)
         result = fit_anchor_params(cost, sched, points, default_params(gpu, engine, ks.engine_version))
         if stale:
             result.message = f"{stale}; {result.message}"[:500]
-    concs = [p.concurrency for p in anchor.points] or [1]
-    isls = [p.isl for p in anchor.points] or [1]
-    osls = [p.osl for p in anchor.points] or [1]
+    # A steps-only anchor spans the decode batches and the prompt chunks and contexts it timed.
+    concs = [p.concurrency for p in anchor.points] or [s.n_decode for s in anchor.steps if s.n_decode] or [1]
+    isls = [p.isl for p in anchor.points] or [s.n_prefill_tokens for s in anchor.steps if s.n_prefill_tokens] or [1]
+    osls = [p.osl for p in anchor.points] or [1, *(int(s.decode_context) for s in anchor.steps)]
     return FittedAnchor(engine=engine, engine_version=ks.engine_version, model=model, gpu=gpu,
                         precision=precision, kv_dtype=kv_dtype, layout=layout, fit=result, anchor_id=anchor.id,
                         conc_range=(min(concs), max(concs)), isl_range=(min(isls), max(isls)),
