@@ -144,8 +144,6 @@ def cmd_predict(args: argparse.Namespace) -> int:
     return 0
 
 
-# ---- advise / mix -------------------------------------------------------------------------------
-
 def find_or_sibling(store: Any, ks: KernelSet, layout: Layout, gpu: GPU) -> Any:
     """The anchor of kernel set `ks` (one engine version) on its own GPU, else one of that version
     measured on a sibling part (the same die: MI300X for an MI325X, H100 for an H200) carried to

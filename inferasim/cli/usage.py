@@ -50,8 +50,6 @@ def layout_of(args: argparse.Namespace) -> Layout:
         raise UsageError(str(exc)) from None
 
 
-# ---- predict -----------------------------------------------------------------------------------
-
 ANCHOR_DIR = SHIPPED_ANCHORS
 
 
@@ -114,8 +112,6 @@ def refuse_beyond_context(model: ModelSpec, isl: int, osl: int) -> None:
               "at the context)", file=sys.stderr)
 
 
-# ---- validate ----------------------------------------------------------------------------------
-
 def progress(done: int, total: int) -> None:
     stage_progress("", done, total, unit=" kernel sets")
 
@@ -132,8 +128,6 @@ def parse_selector(items: Sequence[str]) -> dict[str, str]:
     return selector
 
 
-# ---- tune --------------------------------------------------------------------------------------
-
 def stage_progress(stage: str, done: int, total: int, unit: str = "") -> None:
     if not sys.stderr.isatty():
         return  # a bar is for people watching a terminal, not for logs
@@ -145,8 +139,6 @@ def stage_progress(stage: str, done: int, total: int, unit: str = "") -> None:
         sys.stderr.write("\n")
     sys.stderr.flush()
 
-
-# ---- observe -----------------------------------------------------------------------------------
 
 def check_prometheus_url(url: str) -> None:
     if not url.startswith(("http://", "https://")):

@@ -29,13 +29,7 @@ from inferasim.search.estimate import (
     operate,
     slo_ok,
 )
-from inferasim.search.select import (
-    ParetoPoint,
-    cost_per_million_tokens,
-    objective_value,
-    pareto_front,
-    shortlist,
-)
+from inferasim.search.select import ParetoPoint, cost_per_million_tokens, objective_value, pareto_front, shortlist
 from inferasim.search.space import Candidate, Space, build_space
 from inferasim.search.stage2 import apply_replay, copy_estimate, run_stage2, simulate_one
 from inferasim.search.workload import WorkloadShape, shape_of

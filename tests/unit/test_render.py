@@ -11,13 +11,7 @@ import sys
 import pytest
 import yaml
 
-from inferasim.catalog.engines import (
-    default_image,
-    default_port,
-    engine_flags,
-    is_known_flag,
-    launch_command,
-)
+from inferasim.catalog.engines import default_image, default_port, engine_flags, is_known_flag, launch_command
 from inferasim.catalog.gpus import get_gpu
 from inferasim.core.config import ServingConfig
 from inferasim.core.engine_args import HF_HOME, engine_args, engine_env

@@ -36,13 +36,7 @@ from inferasim_operator import metrics
 from inferasim_operator.anchor_cache import anchor_dirs, sync_anchors
 from inferasim_operator.harvest_job import anchor_object, dns_label
 from inferasim_operator.kube import ApiException, Kube
-from inferasim_operator.models import (
-    LABEL_KIND,
-    MetricValues,
-    PassiveAnchorStatus,
-    PredictionErrorStatus,
-    dump,
-)
+from inferasim_operator.models import LABEL_KIND, MetricValues, PassiveAnchorStatus, PredictionErrorStatus, dump
 from inferasim_operator.settings import Settings
 from inferasim_operator.state import MEMO
 from inferasim_operator.status import StatusBook, fresh_book, post_event
