@@ -31,15 +31,16 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from inferasim.catalog.models import get_model  # noqa: E402
+from inferasim.core.config import ServingConfig  # noqa: E402
 from inferasim.core.layout import Layout  # noqa: E402
 from inferasim.core.spec import parse_spec  # noqa: E402
 from inferasim.deployment import read_deployment  # noqa: E402
-from inferasim.model.anchors import AnchorStore  # noqa: E402
+from inferasim.model.anchor_store import AnchorStore  # noqa: E402
 from inferasim.model.layoutcost import layout_cost  # noqa: E402
 from inferasim.model.steady import closed_loop, engine_sched  # noqa: E402
 from inferasim.model.steptime import default_params  # noqa: E402
 from inferasim.passive import Window, fit_passive  # noqa: E402
-from inferasim.render import ServingConfig, render_deployment  # noqa: E402
+from inferasim.render import render_deployment  # noqa: E402
 from inferasim.search.tune import tune  # noqa: E402
 
 # (engine, model, gpu, precision, live layout or None when not running live)

@@ -36,7 +36,7 @@ from inferasim.core.layout import Layout  # noqa: E402
 from inferasim.model.anchors import load_anchor  # noqa: E402
 from inferasim.model.predictor import fitted_from_anchor  # noqa: E402
 from inferasim.sim.api import simulate_workload  # noqa: E402
-from inferasim.sim.engines import SimRequest  # noqa: E402
+from inferasim.sim.request import SimRequest  # noqa: E402
 from inferasim.sim.workload import Driver, StreamDriver, load_trace  # noqa: E402
 
 TRACE = REPO.parent / "shared" / "data" / "traces" / "conversation_trace.jsonl"

@@ -316,7 +316,7 @@ def measurable(engine: str) -> bool:
 
 def measure_window(observed: Any, url: str, *, timeout: float = 10.0, transport: Any = None) -> CanaryWindow:
     """The means of one canary's window, evaluated at the same instant as ``observed`` (an
-    :class:`inferasim.observe.ObservedWorkload` of the canary's series): mean ITL and TTFT from the
+    :class:`inferasim.observed.ObservedWorkload` of the canary's series): mean ITL and TTFT from the
     histograms' ``_sum / _count`` rates, requests in flight as the window's average of running +
     waiting. CalibrationError when the engine exports no latency histograms (ATOM) or a series is
     missing: never a made-up zero."""

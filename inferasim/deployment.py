@@ -19,13 +19,15 @@ Nothing that decides the kernel set is guessed: an unknown GPU type, an image ta
 version, an unknown quantization or an engine that cannot be told raise :class:`DeploymentError`
 naming the field and the fix (usually a keyword override: ``gpu=``, ``engine_version=``,
 ``precision=``; on the command line ``--gpu``, ``--engine-version``, ``--precision``).
+
+The engine's command line (its flags and the fields they decide) is read by
+:mod:`inferasim.engine_cmdline`; this module reads the rest of the manifest (replicas, GPU resources
+and node placement, image, annotations) and puts them together.
 """
 
 from __future__ import annotations
 
-import json
 import re
-import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,56 +35,39 @@ from typing import Any
 
 import yaml
 
-from inferasim.catalog.engines import (
-    UnknownEngineError,
-    default_port,
-    engine_flags,
-    flag_for,
-    normalize_engine,
-)
+from inferasim.catalog.engines import UnknownEngineError, default_port, flag_for, normalize_engine
 from inferasim.catalog.gpus import GPU, UnknownGPUError, get_gpu
-from inferasim.catalog.precision import PRECISIONS
 from inferasim.catalog.userfile import UserFileError, load_yaml_all, read_user_text
-from inferasim.core.layout import Layout, LayoutError
-from inferasim.errors import UserError
-from inferasim.model.anchors import KernelSet
-from inferasim.render import (
-    _KV_DTYPES,
-    _PRODUCT_LABEL_KEY,
-    _SPEC_SPELLING,
-    AMD_DEVICE_IDS,
-    LABEL_GPU,
-    LABEL_ROLE,
-    ServingConfig,
-    _alias_map,
-    _image,
-    flag_spelling,
+from inferasim.core.config import ServingConfig
+from inferasim.core.layout import Layout
+from inferasim.engine_cmdline import (
+    ANN_MODEL,
+    ANN_VERSION,
+    ENTRYPOINT_IMAGE,
+    DeploymentError,
+    consumed_flags,
+    container_argv,
+    disagg_role_of,
+    flag_int,
+    kv_dtype_of,
+    launch_of,
+    layout_of,
+    model_of,
+    parse_flags,
+    precision_of,
+    role_float,
+    role_int,
+    spec_of,
 )
+from inferasim.model.anchors import KernelSet
+from inferasim.render import AMD_DEVICE_IDS, LABEL_GPU, PRODUCT_LABEL_KEY, image_of
 
 __all__ = ["DeploymentError", "LiveDeployment", "engine_version_from_image", "kernel_set_of", "read_deployment"]
-
-_ANN_MODEL = "inferasim.io/model"
-_ANN_PRECISION = "inferasim.io/precision"
-_ANN_VERSION = "inferasim.io/engine-version"
 
 # GPU of each amd.com/gpu.device-id value (the table render selects nodes by).
 _AMD_DEVICE_IDS: dict[str, str] = {i: name for name, ids in AMD_DEVICE_IDS.items() for i in ids}
 
-# Engine launch modules and executables (notes 5.1-5.3); older vLLM images start the API server module.
-_LAUNCH_MODULES: dict[str, str] = {
-    "vllm.entrypoints.openai.api_server": "vllm",
-    "sglang.launch_server": "sglang",
-    "atom.entrypoints.openai_server": "atom",
-}
-
-# Flags that only bind the server (the renderer sets them itself): read into `port`, never into extra_args.
-_SERVER_ROLES = ("host", "port", "enable_metrics")
-
 _VERSION = r"\d+\.\d+(?:\.\d+)*(?:rc\d+|\.post\d+|\.dev\d+)?"
-
-
-class DeploymentError(UserError):
-    """The manifest does not say something inferasim needs; the message names the field and the fix."""
 
 
 @dataclass(frozen=True)
@@ -188,187 +173,6 @@ def _get(d: Mapping[str, Any], *path: str) -> Any:
     return cur
 
 
-# --------------------------------------------------------------------------------------------------
-# command line -> engine, model, flags
-# --------------------------------------------------------------------------------------------------
-
-
-def _argv(container: Mapping[str, Any]) -> list[str]:
-    argv = [str(t) for t in (container.get("command") or [])] + [str(t) for t in (container.get("args") or [])]
-    # `sh -c "vllm serve ... && ..."`: the script's tokens, cut at shell separators.
-    if len(argv) >= 3 and Path(argv[0]).name in ("sh", "bash", "dash") and argv[1] in ("-c", "-lc", "-ec"):
-        try:
-            tokens = shlex.split(" ".join(argv[2:]))
-        except ValueError as exc:
-            raise DeploymentError(f"container {container.get('name')!r}: cannot split the shell command: {exc}") \
-                from None
-        parts: list[list[str]] = [[]]
-        for t in tokens:
-            if t in ("&&", "||", ";", "|"):
-                parts.append([])
-            else:
-                parts[-1].append(t)
-        for part in parts:
-            if _launch(part) is not None:
-                return part
-        return tokens
-    return argv
-
-
-# Images whose entrypoint is vLLM's OpenAI server (vllm/vllm-openai and its -rocm build, Docker Hub).
-_ENTRYPOINT_IMAGE = re.compile(r"(^|/)vllm-openai(-rocm)?(:|@|$)")
-
-
-def _launch(argv: list[str]) -> tuple[str, int] | None:
-    """(engine, index of the first argument after the launch command), or None."""
-    for i, tok in enumerate(argv):
-        base = Path(tok).name
-        if base == "vllm" and i + 1 < len(argv) and argv[i + 1] == "serve":
-            return "vllm", i + 2
-        if tok == "-m" and i + 1 < len(argv) and argv[i + 1] in _LAUNCH_MODULES:
-            return _LAUNCH_MODULES[argv[i + 1]], i + 2
-        if base == "sglang" and i + 1 < len(argv) and argv[i + 1] == "serve":
-            return "sglang", i + 2
-    return None
-
-
-@dataclass
-class _Flags:
-    engine: str
-    values: dict[str, str | None]  # canonical flag -> value (None: a boolean flag)
-    order: list[tuple[str, list[str]]]  # (canonical flag, the original tokens) in command-line order
-    positional: list[str]
-    unknown: list[str]
-
-    def has(self, flag: str) -> bool:
-        return flag in self.values
-
-    def get(self, flag: str) -> str | None:
-        return self.values.get(flag)
-
-    def role(self, role: str) -> str | None:
-        flag = flag_for(self.engine, role)
-        return None if flag is None else self.values.get(self._canon(flag))
-
-    def has_role(self, role: str) -> bool:
-        flag = flag_for(self.engine, role)
-        return flag is not None and self._canon(flag) in self.values
-
-    def _canon(self, flag: str) -> str:
-        return flag_spelling(self.engine, flag, _alias_map(self.engine))
-
-
-def _parse_flags(engine: str, tokens: list[str]) -> _Flags:
-    catalog = engine_flags(engine)
-    aliases = _alias_map(engine)
-    out = _Flags(engine, {}, [], [], [])
-    i = 0
-    while i < len(tokens):
-        tok = tokens[i]
-        if not tok.startswith("-") or re.match(r"^-\d", tok):
-            out.positional.append(tok)
-            i += 1
-            continue
-        key, eq, inline = tok.partition("=")
-        canon = flag_spelling(engine, key, aliases)
-        spec = catalog.get(canon)
-        known = spec is not None or (engine == "vllm" and canon == "--model")
-        takes_value = spec.takes_value if spec is not None else (
-            canon == "--model" or (i + 1 < len(tokens) and not tokens[i + 1].startswith("-")))
-        if eq:
-            value: str | None = inline
-            used = [tok]
-            i += 1
-        elif takes_value:
-            if i + 1 >= len(tokens):
-                raise DeploymentError(f"{engine} flag {key} needs a value (it is the last argument)")
-            value = tokens[i + 1]
-            used = [tok, value]
-            i += 2
-        else:
-            value, used = None, [tok]
-            i += 1
-        if known:
-            out.values[canon] = value  # argparse: the last occurrence wins
-            out.order.append((canon, used))
-        else:
-            out.unknown.extend(used)
-    return out
-
-
-# --------------------------------------------------------------------------------------------------
-# fields
-# --------------------------------------------------------------------------------------------------
-
-
-def _int(flags: _Flags, flag: str, what: str) -> int | None:
-    raw = flags.get(flag)
-    if raw is None:
-        return None
-    try:
-        return int(raw)
-    except ValueError:
-        raise DeploymentError(f"{flags.engine} flag {flag}={raw!r} ({what}) is not an integer") from None
-
-
-def _role_int(flags: _Flags, role: str) -> int | None:
-    flag = flag_for(flags.engine, role)
-    return None if flag is None else _int(flags, flags._canon(flag), role)
-
-
-def _layout(flags: _Flags) -> tuple[Layout, int]:
-    """(layout of one replica, data-parallel copies inside one pod that are replicas, not a layout)."""
-    eng = flags.engine
-    copies = 1
-    if eng == "vllm":
-        tp = _int(flags, "--tensor-parallel-size", "tensor parallel") or 1
-        pp = _int(flags, "--pipeline-parallel-size", "pipeline parallel") or 1
-        dp = _int(flags, "--data-parallel-size", "data parallel") or 1
-        # V10: --enable-expert-parallel shards the experts over all tp x dp GPUs.
-        ep = tp * dp if flags.has("--enable-expert-parallel") else 1
-    elif eng == "sglang":
-        tp_size = _int(flags, "--tp-size", "tensor parallel") or 1
-        pp = _int(flags, "--pp-size", "pipeline parallel") or 1
-        dp = _int(flags, "--dp-size", "data parallel") or 1
-        ep = _int(flags, "--ep-size", "expert parallel") or 1
-        if dp > 1 and flags.has("--enable-dp-attention"):
-            # S: under DP attention --tp-size spans all attention-DP ranks.
-            if tp_size % dp:
-                raise DeploymentError(f"sglang --tp-size {tp_size} is not a multiple of --dp-size {dp} under "
-                                      "--enable-dp-attention")
-            tp = tp_size // dp
-        else:
-            # S: without DP attention --dp-size runs dp copies of the tp-size engine in one pod.
-            tp, copies, dp = tp_size, dp, 1
-    else:
-        tp = _int(flags, "--tensor-parallel-size", "tensor parallel") or 1
-        pp = _int(flags, "-pp", "pipeline parallel") or 1
-        dp = _int(flags, "--data-parallel-size", "data parallel") or 1
-        ep = 1
-        if flags.has("--enable-expert-parallel"):
-            if dp > 1 and not flags.has("--enable-dp-attention"):
-                raise DeploymentError("atom --enable-expert-parallel with --data-parallel-size > 1 needs "
-                                      "--enable-dp-attention (without it the experts stay inside each DP rank)")
-            ep = dp if dp > 1 else tp
-    try:
-        return Layout(tp=tp, pp=pp, dp=dp, moe_ep=ep), copies
-    except LayoutError as exc:
-        raise DeploymentError(f"{eng} parallel flags give an impossible layout: {exc}") from None
-
-
-def _model(flags: _Flags, annotations: Mapping[str, str]) -> str:
-    if annotations.get(_ANN_MODEL):
-        return str(annotations[_ANN_MODEL])
-    if flags.engine == "vllm":
-        model = flags.positional[0] if flags.positional else flags.get("--model")
-    else:
-        model = flags.role("model") or flags.get("--model")
-    if not model:
-        spelled = {"vllm": "vllm serve MODEL", "sglang": "--model-path MODEL", "atom": "--model MODEL"}
-        raise DeploymentError(f"{flags.engine}: the command line names no model ({spelled[flags.engine]})")
-    return model
-
-
 def engine_version_from_image(image: str) -> str | None:
     """Engine release in an image tag: ``vllm/vllm-openai:v0.10.1`` -> 0.10.1,
     ``lmsysorg/sglang:v0.5.12-rocm720-mi30x`` -> 0.5.12, ``rocm/vllm:rocm6.4.1_vllm_0.9.1_20250715`` ->
@@ -388,8 +192,8 @@ def engine_version_from_image(image: str) -> str | None:
 def _engine_version(image: str, annotations: Mapping[str, str], rendered: bool, override: str | None) -> str:
     if override is not None:
         return override
-    if _ANN_VERSION in annotations:
-        return str(annotations[_ANN_VERSION])
+    if ANN_VERSION in annotations:
+        return str(annotations[ANN_VERSION])
     if rendered:
         return ""  # rendered from a config whose engine_version was empty: the image is the default one
     version = engine_version_from_image(image)
@@ -425,7 +229,7 @@ def _gpu(spec: Mapping[str, Any], container: Mapping[str, Any], labels: Mapping[
     if labels.get(LABEL_GPU):
         candidates.append((f"label {LABEL_GPU}", labels[LABEL_GPU]))
     node_sel = spec.get("nodeSelector") or {}
-    for key in (*_PRODUCT_LABEL_KEY.values(), "amd.com/gpu.device-id"):
+    for key in (*PRODUCT_LABEL_KEY.values(), "amd.com/gpu.device-id"):
         if key in node_sel:
             candidates.append((f"nodeSelector {key}", str(node_sel[key])))
     terms = _get(spec, "affinity", "nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution",
@@ -434,7 +238,7 @@ def _gpu(spec: Mapping[str, Any], container: Mapping[str, Any], labels: Mapping[
         for expr in (term or {}).get("matchExpressions") or []:
             key = expr.get("key")
             values = expr.get("values") or []
-            if key in (*_PRODUCT_LABEL_KEY.values(), "amd.com/gpu.device-id") and expr.get("operator") == "In" \
+            if key in (*PRODUCT_LABEL_KEY.values(), "amd.com/gpu.device-id") and expr.get("operator") == "In" \
                     and len(values) == 1:
                 candidates.append((f"nodeAffinity {key}", str(values[0])))
     for where, value in candidates:
@@ -452,111 +256,8 @@ def _gpu(spec: Mapping[str, Any], container: Mapping[str, Any], labels: Mapping[
         raise DeploymentError("the engine container requests no amd.com/gpu or nvidia.com/gpu and the pod names no "
                               "GPU product label; pass gpu= (--gpu)")
     raise DeploymentError(f"GPU type unknown: the container requests {count} {vendor}.com/gpu but the pod selects no "
-                          f"product ({_PRODUCT_LABEL_KEY[vendor]} in nodeSelector or a required node affinity); "
+                          f"product ({PRODUCT_LABEL_KEY[vendor]} in nodeSelector or a required node affinity); "
                           "pass gpu= (--gpu), e.g. --gpu MI300X")
-
-
-def _precision(flags: _Flags, annotations: Mapping[str, str], override: str | None) -> str:
-    if override is not None:
-        value = override
-    elif annotations.get(_ANN_PRECISION):
-        value = str(annotations[_ANN_PRECISION])
-    else:
-        value = flags.role("quantization") or "auto"
-    norm = value.strip().lower().replace("-", "_")
-    if norm not in PRECISIONS:
-        raise DeploymentError(f"precision {value!r} (from --quantization or the annotation {_ANN_PRECISION}) is not "
-                              f"one inferasim models; pass precision= (--precision), one of {', '.join(PRECISIONS)}")
-    return norm
-
-
-def _kv_dtype(flags: _Flags) -> str:
-    raw = flags.role("kv_cache_dtype")
-    if raw is None:
-        return "auto"
-    norm = raw.strip().lower().replace("-", "_")
-    # SGLang has no bare fp8: the renderer writes fp8 as fp8_e4m3, and reading it back gives fp8.
-    if flags.engine == "sglang" and norm == "fp8_e4m3":
-        return "fp8"
-    if norm not in _KV_DTYPES[flags.engine]:
-        raise DeploymentError(f"{flags.engine} --kv-cache-dtype {raw!r} is not one inferasim models; accepted: "
-                              f"{', '.join(k for k in _KV_DTYPES[flags.engine] if k != 'auto')}")
-    return norm
-
-
-def _spec(flags: _Flags) -> tuple[str, int, str | None]:
-    eng = flags.engine
-    inverse = {v.lower(): k for k, v in _SPEC_SPELLING[eng].items()}
-    if eng == "vllm":
-        raw = flags.get("--speculative-config")
-        if raw is None:
-            return "none", 0, None
-        try:
-            conf = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise DeploymentError(f"vllm --speculative-config is not JSON: {exc}") from None
-        method = str(conf.get("method", "")).lower()
-        if method == "deepseek_mtp":
-            method = "mtp"
-        if method not in inverse:
-            raise DeploymentError(f"vllm --speculative-config method {conf.get('method')!r} is not modelled; "
-                                  f"accepted: {', '.join(inverse)}")
-        return inverse[method], int(conf.get("num_speculative_tokens") or 0), conf.get("model")
-    algo = flags.role("speculative")
-    if algo is None:
-        return "none", 0, None
-    if algo.lower() not in inverse:
-        raise DeploymentError(f"{eng} {flag_for(eng, 'speculative')} {algo!r} is not modelled; accepted: "
-                              f"{', '.join(_SPEC_SPELLING[eng].values())}")
-    method = inverse[algo.lower()]
-    if eng == "sglang":
-        k = _int(flags, "--speculative-num-draft-tokens" if method == "ngram" else "--speculative-num-steps",
-                 "speculative tokens") or 0
-        return method, k, flags.get("--speculative-draft-model-path")
-    return method, _int(flags, "--num-speculative-tokens", "speculative tokens") or 1, flags.get("--draft-model")
-
-
-def _disagg(flags: _Flags, labels: Mapping[str, str]) -> str | None:
-    if labels.get(LABEL_ROLE):
-        return str(labels[LABEL_ROLE])
-    raw = flags.role("disaggregation")
-    if raw is None:
-        return None
-    if flags.engine == "sglang":
-        return None if raw == "null" else raw
-    try:
-        role = str(json.loads(raw).get("kv_role", ""))
-    except (json.JSONDecodeError, AttributeError):
-        raise DeploymentError(f"{flags.engine} --kv-transfer-config is not a JSON object: {raw!r}") from None
-    by_role = {"kv_producer": "prefill", "kv_consumer": "decode"}
-    if role not in by_role:
-        raise DeploymentError(f"{flags.engine} --kv-transfer-config kv_role {role!r} does not say prefill or decode; "
-                              f"label the pod {LABEL_ROLE}=prefill|decode")
-    return by_role[role]
-
-
-def _float(flags: _Flags, role: str) -> float | None:
-    raw = flags.role(role)
-    if raw is None:
-        return None
-    try:
-        return float(raw)
-    except ValueError:
-        raise DeploymentError(f"{flags.engine} {flag_for(flags.engine, role)}={raw!r} is not a number") from None
-
-
-def _consumed(engine: str) -> set[str]:
-    """Canonical flags the ServingConfig fields stand for (the renderer writes them back)."""
-    aliases = _alias_map(engine)
-    roles = ("tensor_parallel", "pipeline_parallel", "data_parallel", "expert_parallel", "dp_attention",
-             "max_num_seqs", "max_num_batched_tokens", "max_prefill_tokens", "memory_fraction", "kv_cache_dtype",
-             "enable_prefix_caching", "disable_prefix_caching", "enable_chunked_prefill", "speculative",
-             "quantization", "max_model_len", "disaggregation", "model", *_SERVER_ROLES)
-    out = {flag_spelling(engine, f, aliases) for r in roles if (f := flag_for(engine, r)) is not None}
-    out |= {"--no-enable-chunked-prefill", "--model", "--speculative-num-steps", "--speculative-eagle-topk",
-            "--speculative-num-draft-tokens", "--speculative-draft-model-path", "--num-speculative-tokens",
-            "--draft-model"}
-    return out
 
 
 # --------------------------------------------------------------------------------------------------
@@ -584,16 +285,16 @@ def read_deployment(manifest: Mapping[str, Any] | str | Path, *, gpu: str | None
         raise DeploymentError("spec.template.spec.containers is empty: no engine container")
     found = []
     for c in containers:
-        argv = _argv(c)
-        launch = _launch(argv)
+        argv = container_argv(c)
+        launch = launch_of(argv)
         if launch is not None:
             found.append((c, argv, launch))
     if not found:
         # The vLLM OpenAI image starts the server itself (its ENTRYPOINT): a container that gives
         # only `args` (the server's flags) is the usual way to run it.
         for c in containers:
-            if not c.get("command") and _ENTRYPOINT_IMAGE.search(str(c.get("image") or "")):
-                found.append((c, _argv(c), ("vllm", 0)))
+            if not c.get("command") and ENTRYPOINT_IMAGE.search(str(c.get("image") or "")):
+                found.append((c, container_argv(c), ("vllm", 0)))
     if not found:
         names = [c.get("name") for c in containers]
         raise DeploymentError(f"no container of {names} starts vllm (`vllm serve MODEL`), SGLang (`python3 -m "
@@ -607,9 +308,9 @@ def read_deployment(manifest: Mapping[str, Any] | str | Path, *, gpu: str | None
     image = str(container.get("image") or "")
     if not image:
         raise DeploymentError(f"container {container.get('name')!r} has no image")
-    flags = _parse_flags(engine, argv[start:])
-    rendered = _ANN_MODEL in annotations
-    layout, copies = _layout(flags)
+    flags = parse_flags(engine, argv[start:])
+    rendered = ANN_MODEL in annotations
+    layout, copies = layout_of(flags)
     gpu_name, count = _gpu(pod_spec, container, labels, gpu)
     gpus_per_pod = layout.gpus * copies
     if count is not None and count != gpus_per_pod:
@@ -624,14 +325,14 @@ def read_deployment(manifest: Mapping[str, Any] | str | Path, *, gpu: str | None
     chunked: bool | None = None
     mnbt: int | None = None
     if engine == "sglang":
-        cps = _int(flags, "--chunked-prefill-size", "chunked prefill size")
-        mpt = _int(flags, "--max-prefill-tokens", "max prefill tokens")
+        cps = flag_int(flags, "--chunked-prefill-size", "chunked prefill size")
+        mpt = flag_int(flags, "--max-prefill-tokens", "max prefill tokens")
         if cps == -1:
             chunked, mnbt = False, mpt
         else:
             mnbt = cps
     else:
-        mnbt = _role_int(flags, "max_num_batched_tokens")
+        mnbt = role_int(flags, "max_num_batched_tokens")
         if flags.has("--enable-chunked-prefill"):
             chunked = True
         elif flags.has("--no-enable-chunked-prefill"):
@@ -641,9 +342,9 @@ def read_deployment(manifest: Mapping[str, Any] | str | Path, *, gpu: str | None
         prefix = False
     elif flags.has_role("enable_prefix_caching"):
         prefix = True
-    spec_method, k, draft = _spec(flags)
+    spec_method, k, draft = spec_of(flags)
 
-    consumed = _consumed(engine)
+    consumed = consumed_flags(engine)
     extra: list[str] = []
     for canon, tokens in flags.order:
         if canon not in consumed:
@@ -663,18 +364,18 @@ def read_deployment(manifest: Mapping[str, Any] | str | Path, *, gpu: str | None
         raise DeploymentError(f"{engine} {flag_for(engine, 'port')}={port_raw!r} is not a port number") from None
 
     fields: dict[str, Any] = dict(
-        engine=engine, model=_model(flags, annotations), gpu=gpu_name, layout=layout, replicas=replicas * copies,
-        precision=_precision(flags, annotations, precision), kv_cache_dtype=_kv_dtype(flags),
-        max_num_seqs=_role_int(flags, "max_num_seqs"), max_num_batched_tokens=mnbt, chunked_prefill=chunked,
-        prefix_caching=prefix, memory_fraction=_float(flags, "memory_fraction"), spec_method=spec_method,
-        num_speculative_tokens=k, max_model_len=_role_int(flags, "max_model_len"),
+        engine=engine, model=model_of(flags, annotations), gpu=gpu_name, layout=layout, replicas=replicas * copies,
+        precision=precision_of(flags, annotations, precision), kv_cache_dtype=kv_dtype_of(flags),
+        max_num_seqs=role_int(flags, "max_num_seqs"), max_num_batched_tokens=mnbt, chunked_prefill=chunked,
+        prefix_caching=prefix, memory_fraction=role_float(flags, "memory_fraction"), spec_method=spec_method,
+        num_speculative_tokens=k, max_model_len=role_int(flags, "max_model_len"),
         engine_version=_engine_version(image, annotations, rendered, engine_version),
-        disagg_role=_disagg(flags, labels), extra_args=tuple(extra), draft_model=draft)
+        disagg_role=disagg_role_of(flags, labels), extra_args=tuple(extra), draft_model=draft)
     try:
         cfg = ServingConfig(**fields)
         # The image is a config field only when it is not the one the renderer would pick anyway.
         try:
-            same = _image(cfg, cfg.gpu_spec) == image
+            same = image_of(cfg, cfg.gpu_spec) == image
         except ValueError:  # no image derivable for this version: keep the manifest's
             same = False
         if not same:

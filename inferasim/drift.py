@@ -10,7 +10,7 @@ The observed throughput is request rate x mean output length. Relative errors ar
 serves twice as much) as predicted.
 
 Either observation works: a :class:`~inferasim.passive.Window` (means over a range, from
-:func:`inferasim.observe.observe_windows`; preferred) or an :class:`~inferasim.observe.ObservedWorkload`
+:func:`inferasim.observe.observe_windows`; preferred) or an :class:`~inferasim.observed.ObservedWorkload`
 (instant view of :func:`inferasim.observe.observe`, whose latencies are histogram medians and whose
 in-flight count is one sample, so its errors are coarser).
 """
@@ -23,14 +23,14 @@ from typing import Any
 
 import numpy as np
 
+from inferasim.core.config import ServingConfig
 from inferasim.deployment import LiveDeployment, kernel_set_of
-from inferasim.model.anchors import AnchorStore
+from inferasim.model.anchor_store import AnchorStore
 from inferasim.model.layoutcost import layout_cost
 from inferasim.model.predictor import FittedAnchor, fitted_from_anchor
 from inferasim.model.steady import closed_loop, engine_sched
-from inferasim.observe import ObservedWorkload
+from inferasim.observed import ObservedWorkload
 from inferasim.passive import Window
-from inferasim.render import ServingConfig
 
 __all__ = ["METRICS", "PredictionError", "prediction_error"]
 

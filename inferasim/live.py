@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from inferasim.deployment import LiveDeployment, read_deployment
-from inferasim.model.anchors import Anchor, method_rank
+from inferasim.model.anchor_store import method_rank
+from inferasim.model.anchors import Anchor
 from inferasim.passive import fit_passive, iso_utc
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -15,7 +15,8 @@ from inferasim.catalog.gpus import GPU
 from inferasim.catalog.models import ModelSpec
 from inferasim.catalog.precision import normalize_precision
 from inferasim.core.layout import Layout
-from inferasim.model.anchors import SHIPPED_ANCHORS, AnchorStore
+from inferasim.model.anchor_store import AnchorStore
+from inferasim.model.anchors import SHIPPED_ANCHORS
 from inferasim.model.memory import kv_dtype_bytes
 
 if TYPE_CHECKING:

@@ -7,14 +7,8 @@ GPU-free tests of the harvester, the observer and the operator, and demos.
 """
 
 from inferasim.emulator.config import EmulatorConfig, resolve
-from inferasim.emulator.server import (
-    Emulator,
-    EmulatorHandle,
-    EmulatorProcess,
-    run_foreground,
-    spawn_emulator,
-    start_emulator,
-)
+from inferasim.emulator.process import EmulatorProcess, spawn_emulator
+from inferasim.emulator.server import Emulator, EmulatorHandle, run_foreground, start_emulator
 
 __all__ = ["Emulator", "EmulatorConfig", "EmulatorHandle", "EmulatorProcess", "resolve",
            "run_foreground", "spawn_emulator",

@@ -13,10 +13,10 @@ at most every `Emulator.stream_interval()` real seconds, while its first and las
 the moment they are due (see StreamSink): socket calls, not the engine, are what limit a real-time
 emulator at high speedups, and a client's TTFT and TPOT only depend on those two tokens.
 
-Token counting: a string prompt has one token per whitespace-separated word; a prompt given as
-a list of token ids has that many tokens; chat messages count their words plus a few template
-tokens per message. Generated tokens are words from a small fixed vocabulary, each with a leading
-space, so the text of N generated tokens is again N tokens by the same rule.
+Token counting (:mod:`inferasim.emulator.prompts`): one token per word of a prompt, or per token
+id; generated tokens are words of a fixed vocabulary (:mod:`inferasim.emulator.sinks`), so the text
+of N generated tokens is again N tokens. The emulator in a child process is
+:mod:`inferasim.emulator.process`.
 """
 
 from __future__ import annotations
@@ -35,14 +35,11 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from inferasim.emulator.api import ApiError, merge_params
 from inferasim.emulator.config import EmulatorConfig, Resolved, resolve
-from inferasim.emulator.engine import (
-    EmuRequest,
-    EngineLoop,
-    EngineUnavailable,
-    RequestRejected,
-    emulated_capacity_note,
-)
+from inferasim.emulator.engine import EngineLoop, EngineUnavailable, RequestRejected, emulated_capacity_note
 from inferasim.emulator.metrics import EngineMetrics
+from inferasim.emulator.prompts import chat_prompt_length, int_field, prompt_lengths
+from inferasim.emulator.request import EmuRequest
+from inferasim.emulator.sinks import CollectSink, StreamSink, synthetic_text
 from inferasim.emulator.timing import VirtualClock, new_event_loop
 from inferasim.model.steptime import StepParams
 
@@ -51,194 +48,10 @@ MAX_BODY_BYTES = 64 * 1024 * 1024
 STREAM_INTERVAL_BASE = 0.02
 STREAM_INTERVAL_PER_REQUEST = 0.001
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI / vLLM default for /v1/completions
-# Chat template overhead (Llama-3 style: a header of role markers per message, a BOS, and the
-# assistant header that opens the reply).
-CHAT_TOKENS_PER_MESSAGE = 5
-CHAT_TOKENS_FIXED = 1 + 4
-
-VOCAB: tuple[str, ...] = (
-    "the", "of", "and", "to", "in", "a", "is", "that", "for", "it", "as", "was", "with", "be", "by", "on",
-    "not", "he", "this", "are", "or", "his", "from", "at", "which", "but", "have", "an", "had", "they", "you",
-    "were", "their", "one", "all", "we", "can", "her", "has", "there", "been", "if", "more", "when", "will",
-    "would", "who", "so", "no", "she", "other", "its", "may", "these", "what", "them", "than", "some", "him",
-    "time", "into", "only", "do", "model")
-_WORDS = tuple((" " + w).encode() for w in VOCAB)
-_MASK = len(VOCAB) - 1  # 64 words
 
 _REASONS = {200: "OK", 100: "Continue", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
             411: "Length Required", 413: "Payload Too Large", 431: "Request Header Fields Too Large",
             500: "Internal Server Error", 503: "Service Unavailable"}
-# ------------------------------------------------------------------------------------------------
-# token sinks: what the engine calls when tokens of a request are due
-# ------------------------------------------------------------------------------------------------
-
-def _stream_head(keep: bool) -> bytes:
-    return (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\ncache-control: no-cache\r\n"
-            b"transfer-encoding: chunked\r\nconnection: " + (b"keep-alive" if keep else b"close") +
-            b"\r\nserver: inferasim-emulator\r\n\r\n")
-
-
-class StreamSink:
-    """Writes a request's tokens as OpenAI SSE events straight into its connection.
-
-    One SSE event per token, as vLLM sends them. The first token and the last are written the
-    moment they are due (they are what a client's TTFT and TPOT measure); tokens in between are
-    written at most every `Emulator.stream_interval()` real seconds, several events per write
-    (what SGLang's `--stream-interval` does), because a socket write per token per stream would
-    cost more CPU than the emulated engine has real time at high speedups. The response head
-    goes out with the first write."""
-
-    def __init__(self, emulator: Emulator, writer: asyncio.StreamWriter, chat: bool, rid_text: str,
-                 include_usage: bool, salt: int, keep: bool) -> None:
-        self.emulator = emulator
-        self.writer = writer
-        self.salt = salt
-        self.include_usage = include_usage
-        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.closed = False
-        self.head = _stream_head(keep)
-        self.last_write = 0.0
-        model = json.dumps(emulator.served_name)
-        created = int(time.time())
-        if chat:
-            head = (f'data: {{"id":"chatcmpl-{rid_text}","object":"chat.completion.chunk","created":{created},'
-                    f'"model":{model},"choices":[').encode()
-            self.role = head + b'{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,' \
-                b'"finish_reason":null}]}\n\n'
-            self.pre = head + b'{"index":0,"delta":{"content":"'
-            self.mid = b'"},"logprobs":null,"finish_reason":null}]}\n\n'
-            self.last_tpl = b'"},"logprobs":null,"finish_reason":"%s","stop_reason":null}]}\n\n'
-        else:
-            head = (f'data: {{"id":"cmpl-{rid_text}","object":"text_completion","created":{created},'
-                    f'"model":{model},"choices":[').encode()
-            self.role = b""
-            self.pre = head + b'{"index":0,"text":"'
-            self.mid = b'","logprobs":null,"finish_reason":null,"stop_reason":null}]}\n\n'
-            self.last_tpl = b'","logprobs":null,"finish_reason":"%s","stop_reason":null}]}\n\n'
-        self.usage_head = head
-
-    def __call__(self, req: EmuRequest) -> bool:
-        if self.closed:
-            if req.finished and not self.done.done():
-                self.done.set_result(None)
-            return True
-        if self.writer.transport.is_closing():
-            self.closed = True
-            self.emulator.engine.abort(req)
-            if req.finished and not self.done.done():
-                self.done.set_result(None)
-            return True
-        now = time.perf_counter()
-        if req.sent and not req.finished and now - self.last_write < self.emulator.stream_interval():
-            return False
-        self.last_write = now
-        head, self.head = self.head, b""
-        parts: list[bytes] = []
-        end = req.emitted
-        if req.sent == 0 and end > 0 and self.role:
-            parts.append(self.role)
-        if end > req.sent:
-            # pre + w1 + mid + pre + w2 + ... + wN + tail, in one join (the per-token hot path).
-            salt = self.salt
-            words = [_WORDS[(salt + i) & _MASK] for i in range(req.sent, end)]
-            tail = self.last_tpl % req.reason.encode() if req.finished else self.mid
-            parts.append(self.pre + (self.mid + self.pre).join(words) + tail)
-        req.sent = end
-        if req.finished:
-            if req.error:
-                parts.append(b"data: " + ApiError(500, req.error).body() + b"\n\n")
-            if self.include_usage:
-                usage = {"prompt_tokens": req.prompt, "total_tokens": req.prompt + end, "completion_tokens": end}
-                parts.append(self.usage_head + b'],"usage":' + json.dumps(usage).encode() + b"}\n\n")
-            parts.append(b"data: [DONE]\n\n")
-            if not self.done.done():
-                self.done.set_result(None)
-        # One HTTP/1.1 chunk per write (chunked transfer keeps the connection for the next request).
-        body = b"".join(parts)
-        out = [head] if head else []
-        if body:
-            out += [b"%x\r\n" % len(body), body, b"\r\n"]
-        if req.finished:
-            out.append(b"0\r\n\r\n")
-        if out:
-            self.writer.write(b"".join(out))
-        return True
-
-
-class CollectSink:
-    """Non-streamed requests: resolve a future at the finish."""
-
-    def __init__(self) -> None:
-        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-    def __call__(self, req: EmuRequest) -> bool:
-        req.sent = req.emitted
-        if req.finished and not self.done.done():
-            self.done.set_result(None)
-        return True
-
-
-def synthetic_text(salt: int, n: int) -> str:
-    return "".join(" " + VOCAB[(salt + i) & _MASK] for i in range(n))
-
-
-# ------------------------------------------------------------------------------------------------
-# request parsing helpers
-# ------------------------------------------------------------------------------------------------
-
-def _count_words(text: str) -> int:
-    return len(text.split())
-
-
-def _is_token_list(value: Any) -> bool:
-    # set(map(type, ...)) runs in C: a 100k-token prompt is checked in about a millisecond.
-    return isinstance(value, list) and bool(value) and set(map(type, value)) == {int}
-
-
-def prompt_lengths(prompt: Any) -> list[int]:
-    """Token counts of a /v1/completions `prompt`: a string, a list of token ids, or a batch of either."""
-    if isinstance(prompt, str):
-        n = _count_words(prompt)
-        if n == 0:
-            raise ApiError(400, "The prompt is empty: give at least one word or one token id", "prompt")
-        return [n]
-    if _is_token_list(prompt):
-        return [len(prompt)]
-    if isinstance(prompt, list) and prompt:
-        out: list[int] = []
-        for item in prompt:
-            out.extend(prompt_lengths(item))
-        return out
-    raise ApiError(400, "prompt must be a string, a list of token ids, or a non-empty list of either", "prompt")
-
-
-def chat_prompt_length(messages: Any) -> int:
-    if not isinstance(messages, list) or not messages:
-        raise ApiError(400, "messages must be a non-empty list of {role, content} objects", "messages")
-    total = CHAT_TOKENS_FIXED
-    for m in messages:
-        if not isinstance(m, dict) or "role" not in m:
-            raise ApiError(400, "every message needs a role (and usually a content)", "messages")
-        content = m.get("content")
-        if isinstance(content, str):
-            total += _count_words(content)
-        elif isinstance(content, list):
-            for part in content:
-                if isinstance(part, dict) and isinstance(part.get("text"), str):
-                    total += _count_words(part["text"])
-        elif content is not None:
-            raise ApiError(400, "message content must be a string, a list of parts, or null", "messages")
-        total += CHAT_TOKENS_PER_MESSAGE
-    return total
-
-
-def _int_field(body: dict[str, Any], name: str, low: int) -> int | None:
-    value = body.get(name)
-    if value is None:
-        return None
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise ApiError(400, f"{name} must be an integer >= {low}, got {value!r}", name)
-    return value
 
 
 # ------------------------------------------------------------------------------------------------
@@ -450,9 +263,9 @@ class Emulator:
 
     def _plan_output(self, body: dict[str, Any], prompt: int, default_max: int | None) -> tuple[int, int, str]:
         limit = min(self.resolved.max_model_len, self.engine.max_request_tokens())
-        max_tokens = _int_field(body, "max_tokens", 1)
+        max_tokens = int_field(body, "max_tokens", 1)
         if max_tokens is None:
-            max_tokens = _int_field(body, "max_completion_tokens", 1)
+            max_tokens = int_field(body, "max_completion_tokens", 1)
         if max_tokens is None:
             max_tokens = default_max if default_max is not None else max(limit - prompt, 1)
         if prompt + max_tokens > self.resolved.max_model_len:
@@ -460,7 +273,7 @@ class Emulator:
                                 f"However, you requested {prompt + max_tokens} tokens ({prompt} in the messages, "
                                 f"{max_tokens} in the completion). Please reduce the length of the messages or "
                                 "completion.", "max_tokens")
-        min_tokens = _int_field(body, "min_tokens", 0) or 0
+        min_tokens = int_field(body, "min_tokens", 0) or 0
         ignore_eos = body.get("ignore_eos", False)
         if not isinstance(ignore_eos, bool):
             raise ApiError(400, f"ignore_eos must be true or false, got {ignore_eos!r}", "ignore_eos")
@@ -485,7 +298,7 @@ class Emulator:
     async def _serve(self, body: dict[str, Any], prompts: list[int], chat: bool, reader: asyncio.StreamReader,
                      writer: asyncio.StreamWriter, keep: bool) -> tuple[int, bytes, str] | bool:
         """A JSON response, or (streamed) whether the connection must close."""
-        n = _int_field(body, "n", 1)
+        n = int_field(body, "n", 1)
         if n not in (None, 1):
             raise ApiError(400, "the emulator serves n = 1 only", "n")
         stream = body.get("stream", False)
@@ -771,114 +584,3 @@ def run_foreground(config: EmulatorConfig, announce: Callable[[str], None] | Non
     finally:
         loop.close()
     return 0
-
-
-# ------------------------------------------------------------------------------------------------
-# a separate process: timing-sensitive tests keep the emulator off the test process's GIL
-# ------------------------------------------------------------------------------------------------
-
-class EmulatorProcess:
-    """An emulator in a child process (`python -m inferasim.emulator`); the EmulatorHandle
-    interface over HTTP. Why: an in-process emulator shares the GIL with the client under test,
-    and on small machines the client's parsing then delays the emulator's token delivery."""
-
-    def __init__(self, proc: Any, url: str, config: EmulatorConfig) -> None:
-        self.proc = proc
-        self.url = url
-        self.config = config
-        self.port = int(url.rsplit(":", 1)[1])
-        self.served_model_name = config.served_model_name or config.model
-
-    def set_params(self, params: StepParams) -> None:
-        import httpx
-
-        r = httpx.post(f"{self.url}/_inferasim/params", json=params.as_dict(), timeout=10.0)
-        r.raise_for_status()
-
-    @property
-    def params(self) -> StepParams:
-        import httpx
-
-        return StepParams.from_dict(httpx.get(f"{self.url}/_inferasim/params", timeout=10.0).json()["params"])
-
-    def stats(self) -> dict[str, Any]:
-        import httpx
-
-        return dict(httpx.get(f"{self.url}/_inferasim/stats", timeout=10.0).json())
-
-    def metrics_text(self) -> str:
-        import httpx
-
-        return httpx.get(f"{self.url}/metrics", timeout=10.0).text
-
-    def stop(self, timeout: float = 10.0) -> None:
-        import subprocess
-
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=timeout)
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
-
-    def __enter__(self) -> EmulatorProcess:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-
-def config_to_argv(config: EmulatorConfig) -> list[str]:
-    argv = ["--model", config.model, "--gpu", config.gpu, "--engine", config.engine, "--tp", str(config.tp),
-            "--ep", str(config.ep), "--pp", str(config.pp), "--dp", str(config.dp), "--host", config.host,
-            "--port", str(config.port), "--speedup", repr(float(config.speedup)), "--precision", config.precision,
-            "--seed", str(config.seed), "--natural-output-mean", str(config.natural_output_mean)]
-    if config.stream_interval is not None:
-        argv += ["--stream-interval-ms", repr(config.stream_interval * 1e3)]
-    if config.params is not None:
-        argv += ["--params-json", json.dumps(config.params.as_dict())]
-    elif config.anchor:
-        argv += ["--anchor", str(config.anchor)]
-    for flag, value in (("--kv-cache-dtype", config.kv_dtype), ("--engine-version", config.engine_version or None),
-                        ("--served-model-name", config.served_model_name), ("--max-num-seqs", config.max_num_seqs),
-                        ("--max-num-batched-tokens", config.max_batched_tokens),
-                        ("--max-model-len", config.max_model_len)):
-        if value is not None:
-            argv += [flag, str(value)]
-    return argv
-
-
-def spawn_emulator(config: EmulatorConfig, ready_timeout: float = 60.0) -> EmulatorProcess:
-    """Start `python -m inferasim.emulator` with `config` and wait for its "listening on" line."""
-    import subprocess
-    import sys
-    import tempfile
-
-    resolve(config)  # bad input fails here, with the catalogs' message, not in the child
-    # stderr goes to a file, not a pipe: nobody reads a pipe after start-up, and a full one
-    # would block the child.
-    errfile = tempfile.TemporaryFile(mode="w+")
-    proc = subprocess.Popen([sys.executable, "-m", "inferasim.emulator", *config_to_argv(config)],
-                            stdout=subprocess.PIPE, stderr=errfile, text=True)
-    result: dict[str, str] = {}
-
-    def read_line() -> None:
-        assert proc.stdout is not None
-        result["line"] = proc.stdout.readline()
-
-    reader = threading.Thread(target=read_line, daemon=True)
-    reader.start()
-    reader.join(ready_timeout)
-    line = result.get("line", "")
-    if "listening on " not in line:
-        proc.kill()
-        proc.wait(timeout=10)
-        errfile.seek(0)
-        err = errfile.read()
-        errfile.close()
-        raise RuntimeError(f"the emulator process did not start: {line.strip()} {err.strip()[-2000:]}")
-    errfile.close()
-    return EmulatorProcess(proc, line.rsplit("listening on ", 1)[1].strip(), config)

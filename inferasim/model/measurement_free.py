@@ -14,7 +14,7 @@ from inferasim.catalog.gpus import GPU
 from inferasim.catalog.models import ModelSpec
 from inferasim.core.layout import Layout
 from inferasim.errors import CannotPredict
-from inferasim.model.anchors import AnchorStore
+from inferasim.model.anchor_store import AnchorStore
 from inferasim.model.population import FittedMember, Population
 from inferasim.model.predictor import FittedAnchor, fit_points, fitted_from_anchor, unanchored
 

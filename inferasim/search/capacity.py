@@ -16,12 +16,23 @@ One answer per deployment shape (engine, precision, layout or P/D shape), best f
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from inferasim.search.tune import TuneResult
+from inferasim.core.spec import TuningSpec
+from inferasim.search.estimate import Estimate
+from inferasim.search.workload import WorkloadShape
 
 TOP = 5
+
+
+class TuneResult(Protocol):
+    """What the answers read of a tune result (search.tune.TuneResult is one)."""
+
+    spec: TuningSpec
+    workload: WorkloadShape
+    ranked: list[Estimate]
+
+    def entry(self, e: Estimate) -> dict[str, Any]: ...
 
 
 def _best_per_shape(result: TuneResult) -> list[tuple[Any, dict[str, Any]]]:

@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
+from inferasim.core.config import ServingConfig
 from inferasim.core.layout import Layout
 from inferasim.model.memory import start_max_model_len
-from inferasim.render import ServingConfig, render_manifests, served_model_id, to_yaml
+from inferasim.render import render_manifests, served_model_id, to_yaml
 
 if TYPE_CHECKING:  # pragma: no cover
     from inferasim.search.estimate import Estimate

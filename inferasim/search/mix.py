@@ -18,7 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
 from inferasim.core.spec import SLO, Hardware, Objective, SearchSpace, StaticWorkload, TuningSpec, WorkloadSource
-from inferasim.model.anchors import SHIPPED_ANCHORS, AnchorStore
+from inferasim.model.anchor_store import AnchorStore
+from inferasim.model.anchors import SHIPPED_ANCHORS
 from inferasim.search.tune import tune
 
 MAX_COMBINATIONS = 100_000

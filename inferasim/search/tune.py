@@ -17,7 +17,8 @@ from inferasim.catalog.models import ModelSpec, context_error, get_model, resolv
 from inferasim.catalog.precision import weight_class
 from inferasim.core.spec import SLO, TuningSpec
 from inferasim.harvest.plan import engine_startup_s, harvest_gpu_hours
-from inferasim.model.anchors import SHIPPED_ANCHORS, Anchor, AnchorStore, method_rank
+from inferasim.model.anchor_store import AnchorStore, method_rank
+from inferasim.model.anchors import SHIPPED_ANCHORS, Anchor
 from inferasim.model.measurement_free import measurement_free
 from inferasim.model.predictor import FittedAnchor, benchmark_kv_dtype, carry_to_gpu, fitted_from_anchor
 from inferasim.search.capacity import answer as capacity_answer
@@ -30,13 +31,7 @@ from inferasim.search.estimate import (
     operate,
     slo_ok,
 )
-from inferasim.search.select import (
-    ParetoPoint,
-    cost_per_million_tokens,
-    objective_value,
-    pareto_front,
-    shortlist,
-)
+from inferasim.search.select import ParetoPoint, cost_per_million_tokens, objective_value, pareto_front, shortlist
 from inferasim.search.space import Candidate, Space, build_space
 from inferasim.search.stage2 import apply_replay, copy_estimate, run_stage2, simulate_one
 from inferasim.search.workload import WorkloadShape, shape_of

@@ -19,9 +19,9 @@ from inferasim.model.steady import engine_sched
 from inferasim.model.transfer import kv_transfer_time
 from inferasim.sim.cluster import ROUTERS, Cluster
 from inferasim.sim.collector import paused_collector
-from inferasim.sim.engines import SimRequest
 from inferasim.sim.replica import Replica
 from inferasim.sim.report import SimReport, build_report
+from inferasim.sim.request import SimRequest
 from inferasim.sim.tally import Tally
 from inferasim.sim.workload import Driver, driver_for
 

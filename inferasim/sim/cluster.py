@@ -34,8 +34,8 @@ import math
 from collections import deque
 from collections.abc import Callable
 
-from inferasim.sim.engines import SimRequest
 from inferasim.sim.replica import Replica
+from inferasim.sim.request import SimRequest
 from inferasim.sim.workload import Driver
 
 ROUTERS = ("rr", "least", "prefix")

@@ -47,7 +47,8 @@ from inferasim.model.layoutcost import LayoutCost
 from inferasim.model.steady import EngineSched
 from inferasim.model.steptime import StepParams, step_time
 from inferasim.sim.front import FrontEnd
-from inferasim.sim.scheduler import Request, Scheduler, make_scheduler
+from inferasim.sim.running import Request
+from inferasim.sim.scheduler import Scheduler, make_scheduler
 
 __all__ = ["Request", "SimResult", "Simulator", "simulate_closed_loop", "simulate_offline"]
 

@@ -30,8 +30,10 @@ import numpy as np
 from inferasim.model.layoutcost import LayoutCost
 from inferasim.model.steady import EngineSched
 from inferasim.model.steptime import StepParams, micro_batches, step_time
-from inferasim.sim.engines import Core, SimRequest, core_class
+from inferasim.sim.core import Core
+from inferasim.sim.engines import core_class
 from inferasim.sim.front import FrontEnd
+from inferasim.sim.request import SimRequest
 from inferasim.sim.tally import FLUSH_STEPS, Tally
 
 INF = math.inf

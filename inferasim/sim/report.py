@@ -27,7 +27,8 @@ from typing import Any
 import numpy as np
 
 from inferasim.output import table
-from inferasim.sim.engines import Core, SimRequest
+from inferasim.sim.core import Core
+from inferasim.sim.request import SimRequest
 from inferasim.sim.tally import Tally, stats_ms
 
 QUANTILES = (50, 90, 99)

@@ -24,7 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from inferasim.sim.engines import Core, SimRequest
+from inferasim.sim.core import Core
+from inferasim.sim.request import SimRequest
 from inferasim.sim.sketch import QuantileSketch
 
 FLUSH_STEPS = 1 << 14  # engine steps between flushes: E holds at most this many more step ends

@@ -31,7 +31,7 @@ import numpy as np
 from inferasim.core.spec import StaticWorkload, TraceWorkload
 from inferasim.errors import UserError
 from inferasim.sim.collector import paused_collector
-from inferasim.sim.engines import SimRequest
+from inferasim.sim.request import SimRequest
 
 MOONCAKE_BLOCK = 512  # tokens per hash id (Mooncake FAST'25 traces)
 SESSION_UNIT = 512  # tokens per prefix unit of a synthetic session

@@ -12,7 +12,8 @@ import os
 from pathlib import Path
 
 from inferasim.live import search_view
-from inferasim.model.anchors import Anchor, AnchorStore
+from inferasim.model.anchor_store import AnchorStore
+from inferasim.model.anchors import Anchor
 from inferasim_operator.kube import Kube
 from inferasim_operator.settings import Settings
 

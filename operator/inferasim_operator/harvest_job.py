@@ -29,12 +29,13 @@ from typing import Any
 from inferasim.catalog.engines import default_image, default_port
 from inferasim.catalog.gpus import get_gpu
 from inferasim.catalog.models import get_model
+from inferasim.core.config import ServingConfig
 from inferasim.core.layout import Layout
 from inferasim.core.spec import HarvestPolicy
 from inferasim.model.anchors import Anchor, KernelSet
 from inferasim.model.memory import start_max_model_len
 from inferasim.model.predictor import benchmark_kv_dtype
-from inferasim.render import ServingConfig, gpu_node_placement, render_deployment
+from inferasim.render import gpu_node_placement, render_deployment
 from inferasim_operator.models import LABEL_ANCHOR, LABEL_KIND, LABEL_MANAGED, LABEL_TUNING, MANAGER, label_value
 
 MESSAGE_PREFIX = "inferasim-anchor/v1:"

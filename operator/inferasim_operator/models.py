@@ -12,7 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-from inferasim.observe import ObservedWorkload
+from inferasim.observed import ObservedWorkload
 
 GROUP = "inferasim.io"
 VERSION = "v1alpha1"

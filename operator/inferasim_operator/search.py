@@ -87,7 +87,7 @@ def search_payload(spec: dict[str, Any], anchor_dirs: list[str], name: str, name
     }
     # How each anchor used was measured (harvest, public, passive, canary): the status shows it.
     from inferasim.live import used_provenance
-    from inferasim.model.anchors import AnchorStore
+    from inferasim.model.anchor_store import AnchorStore
 
     stored = AnchorStore(*anchor_dirs).all()
     out["anchors_provenance"] = {k: used_provenance(stored, v) for k, v in full["anchors_used"].items()}

@@ -359,7 +359,8 @@ def test_end_to_end(env: Env, prometheus: Prometheus, live: dict[str, Any], gpu_
 
 
 def check_canary_anchor(env: Env, c0: dict[str, Any], harvested: dict[str, Any]) -> None:
-    from inferasim.model.anchors import Anchor, AnchorStore
+    from inferasim.model.anchor_store import AnchorStore
+    from inferasim.model.anchors import Anchor
     from inferasim.model.predictor import fitted_from_anchor
 
     assert c0["anchor"].startswith("canary-"), c0

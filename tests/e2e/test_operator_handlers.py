@@ -19,7 +19,7 @@ from inferasim_operator.kube import Kube
 from inferasim_operator.passes import timer, tune
 from inferasim_operator.settings import Settings
 
-from inferasim.model.anchors import AnchorStore
+from inferasim.model.anchor_store import AnchorStore
 
 pytestmark = pytest.mark.e2e
 GROUP, VERSION, PLURAL = "inferasim.io", "v1alpha1", "servingtunings"

@@ -89,8 +89,9 @@ def emulated(penv: Env, prometheus: Prometheus) -> Iterator[dict[str, Any]]:
 
 def target_deployment(ns: str) -> dict[str, Any]:
     """What the live `chat` runs, as its manifest says (inferasim's renderer: vLLM, tp1, one MI300X)."""
+    from inferasim.core.config import ServingConfig
     from inferasim.core.layout import Layout
-    from inferasim.render import ServingConfig, render_manifests
+    from inferasim.render import render_manifests
 
     cfg = ServingConfig(engine="vllm", model=MODEL, gpu=GPU, layout=Layout(tp=1), precision="bf16")
     return render_manifests(cfg, "chat", ns)[0]

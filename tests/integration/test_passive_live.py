@@ -40,20 +40,22 @@ from inferasim_e2e_support import PhasedLoad, Prometheus, running_prometheus  # 
 from inferasim.catalog.gpus import get_gpu  # noqa: E402
 from inferasim.catalog.models import get_model  # noqa: E402
 from inferasim.cli.main import main  # noqa: E402
+from inferasim.core.config import ServingConfig  # noqa: E402
 from inferasim.core.layout import Layout  # noqa: E402
 from inferasim.deployment import read_deployment  # noqa: E402
 from inferasim.drift import prediction_error  # noqa: E402
 from inferasim.emulator import EmulatorConfig, EmulatorProcess, spawn_emulator  # noqa: E402
 from inferasim.harvest import HarvestConfig, harvest, parse_plan  # noqa: E402
 from inferasim.harvest.rawhttp import RawConnection  # noqa: E402
-from inferasim.model.anchors import Anchor, AnchorStore, load_anchor  # noqa: E402
+from inferasim.model.anchor_store import AnchorStore  # noqa: E402
+from inferasim.model.anchors import Anchor, load_anchor  # noqa: E402
 from inferasim.model.fit import FitPoint, predict_points  # noqa: E402
 from inferasim.model.layoutcost import layout_cost  # noqa: E402
 from inferasim.model.predictor import fitted_from_anchor  # noqa: E402
 from inferasim.model.steady import engine_sched  # noqa: E402
 from inferasim.model.steptime import StepParams  # noqa: E402
 from inferasim.observe import observe_windows  # noqa: E402
-from inferasim.render import ServingConfig, render_manifests, to_yaml  # noqa: E402
+from inferasim.render import render_manifests, to_yaml  # noqa: E402
 
 pytestmark = pytest.mark.integration
 

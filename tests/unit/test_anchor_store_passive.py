@@ -6,7 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from inferasim.core.layout import Layout
-from inferasim.model.anchors import Anchor, AnchorStore, BenchPoint, FitReport, KernelSet, LayoutModel, Provenance
+from inferasim.model.anchor_store import AnchorStore
+from inferasim.model.anchors import Anchor, BenchPoint, FitReport, KernelSet, LayoutModel, Provenance
 
 KS = KernelSet(engine="vllm", engine_version="0.10.1", model="meta-llama/Llama-3.1-8B", gpu="H100", precision="")
 

@@ -9,16 +9,15 @@ import pytest
 from pydantic import ValidationError
 
 from inferasim.core.layout import Layout
+from inferasim.model.anchor_store import AnchorStore, NoCompatibleAnchor
 from inferasim.model.anchors import (
     SCHEMA_VERSION,
     Anchor,
     AnchorFileError,
-    AnchorStore,
     BenchPoint,
     KernelSet,
     LayoutModel,
     MeasuredRange,
-    NoCompatibleAnchor,
     Provenance,
     StepPoint,
     anchor_json_schema,

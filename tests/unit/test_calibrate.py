@@ -12,13 +12,14 @@ from inferasim.calibrate import CalibrationError, CanaryWindow, calibrate, measu
 from inferasim.catalog.gpus import get_gpu
 from inferasim.catalog.models import get_model
 from inferasim.core.layout import Layout
-from inferasim.model.anchors import Anchor, AnchorStore, BenchPoint, KernelSet, LayoutModel, Provenance
+from inferasim.model.anchor_store import AnchorStore
+from inferasim.model.anchors import Anchor, BenchPoint, KernelSet, LayoutModel, Provenance
 from inferasim.model.fit import FitPoint, predict_points
 from inferasim.model.layoutcost import layout_cost
 from inferasim.model.predictor import fitted_from_anchor
 from inferasim.model.steady import engine_sched
 from inferasim.model.steptime import default_params
-from inferasim.observe import ObservedWorkload
+from inferasim.observed import ObservedWorkload
 
 MODEL, GPU = "meta-llama/Meta-Llama-3-8B", "MI300X"
 TP1 = Layout(tp=1)

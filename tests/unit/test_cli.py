@@ -317,7 +317,8 @@ def test_tune_prints_its_result_when_an_output_file_cannot_be_written(tmp_path: 
 def test_predict_without_a_version_uses_the_anchor_tune_uses() -> None:
     from inferasim.catalog.gpus import get_gpu
     from inferasim.catalog.models import get_model
-    from inferasim.model.anchors import SHIPPED_ANCHORS, AnchorStore
+    from inferasim.model.anchor_store import AnchorStore
+    from inferasim.model.anchors import SHIPPED_ANCHORS
     from inferasim.search.tune import _anchor_for
 
     # Three shipped anchors of this kernel set differ in engine version and layout.

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from inferasim.cli import main
+from inferasim.core.config import ServingConfig
 from inferasim.core.layout import Layout
-from inferasim.render import ServingConfig, render_manifests, to_yaml
+from inferasim.render import render_manifests, to_yaml
 
 
 def manifest(tmp_path: Path) -> Path:

@@ -9,9 +9,10 @@ from typing import Any
 import pytest
 import yaml
 
+from inferasim.core.config import ServingConfig
 from inferasim.core.layout import Layout
 from inferasim.deployment import DeploymentError, engine_version_from_image, read_deployment
-from inferasim.render import ServingConfig, render_deployment, render_manifests, to_yaml
+from inferasim.render import render_deployment, render_manifests, to_yaml
 
 ROUND_TRIP = [
     ServingConfig(engine="vllm", model="meta-llama/Llama-3.1-70B", gpu="H200", layout=Layout(tp=4), replicas=2,

@@ -27,7 +27,8 @@ from inferasim.model.steady import EngineSched, closed_loop, engine_sched, offli
 from inferasim.model.steptime import StepParams, roofline_floor
 from inferasim.sim.des import SimResult, simulate_closed_loop, simulate_offline
 from inferasim.sim.kvcache import KVCache, KVCacheFull
-from inferasim.sim.scheduler import Request, make_scheduler
+from inferasim.sim.running import Request
+from inferasim.sim.scheduler import make_scheduler
 
 MODEL = get_model("meta-llama/Meta-Llama-3.1-8B")
 GPU = get_gpu("H100")

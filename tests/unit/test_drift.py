@@ -6,15 +6,16 @@ from pathlib import Path
 
 import pytest
 
+from inferasim.core.config import ServingConfig
 from inferasim.core.layout import Layout
 from inferasim.deployment import kernel_set_of
 from inferasim.drift import PredictionError, prediction_error
-from inferasim.model.anchors import AnchorStore, BenchPoint, KernelSet, LayoutModel
+from inferasim.model.anchor_store import AnchorStore
+from inferasim.model.anchors import BenchPoint, KernelSet, LayoutModel
 from inferasim.model.predictor import fitted_from_anchor
 from inferasim.model.steptime import StepParams
-from inferasim.observe import LatencyQuantiles, ObservedWorkload
+from inferasim.observed import LatencyQuantiles, ObservedWorkload
 from inferasim.passive import Window
-from inferasim.render import ServingConfig
 
 CFG = ServingConfig(engine="vllm", model="meta-llama/Meta-Llama-3.1-8B", gpu="H100", layout=Layout(tp=2),
                     replicas=2, precision="bf16", engine_version="0.10.1")
@@ -73,7 +74,7 @@ def test_nothing_to_compare_and_bad_threshold(tmp_path: Path) -> None:
 
 
 def test_store_lookup_is_by_the_configuration_kernel_set(tmp_path: Path) -> None:
-    from inferasim.model.anchors import NoCompatibleAnchor
+    from inferasim.model.anchor_store import NoCompatibleAnchor
 
     other = ServingConfig(engine="vllm", model="meta-llama/Meta-Llama-3.1-8B", gpu="H100", layout=Layout(tp=2),
                           precision="bf16", engine_version="0.11.0")

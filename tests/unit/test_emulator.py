@@ -33,7 +33,7 @@ from inferasim.emulator.metrics import (
     BulkHistogram,
     request_token_buckets,
 )
-from inferasim.emulator.server import VOCAB
+from inferasim.emulator.sinks import VOCAB
 from inferasim.model.steptime import StepParams, step_time
 
 MODEL = "meta-llama/Llama-3.1-8B"

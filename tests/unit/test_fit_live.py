@@ -11,6 +11,7 @@ import pytest
 
 from inferasim.catalog.gpus import get_gpu
 from inferasim.catalog.models import get_model
+from inferasim.core.config import ServingConfig
 from inferasim.core.layout import Layout
 from inferasim.deployment import read_deployment
 from inferasim.live import fit_live
@@ -20,7 +21,7 @@ from inferasim.model.steady import closed_loop, engine_sched
 from inferasim.model.steptime import StepParams
 from inferasim.observe import range_queries
 from inferasim.passive import NotIdentifiable
-from inferasim.render import ServingConfig, render_deployment
+from inferasim.render import render_deployment
 
 MODEL = "meta-llama/Meta-Llama-3.1-8B"
 TRUTH = StepParams(t_fixed=6e-3, t_seq=4e-5, e_bw=0.7, e_kv=0.45, e_flops=0.5, e_attn=0.35, burst=0.0, t_ttft=0.06)

@@ -11,7 +11,7 @@ from pathlib import Path
 from inferasim.catalog.gpus import get_gpu
 from inferasim.catalog.models import get_model
 from inferasim.core.layout import Layout
-from inferasim.model.anchors import AnchorStore
+from inferasim.model.anchor_store import AnchorStore
 from inferasim.model.measurement_free import measurement_free, population_of
 from inferasim.model.predictor import unanchored
 

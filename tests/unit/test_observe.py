@@ -14,16 +14,8 @@ import numpy as np
 import pytest
 
 from inferasim.core.spec import StaticWorkload
-from inferasim.observe import (
-    ObservationError,
-    ObservedWorkload,
-    PrometheusClient,
-    detect_engine,
-    drift,
-    observe,
-    queries_for,
-    selector_matchers,
-)
+from inferasim.observe import ObservationError, PrometheusClient, detect_engine, observe, queries_for, selector_matchers
+from inferasim.observed import ObservedWorkload, drift
 
 URL = "http://prometheus.test:9090"
 SEL = {"namespace": "llm", "deployment": "chat"}

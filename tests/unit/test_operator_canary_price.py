@@ -19,10 +19,11 @@ from inferasim_operator.spec_rules import parse_tuning_spec
 from inferasim.calibrate import CanaryWindow
 from inferasim.catalog.gpus import get_gpu
 from inferasim.core.layout import Layout
-from inferasim.model.anchors import Anchor, AnchorStore, BenchPoint, KernelSet, LayoutModel, Provenance
+from inferasim.model.anchor_store import AnchorStore
+from inferasim.model.anchors import Anchor, BenchPoint, KernelSet, LayoutModel, Provenance
 from inferasim.model.predictor import fitted_from_anchor
 from inferasim.model.steptime import default_params
-from inferasim.observe import ObservedWorkload
+from inferasim.observed import ObservedWorkload
 
 SPEC: dict[str, Any] = {
     "target": {"name": "chat"}, "model": "meta-llama/Meta-Llama-3-8B", "precision": ["bf16"],

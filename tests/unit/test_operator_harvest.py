@@ -23,7 +23,8 @@ from inferasim_operator.harvest_job import (
 
 from inferasim.core.layout import Layout
 from inferasim.core.spec import HarvestPolicy
-from inferasim.model.anchors import Anchor, AnchorStore, StepPoint
+from inferasim.model.anchor_store import AnchorStore
+from inferasim.model.anchors import Anchor, StepPoint
 
 REPO = Path(__file__).resolve().parents[2]
 MISSING = {"engine": "vllm", "model": "meta-llama/Meta-Llama-3-8B", "gpu": "MI300X", "precision": "bf16",

@@ -22,7 +22,7 @@ from inferasim_operator.status import StatusBook
 from test_operator_reconcile import SPEC
 
 from inferasim.core.spec import SpecError
-from inferasim.observe import ObservedWorkload
+from inferasim.observed import ObservedWorkload
 
 BODY: dict[str, Any] = {"apiVersion": "inferasim.io/v1alpha1", "kind": "ServingTuning",
                         "metadata": {"name": "chat", "namespace": "llm", "uid": "u-1", "generation": 3,
@@ -321,7 +321,7 @@ def test_a_search_refusing_the_observed_workload_backs_off_instead_of_parking_in
     from inferasim_operator.passes import passive
     from inferasim_operator.search import SearchFailed
 
-    from inferasim.observe import ObservedWorkload
+    from inferasim.observed import ObservedWorkload
 
     obs = ObservedWorkload(engine="vllm", window="5m", observed_at=1e9, request_rate=1.0,
                            prompt_tokens_mean=200_000, output_tokens_mean=64, prefix_hit_rate=None, running=1,

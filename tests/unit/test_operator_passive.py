@@ -21,12 +21,13 @@ from inferasim_operator.passes.passive import (
 from inferasim_operator.settings import Settings
 from inferasim_operator.status import set_condition
 
+from inferasim.core.config import ServingConfig
 from inferasim.core.layout import Layout
 from inferasim.drift import PredictionError
 from inferasim.live import drift_transition, read_live, refit_range, search_view, used_provenance
 from inferasim.model.anchors import Anchor, BenchPoint, FitReport, KernelSet, LayoutModel, Provenance
 from inferasim.passive import Window
-from inferasim.render import ServingConfig, render_deployment
+from inferasim.render import render_deployment
 
 KS = KernelSet(engine="vllm", model="meta-llama/Llama-3.1-8B", gpu="MI300X", precision="bf16")
 

@@ -13,7 +13,8 @@ import pytest
 from inferasim.anchor_rules import select_anchors
 from inferasim.core.runs import filter_rows, load_rows
 from inferasim.errors import CannotPredict
-from inferasim.model.anchors import AnchorStore, load_anchor
+from inferasim.model.anchor_store import AnchorStore
+from inferasim.model.anchors import load_anchor
 from inferasim.model.predictor import AnchoredPredictor, anchor_from_rows, clients, fit_anchor_rows, fitted_from_anchor
 from inferasim.validate import run_validation
 

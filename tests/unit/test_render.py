@@ -11,25 +11,17 @@ import sys
 import pytest
 import yaml
 
-from inferasim.catalog.engines import (
-    default_image,
-    default_port,
-    engine_flags,
-    is_known_flag,
-    launch_command,
-)
+from inferasim.catalog.engines import default_image, default_port, engine_flags, is_known_flag, launch_command
 from inferasim.catalog.gpus import get_gpu
+from inferasim.core.config import ServingConfig
+from inferasim.core.engine_args import HF_HOME, engine_args, engine_env
 from inferasim.core.layout import Layout
 from inferasim.deployment import read_deployment
 from inferasim.render import (
     ANNOTATION_FP8_KERNELS,
-    HF_HOME,
     LABEL_ENGINE,
     LABEL_LAYOUT,
     LABEL_NAME,
-    ServingConfig,
-    engine_args,
-    engine_env,
     render_deployment,
     render_manifests,
     render_service,

@@ -15,7 +15,7 @@ from inferasim.catalog.gpus import get_gpu
 from inferasim.catalog.models import get_model
 from inferasim.core.layout import Layout
 from inferasim.core.spec import SLO, SearchSpace, SpecError, parse_spec
-from inferasim.model.anchors import AnchorStore
+from inferasim.model.anchor_store import AnchorStore
 from inferasim.model.layoutcost import layout_cost
 from inferasim.model.predictor import unanchored
 from inferasim.model.steady import closed_loop, engine_sched
@@ -199,7 +199,7 @@ def test_tune_plot_adds_a_cost_panel_with_a_price(tmp_path: Path, price: float |
     pytest.importorskip("matplotlib")
     import matplotlib.pyplot as plt
 
-    from inferasim.cli.main import _plot_pareto
+    from inferasim.cli.tune import plot_pareto
 
     hw = {"gpu": "H100", "gpusPerNode": 8, "maxGPUs": 2}
     if price is not None:
@@ -209,7 +209,7 @@ def test_tune_plot_adds_a_cost_panel_with_a_price(tmp_path: Path, price: float |
     close = plt.close
     monkeypatch.setattr(plt, "close", lambda fig=None: (figs.append(fig), close(fig)))
     png = tmp_path / "pareto.png"
-    _plot_pareto(result, str(png))
+    plot_pareto(result, str(png))
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     axes = figs[0].axes
     assert len(axes) == (1 if price is None else 2)
@@ -222,7 +222,8 @@ def test_tune_plot_adds_a_cost_panel_with_a_price(tmp_path: Path, price: float |
 def test_tune_prefers_a_measured_anchor_over_live_ones_with_more_points(tmp_path: Path) -> None:
     """A passive or canary anchor (live traffic) never silently replaces a harvested one in the
     search, however many points it has; alone, it is used."""
-    from inferasim.model.anchors import AnchorStore, BenchPoint, load_anchor
+    from inferasim.model.anchor_store import AnchorStore
+    from inferasim.model.anchors import BenchPoint, load_anchor
     from inferasim.search.tune import _anchor_for
 
     src = next((Path(__file__).resolve().parents[2] / "anchors").glob("vllm-*.json"))

@@ -17,9 +17,11 @@ from inferasim.model.layoutcost import layout_cost
 from inferasim.model.steady import SGLANG_CONSECUTIVE_PREFILL_DELAY, EngineSched, engine_sched
 from inferasim.model.steptime import StepParams, step_time
 from inferasim.sim.des import simulate_closed_loop
-from inferasim.sim.engines import SglangCore, SimRequest
+from inferasim.sim.engines import SglangCore
 from inferasim.sim.replica import Replica
-from inferasim.sim.scheduler import Request, SglangScheduler, make_scheduler
+from inferasim.sim.request import SimRequest
+from inferasim.sim.running import Request
+from inferasim.sim.scheduler import SglangScheduler, make_scheduler
 
 MODEL = get_model("meta-llama/Meta-Llama-3.1-8B")
 GPU = get_gpu("H100")

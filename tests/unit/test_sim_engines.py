@@ -17,9 +17,10 @@ from inferasim.model.steady import engine_sched
 from inferasim.model.steptime import StepParams, step_time
 from inferasim.sim.api import simulate_workload
 from inferasim.sim.des import _lengths, simulate_closed_loop
-from inferasim.sim.engines import AtomCore, SglangCore, SimRequest, VllmCore
+from inferasim.sim.engines import AtomCore, SglangCore, VllmCore
 from inferasim.sim.prefix import KVPool
 from inferasim.sim.replica import Replica, StepModel
+from inferasim.sim.request import SimRequest
 from inferasim.sim.workload import Driver, load_trace
 
 
@@ -85,8 +86,8 @@ def test_step_model_is_step_time() -> None:
 def test_batches_carry_their_longest_prefill_sequence() -> None:
     """Both schedulers' batches give the longest prefill sequence (cached prefix included), which
     decides a DSA model's dense or sparse prefill; no prefill, no length."""
-    from inferasim.sim.engines import Batch as CoreBatch
-    from inferasim.sim.scheduler import Batch as SchedBatch
+    from inferasim.sim.request import Batch as CoreBatch
+    from inferasim.sim.running import Batch as SchedBatch
 
     b = CoreBatch(2, 100.0, [(None, 300, 1500), (None, 1000, 0)])  # type: ignore[list-item]
     assert (b.n_pref, b.seq_pref) == (1300, 1800.0)

@@ -29,9 +29,9 @@ from inferasim.model.steady import closed_loop, engine_sched
 from inferasim.model.steptime import StepParams
 from inferasim.sim.api import simulate_workload
 from inferasim.sim.des import Simulator, simulate_closed_loop, simulate_offline
-from inferasim.sim.engines import SimRequest
 from inferasim.sim.replica import Replica
-from inferasim.sim.scheduler import Request
+from inferasim.sim.request import SimRequest
+from inferasim.sim.running import Request
 from inferasim.sim.workload import ClosedLoop, Driver, load_trace, poisson_requests
 
 ENGINES = ("vllm", "sglang")

@@ -10,8 +10,8 @@ from test_sim_helpers import conversations, fitted, shared_prefix_tokens, write_
 from inferasim.core.layout import Layout
 from inferasim.model.steady import engine_sched
 from inferasim.sim.api import simulate_workload
-from inferasim.sim.engines import SimRequest
 from inferasim.sim.prefix import KVPool
+from inferasim.sim.request import SimRequest
 from inferasim.sim.workload import Driver, chain_keys, load_trace
 
 

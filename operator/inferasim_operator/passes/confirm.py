@@ -34,9 +34,11 @@ from inferasim.catalog.gpus import get_gpu
 from inferasim.catalog.models import get_model
 from inferasim.core.layout import Layout
 from inferasim.core.spec import PrometheusWorkload, TuningSpec
-from inferasim.model.anchors import Anchor, AnchorStore, BenchPoint, KernelSet
+from inferasim.model.anchor_store import AnchorStore
+from inferasim.model.anchors import Anchor, BenchPoint, KernelSet
 from inferasim.model.predictor import benchmark_kv_dtype
-from inferasim.observe import ObservationError, ObservedWorkload, observe, quantile_agrees
+from inferasim.observe import ObservationError, observe, quantile_agrees
+from inferasim.observed import ObservedWorkload
 from inferasim_operator import kube as kube_mod
 from inferasim_operator import metrics
 from inferasim_operator.anchor_cache import anchor_dirs, sync_anchors

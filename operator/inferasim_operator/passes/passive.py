@@ -27,7 +27,8 @@ from inferasim.core.spec import TuningSpec
 from inferasim.deployment import DeploymentError, LiveDeployment
 from inferasim.drift import PredictionError, prediction_error
 from inferasim.live import drift_transition, fit_live, read_live, refit_range
-from inferasim.model.anchors import Anchor, AnchorStore, KernelSet, NoCompatibleAnchor
+from inferasim.model.anchor_store import AnchorStore, NoCompatibleAnchor
+from inferasim.model.anchors import Anchor, KernelSet
 from inferasim.model.predictor import fitted_from_anchor
 from inferasim.observe import ObservationError, observe_windows
 from inferasim.passive import NotIdentifiable, Window
@@ -35,13 +36,7 @@ from inferasim_operator import metrics
 from inferasim_operator.anchor_cache import anchor_dirs, sync_anchors
 from inferasim_operator.harvest_job import anchor_object, dns_label
 from inferasim_operator.kube import ApiException, Kube
-from inferasim_operator.models import (
-    LABEL_KIND,
-    MetricValues,
-    PassiveAnchorStatus,
-    PredictionErrorStatus,
-    dump,
-)
+from inferasim_operator.models import LABEL_KIND, MetricValues, PassiveAnchorStatus, PredictionErrorStatus, dump
 from inferasim_operator.settings import Settings
 from inferasim_operator.state import MEMO
 from inferasim_operator.status import StatusBook, fresh_book, post_event

@@ -14,7 +14,8 @@ import kopf
 
 from inferasim.core.spec import SpecError, TuningSpec
 from inferasim.model.anchors import Anchor
-from inferasim.observe import ObservationError, drift, observe
+from inferasim.observe import ObservationError, observe
+from inferasim.observed import drift
 from inferasim_operator import metrics
 from inferasim_operator.harvest import refresh_harvests
 from inferasim_operator.kube import Kube

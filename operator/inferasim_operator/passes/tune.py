@@ -18,20 +18,13 @@ from typing import Any
 import kopf
 
 from inferasim.core.spec import SpecError, TuningSpec, WorkloadSource
-from inferasim.observe import ObservationError, ObservedWorkload, observe
+from inferasim.observe import ObservationError, observe
+from inferasim.observed import ObservedWorkload
 from inferasim_operator import metrics
 from inferasim_operator.anchor_cache import anchor_dirs, sync_anchors
 from inferasim_operator.harvest import plan_harvests
 from inferasim_operator.kube import ApiException, Kube
-from inferasim_operator.models import (
-    HISTORY_SIZE,
-    LABEL_KIND,
-    LABEL_TUNING,
-    AnchorRef,
-    HistoryEntry,
-    dump,
-    label_value,
-)
+from inferasim_operator.models import HISTORY_SIZE, LABEL_KIND, LABEL_TUNING, AnchorRef, HistoryEntry, dump, label_value
 from inferasim_operator.passes.confirm import start_confirmation
 from inferasim_operator.passes.passive import ensure_passive_anchor
 from inferasim_operator.pricing import resolve_price

@@ -1,0 +1,280 @@
+"""`inferasim tune`: search deployments for a spec; its table and its Pareto plot."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from inferasim.cli.args import check_output_file, check_plot_file, draw_plot
+from inferasim.cli.usage import UsageError, add_output, anchors_in, stage_progress, usage_check
+from inferasim.core.layout import Layout
+from inferasim.output import emit, table
+
+
+def _finite_or_dash(v: float | None) -> float | str:
+    return v if v is not None and math.isfinite(v) else "-"
+
+
+def _tune_table(result: Any) -> str:
+    d = result.as_dict()
+    lines = [f"Tuning {d['model']} on {d['gpu']} (budget {result.spec.hardware.max_gpus} GPUs): {d['workload']}",
+             f"{d['space']['candidates']} candidates scored, {d['space']['pruned']} pruned; "
+             f"stage 1 {d['timings_s']['stage1']:.2f} s ({d['timings_s']['candidates_per_s']:,.0f} candidates/s), "
+             f"stage 2 {d['timings_s']['stage2']:.2f} s", ""]
+    from inferasim.search.estimate import blocking_notes
+    from inferasim.search.tune import slo_miss
+
+    rows, misses = [], []
+    for i, (e, est) in enumerate(zip(d["shortlist"], result.shortlist(), strict=True), 1):
+        p = e["predicted"]
+        at_slo = p["throughput_per_gpu_at_slo"]
+        rows.append((i, e["engine"], e["precision"], e["shape"], e["replicas"], e["gpus"], e["max_num_seqs"],
+                     e["max_num_batched_tokens"], round(at_slo) if at_slo > 0 else "-", p["ttft_p90_ms"],
+                     p["itl_p90_ms"], "yes" if e["meets_slo"] else "no",
+                     "sim" if p.get("stage") == 2 else "est", e["anchor"][:24] if e["anchor"] else "unanchored"))
+        if not e["meets_slo"]:
+            # The percentiles shown may all be inside the SLO when what fails is the budget (more
+            # replicas needed than it allows) or the rate: say which.
+            why = blocking_notes(est)
+            term = slo_miss(est, result.spec.objective.slo)
+            text = "; ".join(why) + (f" ({term})" if why and term else term)
+            misses.append(f"#{i} misses the SLO: {text or 'requests dropped in the simulation'}")
+    headers = ["#", "engine", "prec", "layout", "repl", "GPUs", "max seqs", "max tokens", "out tok/s/GPU@SLO",
+               "TTFT p90 ms", "ITL p90 ms", "SLO", "checked", "anchor"]
+    if result.spec.hardware.price_per_gpu_hour is not None:
+        headers.insert(9, "$/Mtok")
+        # No rate within the SLO has no price per token: "-", not inf.
+        rows = [(*r[:9], _finite_or_dash(d["shortlist"][i]["predicted"].get("cost_per_million_tokens")), *r[9:])
+                for i, r in enumerate(rows)]
+    lines.append(table(headers, rows, title="Short list (best first)"))
+    # Replayed candidates rank before estimated ones, whatever the figures: an estimate's closed form
+    # has not yet met the simulator's tails, so a higher estimate below a replayed row is expected.
+    lines.append("checked: sim = replayed request by request, est = closed-form estimate only (the search ranks "
+                 "replayed candidates first; the list shows each layout's best, then the next best)")
+    lines += misses
+    rec = d["recommendation"]
+    meeting = next((e for e in result.ranked if e.meets_slo), None)
+    if rec:
+        # Anchored candidates rank first (tune.score): the recommendation may miss the SLO while a
+        # measurement-free one meets it. Say which, rather than "none meets it".
+        head = "Recommendation" if rec["meets_slo"] else (
+            f"No deployment within {result.spec.hardware.max_gpus} GPUs meets the SLO. Closest" if meeting is None
+            else "No anchored deployment meets the SLO (a measurement-free "
+                 f"{meeting.candidate.engine} {meeting.candidate.layout.label()} x{meeting.replicas} is predicted to; "
+                 "harvest its anchor to confirm). Closest anchored")
+        at_slo = rec["predicted"]["throughput_per_gpu_at_slo"]
+        if rec["meets_slo"] or at_slo > 0:
+            how = f"{at_slo:,.0f} tok/s/GPU at the SLO"
+        else:
+            from inferasim.search.tune import slo_miss
+
+            how = f"misses {slo_miss(result.ranked[0], result.spec.objective.slo) or 'the SLO'}"
+        lines += ["", f"{head}: {rec['engine']} {rec['precision']} {rec['shape']} x{rec['replicas']} "
+                      f"({rec['gpus']} GPUs), max_num_seqs {rec['max_num_seqs']}, "
+                      f"max_num_batched_tokens {rec['max_num_batched_tokens']}: {how}"
+                      + ("" if rec["anchor"] else "  [unanchored: measurement-free, rank within engine]")]
+        if rec.get("disaggregation"):
+            lines.append("note: P/D: the manifest (--manifest) renders the prefill and decode pools, not the P/D "
+                         "router clients reach them through; each pool's annotation inferasim.io/pd-router names the "
+                         "engine's own (deploy it in front of both pools)")
+        w = result.spec.workload.static
+        if w is not None and w.kind == "multi-turn" and rec["replicas"] > 1:
+            lines.append(f"note: {rec['replicas']} replicas keep the sessions' prefix reuse only behind session-affine "
+                         "(prefix-aware) routing, as priced; behind a plain Service each turn lands on a random "
+                         "replica and keeps about 1/replicas of it (`inferasim simulate --router rr` shows the "
+                         "difference)")
+        engines = sorted({e["engine"] for e in d["shortlist"] if not e["anchor"]})
+        if not rec["anchor"] and len(engines) > 1:
+            # Measurement-free defaults rank layouts within one engine; between engines they differ by
+            # assumption, not by measurement.
+            lines.append(f"note: {', '.join(engines)} are compared measurement-free: which engine serves best is "
+                         "not decided until their anchors are harvested (below)")
+    cap = d.get("capacity")
+    if cap:
+        lines += ["", f"Capacity: {cap['headline']}"]
+        if cap["answers"]:
+            span = "rate_interval" if cap["question"] == "maxRate" else "gpus_interval"
+            rows_c = [(a["engine"], a["precision"], a["shape"], a["replicas"], a["gpus"], f"{a['rate']:.2f}",
+                       f"[{a[span][0]:.2f}, {a[span][1]:.2f}]" if span == "rate_interval"
+                       else f"[{a[span][0]}, {a[span][1]}]", "yes" if a["anchored"] else "no")
+                      for a in cap["answers"]]
+            lines.append(table(["engine", "prec", "shape", "repl", "GPUs", "req/s", f"{span.split('_')[0]} [90%]",
+                                "anchored"], rows_c))
+    for x in d["space"]["excluded"]:
+        lines.append(f"not considered: {x['what']}: {x['why']}")
+    for p in d.get("proposals") or []:
+        # An LLM proposer's suggestions, the refused ones with their reason (an unreachable endpoint too).
+        lines.append(f"proposal {p['verdict']}: {p['proposal'] or '-'}" + (f" ({p['reason']})" if p["reason"] else ""))
+    if len(d["missing_anchors"]) > 1:
+        lines.append("missing anchors, most informative first (how much of the leading candidates' 90% bands "
+                     "rests on each):")
+    for m in d["missing_anchors"]:
+        cost = f", ${m['harvest_cost']:.2f}" if m.get("harvest_cost") is not None else ""
+        lines.append(f"missing anchor: {m['engine']} {m['precision']} on {m['gpu']} "
+                     f"(harvest ~{m['harvest_gpu_hours']:.2f} GPU-hours{cost} at "
+                     f"{Layout(**m['harvest_layout']).label()}; band weight {m.get('band_weight', 0.0):.2f})")
+    return "\n".join(lines)
+
+
+def plot_pareto(result: Any, path: str) -> None:
+    """Throughput per GPU against tokens/s per user (every candidate's curve, the Pareto front, the
+    recommendation); with `hardware.pricePerGpuHour`, a second panel: $ per million output tokens
+    against the same interactivity."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise UsageError("--plot needs matplotlib: pip install 'inferasim[plot]'") from None
+    import numpy as np
+
+    from inferasim.search.select import cost_per_million_tokens
+
+    price = result.spec.hardware.price_per_gpu_hour
+    osl = result.workload.osl
+    if price is None:
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        cost_ax = None
+    else:
+        fig, (ax, cost_ax) = plt.subplots(1, 2, figsize=(13, 4.5))
+    colors = {"vllm": "tab:blue", "sglang": "tab:orange", "atom": "tab:red"}
+    step = max(len(result.ranked) // 3000, 1)  # every candidate's curve, thinned past 3,000 candidates
+    for e in result.ranked[::step]:
+        col = colors.get(e.candidate.engine, "gray")
+        per_gpu = e.curve_rate * osl / e.candidate.gpus_per_replica
+        ax.plot(1.0 / e.curve_tpot, per_gpu, ".", color=col, alpha=0.15, ms=3)
+        if cost_ax is not None:
+            # A GPU-hour buys 3600 x (tokens/s per GPU) tokens; points that serve nothing are left out.
+            ok = per_gpu > 0
+            cost_ax.plot(1.0 / e.curve_tpot[ok], price * 1e6 / (3600.0 * per_gpu[ok]), ".", color=col, alpha=0.15,
+                         ms=3)
+    rec = result.recommendation
+    if rec is not None and rec.slo_tpot > 0:
+        ax.plot([1.0 / rec.slo_tpot], [rec.per_gpu_at_slo(osl)], "*", color="gold", ms=14,
+                markeredgecolor="black", label="recommendation (at the SLO)")
+        if cost_ax is not None and rec.max_rate_slo > 0:
+            cost_ax.plot([1.0 / rec.slo_tpot], [cost_per_million_tokens(rec, osl, price)], "*", color="gold", ms=14,
+                         markeredgecolor="black", label="recommendation (at the SLO)")
+    xs = [p.tokens_per_user for p in result.pareto]
+    ys = [p.throughput_per_gpu for p in result.pareto]
+    ax.plot(xs, ys, "k-", lw=1.5, label="Pareto front")
+    for eng, col in colors.items():
+        ax.plot([], [], ".", color=col, label=eng)
+    ax.set_xlabel("tokens/s per user (1 / TPOT)")
+    ax.set_ylabel("tokens/s per GPU")
+    ax.set_title(f"{result.model.name} on {result.gpu.name}")
+    ax.legend(loc="upper right", fontsize=8)
+    if cost_ax is not None:
+        # Cost is price / throughput per GPU: the throughput front is the cost front.
+        front = [(x, price * 1e6 / (3600.0 * y)) for x, y in zip(xs, ys, strict=True) if y > 0]
+        if front:
+            cost_ax.plot(*np.array(front).T, "k-", lw=1.5, label="Pareto front")
+        for eng, col in colors.items():
+            cost_ax.plot([], [], ".", color=col, label=eng)
+        cost_ax.set_yscale("log")
+        cost_ax.set_xlabel("tokens/s per user (1 / TPOT)")
+        cost_ax.set_ylabel("$ per million output tokens")
+        cost_ax.set_title(f"cost at ${price:g} per GPU-hour")
+        cost_ax.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from inferasim.core.spec import load_spec
+    from inferasim.search.tune import tune
+
+    spec = load_spec(args.spec)
+    # Before the search, not after it.
+    if args.plot is not None:
+        usage_check(check_plot_file, "--plot", args.plot)
+    if args.manifest is not None:
+        usage_check(check_output_file, "--manifest", args.manifest)
+        from inferasim.render import check_k8s_names
+
+        try:
+            check_k8s_names(args.name, args.namespace)
+        except ValueError as exc:
+            raise UsageError(f"--name/--namespace: {exc}") from None
+    if args.propose_model != "default" and not args.propose_endpoint:
+        raise UsageError("--propose-model names the model at --propose-endpoint; give the endpoint too")
+    store = anchors_in(args.anchors)  # a missing folder is refused, unreadable files named
+    propose_with = (args.propose_endpoint, args.propose_model) if args.propose_endpoint else None
+    result = tune(spec, store=store, progress=None if args.output != "table" else stage_progress,
+                  propose_with=propose_with)
+    data = result.as_dict()
+    # The search is done: a file that cannot be written (or a manifest that cannot be rendered)
+    # is reported after the result, which is printed all the same.
+    failures: list[str] = []
+    plotted = bool(args.plot) and draw_plot(lambda: plot_pareto(result, args.plot), args.plot, failures)
+    exported: tuple[Path, Path] | None = None
+    if args.plot:
+        from inferasim.search.export import write_exports
+
+        try:
+            exported = write_exports(data, args.plot)
+        except OSError as exc:
+            failures.append(f"--plot {args.plot}: the CSVs beside it cannot be written ({exc.strerror or exc})")
+    if args.manifest and result.recommendation is not None:
+        from inferasim.search.deploy import manifests_for
+
+        try:
+            Path(args.manifest).write_text(manifests_for(result, name=args.name, namespace=args.namespace))
+            data["manifest_file"] = args.manifest
+        except ValueError as exc:
+            failures.append(f"--manifest {args.manifest}: not rendered: {exc}")
+        except OSError as exc:
+            failures.append(f"--manifest {args.manifest}: cannot write ({exc.strerror or exc})")
+    emit(data, args.output, _tune_table(result))
+    args.result_data = data  # for the demo's next steps
+    if args.output == "table":
+        if plotted:
+            print(f"Pareto plot written to {args.plot}")
+        if exported:
+            print(f"Pareto front and short list as CSV: {exported[0]}, {exported[1]}")
+        if "manifest_file" in data:
+            print(f"Deployment manifest written to {args.manifest}")
+    for failure in failures:
+        print(f"inferasim tune: error: {failure}", file=sys.stderr)
+    if failures:
+        return 1
+    rec = result.recommendation
+    if rec is None or not rec.meets_slo:
+        # A pipeline must not roll out a deployment that misses the SLO: exit 1, the result printed.
+        if any(e.meets_slo for e in result.ranked):
+            print("inferasim tune: the recommended (anchored) deployment misses the SLO; only measurement-free "
+                  "candidates are predicted to meet it: harvest their anchors to confirm", file=sys.stderr)
+        elif not result.space.candidates:
+            print("inferasim tune: nothing to search: every engine, precision and layout was pruned "
+                  f"({len(result.space.pruned)}; `-o json` lists space.pruned_reasons)", file=sys.stderr)
+        else:
+            print("inferasim tune: no deployment meets the SLO (relax objective.slo, raise hardware.maxGPUs, or "
+                  "allow more engines/precisions)", file=sys.stderr)
+        if "manifest_file" in data:
+            print(f"inferasim tune: {args.manifest} holds the closest deployment, annotated "
+                  "inferasim.io/predicted meets_slo false", file=sys.stderr)
+        return 1
+    return 0
+
+
+def add_cli(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """`inferasim tune`."""
+    p = sub.add_parser("tune", help="search deployments for a spec (the ServingTuning spec fields)")
+    p.add_argument("spec", help="SPEC.yaml: a tuning spec or a whole ServingTuning manifest")
+    p.add_argument("--anchors", action="append", default=None, help="anchor folder(s) (default: anchors/)")
+    p.add_argument("--plot", default=None, help="write the Pareto plot here (.png, .svg, .pdf: the extension picks); "
+                                                "the front and the short list go beside it as CSV (STEM.csv, "
+                                                "STEM-shortlist.csv)")
+    p.add_argument("--manifest", default=None, help="write the recommended Deployment + Service YAML here")
+    p.add_argument("--name", default="llm", help="name of the rendered Deployment")
+    p.add_argument("--namespace", default="default")
+    p.add_argument("--propose-endpoint", default=None,
+                   help="OpenAI-compatible endpoint of an LLM that proposes candidates (off by default)")
+    p.add_argument("--propose-model", default="default", help="model name to ask at --propose-endpoint")
+    add_output(p)
+    p.set_defaults(func=cmd_tune)
