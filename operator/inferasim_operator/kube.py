@@ -73,6 +73,10 @@ def load_config() -> None:
         config.load_incluster_config()
     except config.ConfigException:
         config.load_kube_config()
+    # Connections kept per host: the operator calls the API from up to 64 threads (handlers.py).
+    cfg = client.Configuration.get_default_copy()
+    cfg.connection_pool_maxsize = 64
+    client.Configuration.set_default(cfg)
 
 
 class Kube:

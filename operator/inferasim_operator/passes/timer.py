@@ -35,7 +35,7 @@ async def tick(body: dict[str, Any], kube: Kube, settings: Settings) -> str:
     uid = meta.get("uid", f"{meta['namespace']}/{meta['name']}")
     status = body.get("status") or {}
     phase = status.get("phase")
-    if phase in (None, "Invalid", "Pending", "Observing", "Searching"):
+    if phase in (None, "Invalid", "Pending", "Observing", "Queued", "Searching"):
         return "idle"  # the create/update handler owns these (and retries them with backoff)
     if MEMO.backing_off(uid):
         return "backoff"

@@ -201,6 +201,33 @@ async def pass_failed(body: dict[str, Any], book: StatusBook, kube: Kube, settin
     return kopf.TemporaryError(summary, delay=delay)
 
 
+async def search_timed_out(body: dict[str, Any], book: StatusBook, kube: Kube, settings: Settings,
+                           exc: SearchTimeout) -> kopf.PermanentError | kopf.TemporaryError:
+    """A search past its time limit: retried after a growing backoff (at least as long as the pool's
+    own backoff for that search), and given up after `search.max_timeouts` in a row: phase Failed
+    until the spec changes (it was retried forever, each time at the full cost of a search)."""
+    metrics.SEARCH_FAILURES.labels(reason="timeout").inc()
+    retries = int(book.get("retries") or 0) + 1
+    book.set(queue=None)
+    if retries >= settings.search.max_timeouts:
+        why = (f"{exc}; gave up after {retries} timeouts in a row: edit the spec (fewer engines, precisions or "
+               f"GPUs) or raise the operator's search time limit ({settings.search.timeout_s:.0f} s)")
+        book.condition("Recommended", "False", "SearchTimeout", why)
+        # retries 0: the timer's retry of failed passes leaves it alone (an edit starts a new pass).
+        book.set(phase="Failed", retries=0, message=why[:1000], observedGeneration=book.generation)
+        await book.flush()
+        post_event(body, "Warning", "SearchTimeout", why)
+        return kopf.PermanentError(why)
+    delay = max(backoff(settings, retries), exc.retry_in)
+    book.condition("Recommended", "False", "SearchTimeout", f"{exc}; retry {retries} in {delay:.0f} s")
+    book.set(retries=retries, message=str(exc))
+    if not book.get("recommendation"):
+        book.set(phase="Pending")
+    await book.flush()
+    post_event(body, "Warning", "SearchTimeout", f"{exc} (retry {retries} in {delay:.0f} s)")
+    return kopf.TemporaryError(str(exc), delay=delay)
+
+
 async def run_pass(body: dict[str, Any], book: StatusBook, kube: Kube, settings: Settings, reason: str,
                    depth: int = 0) -> str:
     """The pass itself, steps 1 to 7, inside the lock :func:`reconcile` holds (no guard: the caller's
@@ -237,11 +264,8 @@ async def run_pass(body: dict[str, Any], book: StatusBook, kube: Kube, settings:
         if await ensure_passive_anchor(body, spec, book, kube, settings):
             n_cluster = await sync_anchors(kube, settings)
 
-    # 4. the search, in a child process with a time limit
-    if not has_rec:
-        book.set(phase="Searching")
-    book.set(message=f"searching ({reason})")
-    await book.flush()
+    # 4. the search, in the operator's bounded search pool (fair, identical searches once), with a
+    #    time limit; the status says Queued (with the place) while it waits, Searching once it runs
     price, p_status, p_reason, p_message = await resolve_price(spec, kube, settings)
     if p_reason == "BadPrice" and (book.cond("Priced") or {}).get("message") != p_message:
         post_event(body, "Warning", "BadPrice", p_message)
@@ -261,21 +285,28 @@ async def run_pass(body: dict[str, Any], book: StatusBook, kube: Kube, settings:
     if spec.target is not None and spec.target.kind == "Deployment" and name == spec.target.name:
         target = await asyncio.to_thread(kube.get_deployment, book.namespace, name)
         selector = ((target or {}).get("spec") or {}).get("selector")
+
+    async def report(place: int, waiting: int, workers: int) -> None:
+        # Called by the pool while this pass waits for it (the book is not written meanwhile).
+        if place:
+            book.set(queue={"position": place, "length": waiting, "workers": workers},
+                     message=f"queued for a search: place {place} of {waiting} ({workers} run at once; {reason})")
+        else:
+            book.set(queue=None, message=f"searching ({reason})")
+        if not has_rec:
+            book.set(phase="Queued" if place else "Searching")
+        await book.flush()
+
     t0 = time.perf_counter()
     try:
         payload = await run_search(spec_dict, anchor_dirs(settings), name, book.namespace,
                                    stage2_top=settings.search.stage2_top, timeout_s=settings.search.timeout_s,
-                                   target_selector=selector, tuning=book.name)
+                                   target_selector=selector, tuning=book.name, workers=settings.search.workers,
+                                   report=report)
     except SearchTimeout as exc:
-        metrics.SEARCH_FAILURES.labels(reason="timeout").inc()
-        retries = int(book.get("retries") or 0) + 1
-        delay = backoff(settings, retries)
-        book.condition("Recommended", "False", "SearchTimeout", f"{exc}; retry in {delay:.0f} s")
-        book.set(retries=retries, message=str(exc))
-        await book.flush()
-        post_event(body, "Warning", "SearchTimeout", str(exc))
-        raise kopf.TemporaryError(str(exc), delay=delay) from None
+        raise await search_timed_out(body, book, kube, settings, exc) from None
     except SearchFailed as exc:
+        book.set(queue=None)
         metrics.SEARCH_FAILURES.labels(reason="invalid" if exc.invalid else "error").inc()
         if exc.invalid and observed is None:
             raise await park_invalid(body, book, kube, f"search refused the spec: {exc}",
@@ -299,6 +330,7 @@ async def run_pass(body: dict[str, Any], book: StatusBook, kube: Kube, settings:
         await book.flush()
         post_event(body, "Warning", "SearchFailed", str(exc)[:500])
         raise kopf.TemporaryError(str(exc)[:500], delay=delay) from None
+    book.set(queue=None)
     seconds = time.perf_counter() - t0
     metrics.SEARCH_SECONDS.observe(seconds)
     post_event(body, "Normal", "SearchComplete",
