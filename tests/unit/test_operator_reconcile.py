@@ -172,6 +172,10 @@ def test_canary_and_analysis_template(payload: dict[str, Any]) -> None:
     labels = dep["spec"]["template"]["metadata"]["labels"]
     assert labels["app"] == "chat" and labels["inferasim.io/kind"] == "canary"
     assert dep["spec"]["selector"]["matchLabels"] == {"inferasim.io/canary": "chat-canary-0"}
+    from inferasim_operator.pod_security import is_restricted
+
+    assert is_restricted(payload["shortlist_deployments"][0]["spec"]["template"]["spec"])  # as rendered: not
+    assert is_restricted(dep["spec"]["template"]["spec"]) == []  # as the operator starts it: restricted
     # A target running inferasim's own manifest routes by app.kubernetes.io/name: the canary's pods
     # carry the target's value of it (they once carried their own name and got no traffic).
     served = confirm.canary_deployment(payload["shortlist_deployments"][0], {"app.kubernetes.io/name": "chat"}, "chat")

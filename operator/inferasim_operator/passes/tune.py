@@ -22,7 +22,7 @@ from inferasim.observe import ObservationError, ObservedWorkload, observe
 from inferasim_operator import metrics
 from inferasim_operator.anchor_cache import anchor_dirs, sync_anchors
 from inferasim_operator.harvest import plan_harvests
-from inferasim_operator.kube import ApiException, Kube
+from inferasim_operator.kube import ApiException, Kube, NotManaged
 from inferasim_operator.models import (
     HISTORY_SIZE,
     LABEL_KIND,
@@ -182,6 +182,7 @@ async def pass_failed(body: dict[str, Any], book: StatusBook, kube: Kube, settin
         return await park_invalid(body, book, kube, f"invalid spec: {exc}", condition=("Recommended", "InvalidSpec"),
                                   event="InvalidSpec")
     reason = ("StatusNotWritable" if isinstance(exc, StatusNotWritable) else
+              "NotManaged" if isinstance(exc, NotManaged) else
               "KubernetesApiError" if isinstance(exc, ApiException) else "InternalError")
     summary = _summary(exc)
     metrics.PASS_ERRORS.labels(kind="internal", reason=reason).inc()
