@@ -115,6 +115,7 @@ class Kube:
         self.core = client.CoreV1Api(self.api)
         self.batch = client.BatchV1Api(self.api)
         self.apps = client.AppsV1Api(self.api)
+        self.coordination = client.CoordinationV1Api(self.api)
 
     def _dict(self, obj: Any) -> dict[str, Any]:
         return obj if isinstance(obj, dict) else self.api.sanitize_for_serialization(obj)
@@ -185,10 +186,6 @@ class Kube:
     def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self._read(self.batch.read_namespaced_job, name, namespace)
 
-    def list_jobs(self, label_selector: str) -> list[dict[str, Any]]:
-        """Jobs with these labels in every namespace (one anchor is harvested once per cluster)."""
-        return [self._dict(j) for j in self.batch.list_job_for_all_namespaces(label_selector=label_selector).items]
-
     def create_job(self, body: dict[str, Any]) -> bool:
         try:
             self.batch.create_namespaced_job(body["metadata"]["namespace"], body)
@@ -219,6 +216,39 @@ class Kube:
             if exc.status != 404:
                 raise
             return False
+
+    # -- harvest locks (Leases in the operator's namespace, harvest_lock.py) ------------------------
+
+    def get_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self._read(self.coordination.read_namespaced_lease, name, namespace)
+
+    def create_lease(self, body: dict[str, Any]) -> bool:
+        """True when created, False when one of that name exists."""
+        try:
+            self.coordination.create_namespaced_lease(body["metadata"]["namespace"], body)
+            return True
+        except ApiException as exc:
+            if exc.status == 409:
+                return False
+            raise
+
+    def replace_lease(self, body: dict[str, Any]) -> bool:
+        """Replace a Lease at the resourceVersion in ``body``; False when it changed meanwhile (409)."""
+        meta = body["metadata"]
+        try:
+            self.coordination.replace_namespaced_lease(meta["name"], meta["namespace"], body)
+            return True
+        except ApiException as exc:
+            if exc.status in (404, 409):
+                return False
+            raise
+
+    def delete_lease(self, namespace: str, name: str) -> None:
+        try:
+            self.coordination.delete_namespaced_lease(name, namespace)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
 
     def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
         return [self._dict(p) for p in self.core.list_namespaced_pod(namespace, label_selector=label_selector).items]

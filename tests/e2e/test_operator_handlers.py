@@ -53,7 +53,7 @@ def spec(**over: Any) -> dict[str, Any]:
     s = {"target": {"name": "svc"}, "model": "meta-llama/Meta-Llama-3-8B", "precision": ["fp8"],
          "hardware": {"gpu": "MI300X", "maxGPUs": 4}, "engines": ["vllm"],
          "workload": {"static": {"kind": "closed", "concurrency": 16, "inputTokens": 256, "outputTokens": 64}},
-         "harvest": {"allowed": True, "maxGpuHours": 1}}
+         "harvest": {"allowed": True, "maxGPUHours": 1}}
     s.update(over)
     return s
 

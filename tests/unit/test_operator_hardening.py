@@ -108,8 +108,11 @@ class FakeKube:
         return had
 
     # harvests: none running, none started (harvest.allowed is false in these specs)
-    def list_jobs(self, selector: str) -> list[dict[str, Any]]:
-        return []
+    def get_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return None
+
+    def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return None
 
     def list_anchors(self) -> list[dict[str, Any]]:
         return []

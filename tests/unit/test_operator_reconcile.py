@@ -236,8 +236,11 @@ class _PassKube:
         self.patches.append(patch)
         return {}
 
-    def list_jobs(self, selector: str) -> list[dict[str, Any]]:
-        return []
+    def get_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return None
+
+    def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return None
 
     def apply_config_map(self, body: dict[str, Any]) -> None:
         self.config_maps.append(body["metadata"]["name"])
