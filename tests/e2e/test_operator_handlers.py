@@ -64,7 +64,7 @@ def test_reconcile_and_tick_directly(cluster: Any, ns: str) -> None:
     kube = Kube(cluster.api)
     tmp = Path(tempfile.mkdtemp(prefix="inferasim-direct-"))
     settings = Settings(anchor_dirs=[str(tmp / "none")], anchor_cache=str(tmp / "cache"), stage2_top=2,
-                                  harvester_image="op:test", search_timeout_s=240)
+                                  harvester_image="op:test", search_timeout_s=240, operator_namespace=ns)
     body = create(cluster, ns, "t1", spec())
     assert asyncio.run(tune.reconcile(body, kube, settings, trigger="test", reason="direct")) == "Harvesting"
     again = asyncio.run(tune.reconcile(body, kube, settings, trigger="test", reason="direct"))
