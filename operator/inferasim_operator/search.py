@@ -168,11 +168,24 @@ def worker_main(conn: Any, parent_pid: int) -> None:
         except ValueError as exc:
             out = ("invalid", str(exc), None)
         except Exception as exc:  # noqa: BLE001 - reported to the operator, which decides
-            out = ("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=5)}", None)
+            out = ("error", error_summary(exc), None)
         try:
             conn.send(out)
         except (OSError, ValueError):
             return
+
+
+def error_summary(exc: BaseException) -> str:
+    """One line for a condition, an Event and the log: the error and where it was raised (file,
+    line, function), never a traceback (the operator's log must hold none)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = ""
+    if frames:
+        f = frames[-1]
+        parts = f.filename.replace("\\", "/").split("/")
+        short = "/".join(parts[parts.index("inferasim") if "inferasim" in parts else -1:])
+        where = f" (at {short}:{f.lineno} in {f.name})"
+    return " ".join(f"{type(exc).__name__}: {exc}".split())[:500] + where
 
 
 def pool(workers: int = 0) -> SearchPool:

@@ -81,8 +81,29 @@ def _cgroup_cpus() -> float | None:
         return None
 
 
+def _cgroup_memory() -> int | None:
+    """The memory limit of this process's cgroup in bytes (a container's memory limit), if any."""
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = Path(path).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) < 1 << 60:  # cgroup v1 writes a huge number for "none"
+            return int(text)
+    return None
+
+
+# What one search worker holds at most (measured: benchmarks/operator_scale.py), and what the
+# operator itself needs beside its workers; a pod's memory limit caps the pool by them.
+WORKER_BYTES = 300 << 20
+OPERATOR_BYTES = 400 << 20
+MAX_DEFAULT_WORKERS = 16
+
+
 def default_workers() -> int:
-    """Searches that may run at once: the CPUs this process may use (affinity, then a cgroup quota)."""
+    """Searches that may run at once: the CPUs this process may use (affinity, then a cgroup CPU
+    quota), no more than its memory limit holds, and at most MAX_DEFAULT_WORKERS (a 128-core node
+    with no CPU limit on the pod would otherwise start 128 workers)."""
     try:
         n = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
@@ -90,7 +111,10 @@ def default_workers() -> int:
     quota = _cgroup_cpus()
     if quota:
         n = min(n, math.ceil(quota))
-    return max(1, n)
+    memory = _cgroup_memory()
+    if memory:
+        n = min(n, (memory - OPERATOR_BYTES) // WORKER_BYTES)
+    return int(max(1, min(n, MAX_DEFAULT_WORKERS)))
 
 
 def anchors_fingerprint(dirs: list[str]) -> list[tuple[str, int, int]]:

@@ -11,7 +11,7 @@ variable, so a misconfigured operator stops at start-up rather than mid-pass.
     settings.search.timeout_s  INFERASIM_SEARCH_TIMEOUT_S     one search's time limit (child process)
     settings.search.stage2_top INFERASIM_STAGE2_TOP           candidates simulated in the search's stage 2
     settings.search.workers    INFERASIM_SEARCH_WORKERS       searches run at once (0: the CPUs, cgroup quota included)
-    settings.search.max_timeouts  INFERASIM_SEARCH_MAX_TIMEOUTS  timeouts in a row before a tuning stops retrying
+    settings.search.max_failures  INFERASIM_SEARCH_MAX_FAILURES  failed searches in a row before giving up
     settings.harvest.image     INFERASIM_HARVESTER_IMAGE      the harvester container's image
     settings.harvest.extra_args  INFERASIM_HARVEST_ARGS       extra `inferasim harvest run` arguments
     settings.harvest.engine_images  INFERASIM_ENGINE_IMAGES   VENDOR/ENGINE=IMAGE,...
@@ -70,9 +70,10 @@ class SearchSettings:
     stage2_top: int = 50
     # The bounded pool (search_pool.py): 0 sizes it to the CPUs this process may use.
     workers: int = 0
-    # After this many timeouts in a row a tuning is Failed (SearchTimeout) until its spec changes
-    # (each timeout backs off first); a search that ran past its limit was retried forever at full cost.
-    max_timeouts: int = 3
+    # After this many failed searches in a row (timeouts, errors inside the library) a tuning is
+    # Failed until its spec changes (each failure backs off first); a search that ran past its limit
+    # was retried forever at full cost.
+    max_failures: int = 3
 
 
 @dataclass
@@ -225,7 +226,7 @@ class Settings:
         s.search.timeout_s = num("INFERASIM_SEARCH_TIMEOUT_S", s.search.timeout_s, 1)
         s.search.stage2_top = int(num("INFERASIM_STAGE2_TOP", s.search.stage2_top, 0))
         s.search.workers = int(num("INFERASIM_SEARCH_WORKERS", s.search.workers, 0))
-        s.search.max_timeouts = int(num("INFERASIM_SEARCH_MAX_TIMEOUTS", s.search.max_timeouts, 1))
+        s.search.max_failures = int(num("INFERASIM_SEARCH_MAX_FAILURES", s.search.max_failures, 1))
         s.harvest.image = env.get("INFERASIM_HARVESTER_IMAGE") or s.harvest.image
         s.harvest.extra_args = (env.get("INFERASIM_HARVEST_ARGS") or "").split()
         s.observe.timeout_s = num("INFERASIM_OBSERVE_TIMEOUT_S", s.observe.timeout_s, 0.1)

@@ -202,31 +202,32 @@ async def pass_failed(body: dict[str, Any], book: StatusBook, kube: Kube, settin
     return kopf.TemporaryError(summary, delay=delay)
 
 
-async def search_timed_out(body: dict[str, Any], book: StatusBook, kube: Kube, settings: Settings,
-                           exc: SearchTimeout) -> kopf.PermanentError | kopf.TemporaryError:
-    """A search past its time limit: retried after a growing backoff (at least as long as the pool's
-    own backoff for that search), and given up after `search.max_timeouts` in a row: phase Failed
-    until the spec changes (it was retried forever, each time at the full cost of a search)."""
-    metrics.SEARCH_FAILURES.labels(reason="timeout").inc()
+async def search_gave_out(body: dict[str, Any], book: StatusBook, kube: Kube, settings: Settings,
+                          exc: SearchTimeout | SearchFailed, reason: str) -> kopf.PermanentError | kopf.TemporaryError:
+    """A search past its time limit (SearchTimeout) or one that raised inside the library
+    (SearchFailed): retried after a growing backoff (at least as long as the pool's own backoff for
+    that search), and given up after `search.max_failures` in a row: phase Failed until the spec
+    changes (a timeout was retried forever, each time at the full cost of a search)."""
     retries = int(book.get("retries") or 0) + 1
     book.set(queue=None)
-    if retries >= settings.search.max_timeouts:
-        why = (f"{exc}; gave up after {retries} timeouts in a row: edit the spec (fewer engines, precisions or "
-               f"GPUs) or raise the operator's search time limit ({settings.search.timeout_s:.0f} s)")
-        book.condition("Recommended", "False", "SearchTimeout", why)
+    what = str(exc)[:600]
+    if retries >= settings.search.max_failures:
+        why = (f"{what}; gave up after {retries} failed search(es) in a row: edit the spec (fewer engines, "
+               f"precisions or GPUs) or raise the operator's search time limit ({settings.search.timeout_s:.0f} s)")
+        book.condition("Recommended", "False", reason, why)
         # retries 0: the timer's retry of failed passes leaves it alone (an edit starts a new pass).
         book.set(phase="Failed", retries=0, message=why[:1000], observedGeneration=book.generation)
         await book.flush()
-        post_event(body, "Warning", "SearchTimeout", why)
+        post_event(body, "Warning", reason, why)
         return kopf.PermanentError(why)
-    delay = max(backoff(settings, retries), exc.retry_in)
-    book.condition("Recommended", "False", "SearchTimeout", f"{exc}; retry {retries} in {delay:.0f} s")
-    book.set(retries=retries, message=str(exc))
+    delay = max(backoff(settings, retries), getattr(exc, "retry_in", 0.0))
+    book.condition("Recommended", "False", reason, f"{what}; retry {retries} in {delay:.0f} s")
+    book.set(retries=retries, message=what)
     if not book.get("recommendation"):
         book.set(phase="Pending")
     await book.flush()
-    post_event(body, "Warning", "SearchTimeout", f"{exc} (retry {retries} in {delay:.0f} s)")
-    return kopf.TemporaryError(str(exc), delay=delay)
+    post_event(body, "Warning", reason, f"{what} (retry {retries} in {delay:.0f} s)")
+    return kopf.TemporaryError(what, delay=delay)
 
 
 async def run_pass(body: dict[str, Any], book: StatusBook, kube: Kube, settings: Settings, reason: str,
@@ -305,7 +306,8 @@ async def run_pass(body: dict[str, Any], book: StatusBook, kube: Kube, settings:
                                    target_selector=selector, tuning=book.name, workers=settings.search.workers,
                                    report=report)
     except SearchTimeout as exc:
-        raise await search_timed_out(body, book, kube, settings, exc) from None
+        metrics.SEARCH_FAILURES.labels(reason="timeout").inc()
+        raise await search_gave_out(body, book, kube, settings, exc, "SearchTimeout") from None
     except SearchFailed as exc:
         book.set(queue=None)
         metrics.SEARCH_FAILURES.labels(reason="invalid" if exc.invalid else "error").inc()
@@ -325,12 +327,7 @@ async def run_pass(body: dict[str, Any], book: StatusBook, kube: Kube, settings:
             await book.flush()
             post_event(body, "Warning", "WorkloadNotServable", why[:500])
             raise kopf.TemporaryError(why[:500], delay=delay) from None
-        delay = backoff(settings, retries)
-        book.condition("Recommended", "False", "SearchFailed", str(exc)[:1000])
-        book.set(retries=retries, message=str(exc)[:1000])
-        await book.flush()
-        post_event(body, "Warning", "SearchFailed", str(exc)[:500])
-        raise kopf.TemporaryError(str(exc)[:500], delay=delay) from None
+        raise await search_gave_out(body, book, kube, settings, exc, "SearchFailed") from None
     book.set(queue=None)
     seconds = time.perf_counter() - t0
     metrics.SEARCH_SECONDS.observe(seconds)
