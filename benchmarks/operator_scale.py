@@ -99,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stage2-top", type=int, default=50, help="candidates simulated per search (chart default 50)")
     p.add_argument("--workers", type=int, default=0, help="search pool size (0: the operator's default, the CPUs)")
     p.add_argument("--search-timeout", type=float, default=300)
+    p.add_argument("--burst-stage2-top", type=int, default=-1,
+                   help="stage 2 of searches under a burst (-1: the operator's default; 0: never shortened)")
     p.add_argument("--deadline", type=float, default=900, help="give up after this many seconds")
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
@@ -152,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
         env = {"INFERASIM_ANCHOR_DIRS": str(REPO / "anchors"), "INFERASIM_ANCHOR_CACHE": str(tmp / "cache"),
                "INFERASIM_STAGE2_TOP": str(args.stage2_top), "INFERASIM_SEARCH_WORKERS": str(args.workers),
                "INFERASIM_SEARCH_TIMEOUT_S": str(args.search_timeout), "INFERASIM_OPERATOR_NAMESPACE": op_ns,
+               **({"INFERASIM_SEARCH_BURST_STAGE2_TOP": str(args.burst_stage2_top)} if args.burst_stage2_top >= 0
+                  else {}),
                "INFERASIM_METRICS_PORT": str(free_port()), "INFERASIM_METRICS_ADDR": "127.0.0.1"}
         op = OperatorProcess(sa_kubeconfig, namespaces, env, tmp / "operator.log")
         op.start()
@@ -201,8 +205,12 @@ def main(argv: list[str] | None = None) -> int:
         phases: dict[str, int] = {}
         for _, ph in done.values():
             phases[ph] = phases.get(ph, 0) + 1
-        searched = [float(x) for x in (tmp / "operator.log").read_text(errors="replace").split("SearchComplete: ")[1:]
-                    for x in [x.split(" in ")[1].split(" s")[0]] if x.replace(".", "").isdigit()]
+        import re
+
+        searched = [float(m) for m in re.findall(r"SearchComplete: \d+ candidates in ([0-9.]+) s",
+                                                 (tmp / "operator.log").read_text(errors="replace"))]
+        quick = sum(1 for ns in namespaces for t in custom.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL)
+                    ["items"] if ((t.get("status") or {}).get("search") or {}).get("quick"))
         out = {"tunings": args.tunings, "namespaces": args.namespaces, "stage2_top": args.stage2_top,
                "workers": args.workers or "default", "cpus": len(os.sched_getaffinity(0)),
                "applied_s": round(applied_s, 2), "all_terminal_s": round(total_s, 1), "terminal": len(done),
@@ -210,7 +218,8 @@ def main(argv: list[str] | None = None) -> int:
                                                    "max": round(delays[-1], 2)},
                "first_phase_within_2s": sum(1 for d in delays if d <= 2.0),
                "queued_with_place": len(queued), "peak_rss_mb": round(sampler.peak), "idle_rss_mb": round(idle_mb),
-               "search_s_mean": round(statistics.mean(searched), 2) if searched else None}
+               "search_s_mean": round(statistics.mean(searched), 2) if searched else None,
+               "searches": len(searched), "quick_at_end": quick}
         print(json.dumps(out, indent=2))
         print(f"\n{args.tunings} tunings: all terminal in {total_s:.1f} s ({total_s / 120:.2f}x the 120 s budget; "
               f"430 s before the pool); peak {sampler.peak:.0f} MB operator + search workers "

@@ -67,13 +67,13 @@ async def start_pools(logger: logging.Logger, **_: Any) -> None:
     # threads) queued them for seconds, and tunings showed no phase for a long while.
     asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=API_THREADS,
                                                                        thread_name_prefix="inferasim-api"))
-    pool = search_pool(SETTINGS.search.workers)
+    pool = search_pool(SETTINGS.search.workers, SETTINGS.search.burst_stage2_top)
     logger.info("search pool: %d worker process(es), time limit %.0f s", pool.size, SETTINGS.search.timeout_s)
 
 
 @kopf.on.cleanup()
 async def stop_pools(**_: Any) -> None:
-    search_pool(SETTINGS.search.workers).close()
+    search_pool(SETTINGS.search.workers, SETTINGS.search.burst_stage2_top).close()
 
 
 @kopf.on.probe(id="tunings")

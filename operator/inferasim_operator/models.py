@@ -209,6 +209,9 @@ class SearchStats(_Wire):
     candidates: int = Field(0, ge=0)
     seconds: float = Field(0.0, ge=0)
     workload: str = Field("", description="The workload searched for, in words.")
+    stage2_top: int | None = Field(None, ge=0, description="Candidates the simulator refined (stage 2).")
+    quick: bool = Field(False, description="Searched under a burst with a smaller stage 2; refined in the "
+                                           "background once the search queue is empty.")
 
 
 class QueueStatus(_Wire):

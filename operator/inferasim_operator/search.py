@@ -188,22 +188,26 @@ def error_summary(exc: BaseException) -> str:
     return " ".join(f"{type(exc).__name__}: {exc}".split())[:500] + where
 
 
-def pool(workers: int = 0) -> SearchPool:
+def pool(workers: int = 0, burst_stage2_top: int = 0) -> SearchPool:
     """The operator's search pool (one per event loop), its workers running :func:`worker_main`."""
-    return shared_pool(worker_main, workers)
+    return shared_pool(worker_main, workers, burst_stage2_top)
 
 
 async def run_search(spec: dict[str, Any], anchor_dirs: list[str], name: str, namespace: str, *,
                      stage2_top: int, timeout_s: float, target_selector: dict[str, Any] | None = None,
-                     tuning: str = "", workers: int = 0, tenant: str = "",
+                     tuning: str = "", workers: int = 0, tenant: str = "", burst_stage2_top: int = 0,
+                     background: bool = False,
                      report: Callable[[int, int, int], Awaitable[None]] | None = None) -> dict[str, Any]:
     """`search_payload` in the operator's bounded search pool (search_pool.py): fair across
     namespaces (``tenant``, default the namespace), identical searches computed once, SearchTimeout
     after ``timeout_s`` of running (the worker is killed), SearchFailed when it raised. ``report``
     is called with (place, waiting, pool size) while the search waits, and (0, ...) when it starts.
-    ``workers``: the pool's size (0: fitted to the CPUs)."""
+    ``workers``: the pool's size (0: fitted to the CPUs). Under a burst the search may run a smaller
+    stage 2 (``burst_stage2_top``; the payload's ``quick`` is then True); a ``background`` search
+    (a refinement) waits until no other does, and is never shortened."""
     fingerprint = await asyncio.to_thread(anchors_fingerprint, anchor_dirs)
     key = search_key(spec, stage2_top, fingerprint)
-    return await pool(workers).search(key=key, tenant=tenant or namespace, search_args=(spec, anchor_dirs, stage2_top),
-                             render_args=(name, namespace, target_selector, tuning), timeout_s=timeout_s,
-                             report=report)
+    return await pool(workers, burst_stage2_top).search(
+        key=key, tenant=tenant or namespace, search_args=(spec, anchor_dirs, stage2_top),
+        render_args=(name, namespace, target_selector, tuning), timeout_s=timeout_s, report=report,
+        background=background)

@@ -212,16 +212,25 @@ class _Request:
     closed: bool = False  # the requester has its answer: no more reports
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     followers: list[_Request] = field(default_factory=list)  # identical searches waiting for this one
+    background: bool = False  # runs only when no other search waits (a refinement)
+    quick: bool = False  # ran with the burst's smaller stage 2
 
 
 class SearchPool:
     """See the module's docstring. One per event loop (:func:`shared_pool`)."""
 
     def __init__(self, target: Target, size: int = 0, *, cache_size: int = 16, backoff_base_s: float = 30.0,
-                 backoff_max_s: float = 1800.0, report_every_s: float = 1.0) -> None:
-        """``target(conn, parent_pid)``: a worker process's main (search.worker_main)."""
+                 backoff_max_s: float = 1800.0, report_every_s: float = 1.0, burst_stage2_top: int = 0,
+                 burst_queue: int = 0) -> None:
+        """``target(conn, parent_pid)``: a worker process's main (search.worker_main). Under a burst
+        (``burst_queue`` or more searches waiting when one starts; default twice the size), a search
+        runs its stage 2 on ``burst_stage2_top`` candidates (0: never): a quick answer now, refined
+        later in the background (the payload says ``quick``)."""
         self.target = target
         self.size = size or default_workers()
+        self.burst_stage2_top = burst_stage2_top
+        self.burst_queue = burst_queue or 2 * self.size
+        self._background: collections.deque[_Request] = collections.deque()
         self.cache_size = cache_size
         self.backoff_base_s, self.backoff_max_s = backoff_base_s, backoff_max_s
         self.report_every_s = report_every_s
@@ -240,8 +249,9 @@ class SearchPool:
     # -- what callers use -------------------------------------------------------------------
 
     async def search(self, *, key: str, tenant: str, search_args: tuple[Any, ...], render_args: tuple[Any, ...],
-                     timeout_s: float, report: Report | None = None) -> dict[str, Any]:
-        """The payload of ``search_args`` rendered with ``render_args``; see the module's docstring."""
+                     timeout_s: float, report: Report | None = None, background: bool = False) -> dict[str, Any]:
+        """The payload of ``search_args`` rendered with ``render_args``; see the module's docstring.
+        ``background``: start only when no other search waits, never shortened by a burst."""
         self._start()
         count, not_before = self._timeouts.get(key, (0, 0.0))
         if count and time.monotonic() < not_before:
@@ -250,7 +260,7 @@ class SearchPool:
             raise SearchTimeout(f"an identical search timed out {count} time(s) in a row; it is not run again for "
                                 f"{wait:.0f} s", retry_in=wait)
         leader = self._leaders.get(key)
-        if key not in self._blobs and leader is not None:
+        if key not in self._blobs and leader is not None and (background or not leader.background):
             # An identical search is waiting or running: wait for it, shown at its place.
             self.stats["coalesced"] += 1
             follower = self._request("follow", key, tenant, (), render_args, timeout_s, report)
@@ -260,19 +270,26 @@ class SearchPool:
                 await asyncio.shield(leader.future)
             finally:
                 await self._close(follower)
-        blob = self._blobs.get(key)
+        # A follower takes what its leader computed, a quick answer too; a new request only a full one.
+        quick = key not in self._blobs and leader is not None and key + "#quick" in self._blobs
+        blob = self._blobs.get(key + "#quick" if quick else key)
         if blob is not None:
-            self._blobs.move_to_end(key)
+            self._blobs.move_to_end(key + "#quick" if quick else key)
             self.stats["reused"] += 1
             req = self._request("render", key, tenant, (blob, search_args[1]), render_args, timeout_s, None)
+            req.quick = quick
             self._renders.append(req)
         else:
             self.stats["searched"] += 1
             req = self._request("search", key, tenant, search_args, render_args, timeout_s, report)
+            req.background = background
             self._leaders[key] = req
-            self._waiting.setdefault(tenant, collections.deque()).append(req)
-            if tenant not in self._turn:
-                self._turn.append(tenant)
+            if background:
+                self._background.append(req)
+            else:
+                self._waiting.setdefault(tenant, collections.deque()).append(req)
+                if tenant not in self._turn:
+                    self._turn.append(tenant)
         self._wake.set()
         if req.kind == "search":
             place = self._place(req)
@@ -288,7 +305,12 @@ class SearchPool:
         return payload
 
     def waiting(self) -> int:
+        """Searches waiting, background ones left out."""
         return sum(len(q) for q in self._waiting.values())
+
+    def idle(self) -> bool:
+        """No search waits or runs: a background refinement may start at once."""
+        return self._busy == 0 and not self.waiting() and not self._background
 
     def close(self) -> None:
         """Stop the slots and kill the workers (a new event loop starts a new pool)."""
@@ -309,7 +331,7 @@ class SearchPool:
         while True:
             row = [q[depth] for q in queues if depth < len(q)]
             if not row:
-                return out
+                return out + list(self._background)
             out.extend(row)
             depth += 1
 
@@ -332,6 +354,8 @@ class SearchPool:
             else:
                 del self._waiting[tenant]
             return req
+        if self._background:
+            return self._background.popleft()
         return None
 
     def _drop(self, req: _Request) -> None:
@@ -346,6 +370,10 @@ class SearchPool:
                     req.future.exception()  # retrieved: followers see it, nobody else must
         if req in self._renders:
             self._renders.remove(req)
+        if req in self._background:
+            self._background.remove(req)
+            if self._leaders.get(req.key) is req:
+                del self._leaders[req.key]
 
     # -- slots and workers ----------------------------------------------------------------------
 
@@ -383,7 +411,14 @@ class SearchPool:
             if worker is not None:
                 worker.kill()
             worker = self._workers[i] = _Worker(self.target)  # from the loop's thread (see _Worker)
-        message = (req.kind, req.args, req.render)
+        args = req.args
+        if (req.kind == "search" and not req.background and self.burst_stage2_top and
+                self.waiting() + 1 >= self.burst_queue and args[2] > self.burst_stage2_top):
+            # A burst: this search runs a smaller stage 2, the rest of the queue sooner.
+            args = (*args[:2], self.burst_stage2_top, *args[3:])
+            req.quick = True
+            self.stats["quick"] += 1
+        message = (req.kind, args, req.render)
         t0 = time.monotonic()
         exc: BaseException | None = None
         answer = None
@@ -412,10 +447,13 @@ class SearchPool:
             if req.kind == "search":
                 self._timeouts.pop(req.key, None)
                 if blob is not None:
-                    self._blobs[req.key] = blob
-                    self._blobs.move_to_end(req.key)
+                    slot = req.key + ("#quick" if req.quick else "")
+                    self._blobs[slot] = blob
+                    self._blobs.move_to_end(slot)
                     while len(self._blobs) > self.cache_size:
                         self._blobs.popitem(last=False)
+                data["stage2_top"] = args[2]
+            data["quick"] = req.quick
             self.stats["seconds"] += int(time.monotonic() - t0)
             self._finish(req, value=(data, blob))
         else:
@@ -466,7 +504,7 @@ class SearchPool:
 _pools: dict[int, SearchPool] = {}
 
 
-def shared_pool(target: Target, size: int = 0) -> SearchPool:
+def shared_pool(target: Target, size: int = 0, burst_stage2_top: int = 0) -> SearchPool:
     """The pool of the running event loop (kopf runs one; tests start a loop per asyncio.run: the
     pool of a loop that is gone is closed, its workers killed)."""
     loop = asyncio.get_running_loop()
@@ -474,5 +512,5 @@ def shared_pool(target: Target, size: int = 0) -> SearchPool:
     if pool is None:
         for other in list(_pools):
             _pools.pop(other).close()
-        pool = _pools[id(loop)] = SearchPool(target, size)
+        pool = _pools[id(loop)] = SearchPool(target, size, burst_stage2_top=burst_stage2_top)
     return pool

@@ -169,3 +169,43 @@ def test_workers_die_with_the_operator(tmp_path: Path) -> None:
     finally:
         if owner.poll() is None:
             owner.kill()
+
+
+def test_a_burst_runs_quick_searches_and_background_ones_wait(tmp_path: Path) -> None:
+    """Under a burst a search runs a smaller stage 2 (quick); a background refinement starts only
+    when no other search waits, and is never shortened."""
+    order: list[str] = []
+
+    async def main() -> dict[str, dict[str, Any]]:
+        pool = SearchPool(worker_main, 1, burst_stage2_top=1, burst_queue=2)
+        try:
+            async def one(name: str, rate: float, background: bool = False) -> tuple[str, dict[str, Any]]:
+                spec = spec_dict(workload={"static": {"kind": "poisson", "requestRate": rate, "inputTokens": 256,
+                                                      "outputTokens": 64}})
+
+                async def report(place: int, waiting: int, workers: int) -> None:
+                    if place == 0:
+                        order.append(name)
+
+                key = search_key(spec, 3, [])
+                out = await pool.search(key=key, tenant="ns", search_args=(spec, [str(tmp_path)], 3),
+                                        render_args=(name, "ns", None, name), timeout_s=240, report=report,
+                                        background=background)
+                return name, out
+
+            tasks = [asyncio.create_task(one("n0", 1.0))]
+            await asyncio.sleep(0.3)  # n0 runs
+            tasks += [asyncio.create_task(one("bg", 9.0, background=True))]
+            await asyncio.sleep(0.05)
+            tasks += [asyncio.create_task(one(f"n{i}", 1.0 + i)) for i in (1, 2)]
+            return dict(await asyncio.gather(*tasks))
+        finally:
+            pool.close()
+
+    out = asyncio.run(main())
+    # The background search was asked for before n1 and n2, and ran after them, in full.
+    assert order == ["n0", "n1", "n2", "bg"], order
+    assert out["bg"]["quick"] is False and out["bg"]["stage2_top"] == 3
+    # n1 started while n2 waited (a burst for this pool): shortened; n0 and n2 ran alone: in full.
+    assert out["n1"]["quick"] is True and out["n1"]["stage2_top"] == 1
+    assert [out[n]["quick"] for n in ("n0", "n2")] == [False, False]

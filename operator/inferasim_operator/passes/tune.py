@@ -43,6 +43,8 @@ from inferasim_operator.results import (
     shortlist_of,
 )
 from inferasim_operator.search import SearchFailed, SearchTimeout, run_search
+from inferasim_operator.search import pool as search_pool
+from inferasim_operator.search_pool import default_workers
 from inferasim_operator.settings import Settings, backoff
 from inferasim_operator.spec_rules import parse_duration, parse_tuning_spec, render_name
 from inferasim_operator.state import MEMO
@@ -118,7 +120,7 @@ async def observe_workload(spec: TuningSpec, book: StatusBook, body: dict[str, A
 
 
 async def reconcile(body: dict[str, Any], kube: Kube, settings: Settings, *, trigger: str, reason: str,
-                    force: bool = False) -> str:
+                    force: bool = False, background: bool = False) -> str:
     """One full pass for a ServingTuning. Returns what happened (for logs and tests).
 
     Raises kopf.TemporaryError (retry with backoff: workload not observed, search timed out) and
@@ -141,7 +143,7 @@ async def reconcile(body: dict[str, Any], kube: Kube, settings: Settings, *, tri
             metrics.RECONCILES.labels(trigger=trigger, result="skipped").inc()
             return "skipped"
         try:
-            result = await run_pass(body, book, kube, settings, reason)
+            result = await run_pass(body, book, kube, settings, reason, background=background)
         except kopf.TemporaryError:
             metrics.RECONCILES.labels(trigger=trigger, result="retry").inc()
             raise
@@ -231,7 +233,7 @@ async def search_gave_out(body: dict[str, Any], book: StatusBook, kube: Kube, se
 
 
 async def run_pass(body: dict[str, Any], book: StatusBook, kube: Kube, settings: Settings, reason: str,
-                   depth: int = 0) -> str:
+                   depth: int = 0, background: bool = False) -> str:
     """The pass itself, steps 1 to 7, inside the lock :func:`reconcile` holds (no guard: the caller's
     guard turns what it raises into a condition). ``depth`` 1 is the one search again after anchors
     were imported mid-pass."""
@@ -244,6 +246,14 @@ async def run_pass(body: dict[str, Any], book: StatusBook, kube: Kube, settings:
                                  event="InvalidSpec") from None
     post_event(body, "Normal", "Tuning", f"tuning started: {reason}")
     has_rec = bool(book.get("recommendation"))
+    if not book.get("phase"):
+        # A new tuning shows a phase at once (100 applied together waited seconds for their first
+        # status): Queued, at the place it would take in the search queue now; the pool corrects it.
+        waiting = search_pool(settings.search.workers, settings.search.burst_stage2_top).waiting() + 1
+        book.set(phase="Queued", message=f"queued ({reason})",
+                 queue={"position": waiting, "length": waiting, "workers": max(1, settings.search.workers or
+                                                                               default_workers())})
+        await book.flush()
     if has_rec and book.get("observedGeneration") != gen:
         # The spec changed: until this pass publishes, the recommendation in status is the last
         # spec's. Say so (a pass that fails keeps it, and GitOps keeps its ConfigMap), and stop the
@@ -304,6 +314,7 @@ async def run_pass(body: dict[str, Any], book: StatusBook, kube: Kube, settings:
         payload = await run_search(spec_dict, anchor_dirs(settings), name, book.namespace,
                                    stage2_top=settings.search.stage2_top, timeout_s=settings.search.timeout_s,
                                    target_selector=selector, tuning=book.name, workers=settings.search.workers,
+                                   burst_stage2_top=settings.search.burst_stage2_top, background=background,
                                    report=report)
     except SearchTimeout as exc:
         metrics.SEARCH_FAILURES.labels(reason="timeout").inc()
@@ -348,7 +359,7 @@ async def run_pass(body: dict[str, Any], book: StatusBook, kube: Kube, settings:
         # search again with it rather than publish an unanchored result.
         await book.flush()
         return await run_pass(body, book, kube, settings, f"{reason}; {imported} harvested anchor(s) imported",
-                              depth + 1)
+                              depth + 1, background)
     if harvesting:
         book.condition("AnchorsReady", "False", "Harvesting",
                        f"{len(harvesting)} anchor(s) being harvested: " + ", ".join(h.job for h in harvesting))
@@ -401,14 +412,17 @@ async def run_pass(body: dict[str, Any], book: StatusBook, kube: Kube, settings:
                            f"{rec.engine} {rec.precision} {rec.layout_label} x{rec.replicas} ({rec.gpus} GPUs): "
                            f"{_fmt(rec.predicted.throughput_per_gpu)} tok/s/GPU predicted; "
                            f"{payload['candidates']} candidates in {seconds:.1f} s"
-                           + ("; anchors being harvested" if harvesting else ""))
+                           + ("; anchors being harvested" if harvesting else "")
+                           + (f"; a quick search under load (stage 2 on {payload.get('stage2_top')} candidates), "
+                              "refined when the search queue is empty" if payload.get("quick") else ""))
         entry.engine, entry.layout_label, entry.gpus = rec.engine, rec.layout_label, rec.gpus
         entry.throughput_per_gpu = rec.predicted.throughput_per_gpu
         book.set(recommendation=dump(rec), shortlist=[dump(c) for c in shortlist])
     history = [dump(entry), *(book.get("history") or [])][:HISTORY_SIZE]
     book.set(history=history, lastTuneTime=now_iso(), observedGeneration=gen, retries=0,
              search={"candidates": payload["candidates"], "seconds": round(seconds, 3),
-                     "workload": payload["workload"]})
+                     "workload": payload["workload"], "stage2Top": payload.get("stage2_top"),
+                     "quick": bool(payload.get("quick"))})
     if (book.cond("Degraded") or {}).get("status") == "True":
         book.condition("Degraded", "False", "PassCompleted", "the last pass completed")
 
