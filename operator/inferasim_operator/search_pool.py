@@ -231,6 +231,7 @@ class SearchPool:
         self.burst_stage2_top = burst_stage2_top
         self.burst_queue = burst_queue or 2 * self.size
         self._background: collections.deque[_Request] = collections.deque()
+        self._burst = False
         self.cache_size = cache_size
         self.backoff_base_s, self.backoff_max_s = backoff_base_s, backoff_max_s
         self.report_every_s = report_every_s
@@ -412,8 +413,15 @@ class SearchPool:
                 worker.kill()
             worker = self._workers[i] = _Worker(self.target)  # from the loop's thread (see _Worker)
         args = req.args
-        if (req.kind == "search" and not req.background and self.burst_stage2_top and
-                self.waiting() + 1 >= self.burst_queue and args[2] > self.burst_stage2_top):
+        if req.kind == "search" and not req.background:
+            # A burst begins when burst_queue searches wait, and lasts until the pool is idle again
+            # (the tail of a burst would otherwise run full stage 2s, one slow search after another).
+            if self.waiting() + 1 >= self.burst_queue:
+                self._burst = True
+            elif not self.waiting() and self._busy <= 1:
+                self._burst = False
+        if (req.kind == "search" and not req.background and self.burst_stage2_top and self._burst and
+                args[2] > self.burst_stage2_top):
             # A burst: this search runs a smaller stage 2, the rest of the queue sooner.
             args = (*args[:2], self.burst_stage2_top, *args[3:])
             req.quick = True

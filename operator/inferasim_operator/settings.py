@@ -78,7 +78,7 @@ class SearchSettings:
     # Under a burst (twice as many searches waiting as run at once) a search simulates this many
     # candidates in stage 2 instead of stage2_top: Recommended soon (the status says quick), then
     # refined with the full stage 2 in the background once the queue is empty. 0: never shortened.
-    burst_stage2_top: int = 5
+    burst_stage2_top: int = 3
 
 
 @dataclass
