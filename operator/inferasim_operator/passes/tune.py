@@ -44,7 +44,6 @@ from inferasim_operator.results import (
 )
 from inferasim_operator.search import SearchFailed, SearchTimeout, run_search
 from inferasim_operator.search import pool as search_pool
-from inferasim_operator.search_pool import default_workers
 from inferasim_operator.settings import Settings, backoff
 from inferasim_operator.spec_rules import parse_duration, parse_tuning_spec, render_name
 from inferasim_operator.state import MEMO
@@ -128,6 +127,8 @@ async def reconcile(body: dict[str, Any], kube: Kube, settings: Settings, *, tri
     body = json.loads(json.dumps(dict(body)))  # a plain copy: kopf bodies are live views
     meta = body["metadata"]
     uid = meta.get("uid", f"{meta['namespace']}/{meta['name']}")
+    if trigger == "create" and not (body.get("status") or {}).get("phase") and not MEMO.lock(uid).locked():
+        await show_queued(body, kube, settings)
     async with MEMO.lock(uid):
         # A handler retried after a restart may find the work done by an earlier run.
         # Spec, status and generation are read together, inside the lock: a timer pass that captured
@@ -155,6 +156,21 @@ async def reconcile(body: dict[str, Any], kube: Kube, settings: Settings, *, tri
             raise await pass_failed(body, book, kube, settings, exc) from exc
         metrics.RECONCILES.labels(trigger=trigger, result=result).inc()
         return result
+
+
+async def show_queued(body: dict[str, Any], kube: Kube, settings: Settings) -> None:
+    """A new tuning shows a phase at once, before anything else of its pass (100 applied together
+    waited seconds for their first status): Queued, at the place it would take in the search queue
+    now (the pool corrects it). Only phase, queue and message: a merge patch of these clobbers nothing."""
+    pool = search_pool(settings.search.workers, settings.search.burst_stage2_top)
+    place = pool.waiting() + 1
+    patch = {"phase": "Queued", "message": "queued for its first pass",
+             "queue": {"position": place, "length": place, "workers": pool.size}}
+    meta = body["metadata"]
+    try:
+        await asyncio.to_thread(kube.patch_tuning_status, meta["namespace"], meta["name"], patch)
+    except ApiException as exc:  # the pass itself writes the status again, and reports what fails
+        log.warning("%s/%s: cannot show phase Queued: HTTP %s", meta["namespace"], meta["name"], exc.status)
 
 
 def _summary(exc: BaseException) -> str:
@@ -246,14 +262,7 @@ async def run_pass(body: dict[str, Any], book: StatusBook, kube: Kube, settings:
                                  event="InvalidSpec") from None
     post_event(body, "Normal", "Tuning", f"tuning started: {reason}")
     has_rec = bool(book.get("recommendation"))
-    if not book.get("phase"):
-        # A new tuning shows a phase at once (100 applied together waited seconds for their first
-        # status): Queued, at the place it would take in the search queue now; the pool corrects it.
-        waiting = search_pool(settings.search.workers, settings.search.burst_stage2_top).waiting() + 1
-        book.set(phase="Queued", message=f"queued ({reason})",
-                 queue={"position": waiting, "length": waiting, "workers": max(1, settings.search.workers or
-                                                                               default_workers())})
-        await book.flush()
+
     if has_rec and book.get("observedGeneration") != gen:
         # The spec changed: until this pass publishes, the recommendation in status is the last
         # spec's. Say so (a pass that fails keeps it, and GitOps keeps its ConfigMap), and stop the
