@@ -232,9 +232,15 @@ async def search_gave_out(body: dict[str, Any], book: StatusBook, kube: Kube, se
     if retries >= settings.search.max_failures:
         why = (f"{what}; gave up after {retries} failed search(es) in a row: edit the spec (fewer engines, "
                f"precisions or GPUs) or raise the operator's search time limit ({settings.search.timeout_s:.0f} s)")
-        book.condition("Recommended", "False", reason, why)
         # retries 0: the timer's retry of failed passes leaves it alone (an edit starts a new pass).
-        book.set(phase="Failed", retries=0, message=why[:1000], observedGeneration=book.generation)
+        if book.get("recommendation") and book.get("observedGeneration") == book.generation:
+            # A refinement (or re-tune) of a spec that has its recommendation: that one stands, and
+            # is not refined again.
+            book.set(retries=0, message=why[:1000], search={**(book.get("search") or {}), "quick": False})
+            book.condition("Degraded", "True", reason, why)
+        else:
+            book.condition("Recommended", "False", reason, why)
+            book.set(phase="Failed", retries=0, message=why[:1000], observedGeneration=book.generation)
         await book.flush()
         post_event(body, "Warning", reason, why)
         return kopf.PermanentError(why)
