@@ -157,3 +157,27 @@ def test_tunings_applied_together_show_queued_with_their_places(cluster: Any, op
         assert any(len(p) > 1 and min(p) < max(p) for p in places.values()), places
         for t in custom.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL)["items"]:
             assert "queue" not in t["status"] and t["status"]["phase"] == "Recommended"
+
+
+def test_objects_without_the_operators_label_are_left_alone(cluster: Any, operator_kubeconfig: Path,
+                                                            tmp_path: Path) -> None:
+    """A ConfigMap of the recommendation's name that someone else made: the operator does not
+    overwrite it (its Role would let it), says so (Degraded, NotManaged), and leaves it as it was."""
+    from kubernetes import client
+
+    ns = f"owned-{uuid.uuid4().hex[:6]}"
+    core, custom = client.CoreV1Api(cluster.api), client.CustomObjectsApi(cluster.api)
+    with operator_over(cluster.api, operator_kubeconfig, [ns], ns, {}, tmp_path):
+        core.create_namespaced_config_map(ns, {"metadata": {"name": "mine-recommendation"},
+                                               "data": {"owner": "someone else"}})
+        custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, tuning(ns, "mine"))
+
+        def degraded() -> dict[str, Any] | None:
+            st = custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, "mine").get("status") or {}
+            return next((c for c in st.get("conditions") or [] if c["type"] == "Degraded"
+                         and c["status"] == "True"), None)
+
+        cond = wait_until(degraded, 120, "Degraded=True on the tuning")
+        assert cond["reason"] == "NotManaged" and "mine-recommendation" in cond["message"], cond
+        cm = core.read_namespaced_config_map("mine-recommendation", ns)
+        assert cm.data == {"owner": "someone else"} and not (cm.metadata.labels or {})
