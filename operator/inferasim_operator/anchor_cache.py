@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from pathlib import Path
 
 from inferasim.live import search_view
@@ -64,9 +65,23 @@ def _sync_anchor_files(kube: Kube, cache: Path, shipped: list[str] | None = None
     return len(wanted)
 
 
+_last_sync: tuple[float, int] = (-1.0, 0)  # (when the last sync started, anchors it wrote)
+
+
 async def sync_anchors(kube: Kube, settings: Settings) -> int:
+    """Write the cluster's ServingAnchors into the cache folder. Passes that arrive together share
+    one sync: a sync that started after a caller arrived covers it (100 tunings applied at once
+    listed the ServingAnchors 100 times, one after the other)."""
+    global _last_sync
+    arrived = time.monotonic()
     async with _anchor_sync_lock:
-        return await asyncio.to_thread(_sync_anchor_files, kube, Path(settings.anchors.cache), settings.anchors.dirs)
+        started, count = _last_sync
+        if started >= arrived:
+            return count
+        started = time.monotonic()
+        count = await asyncio.to_thread(_sync_anchor_files, kube, Path(settings.anchors.cache), settings.anchors.dirs)
+        _last_sync = (started, count)
+        return count
 
 
 def anchor_dirs(settings: Settings) -> list[str]:

@@ -1,7 +1,7 @@
 """The CRDs, generated from the pydantic models: `python -m inferasim_operator.crds` (`make crds`).
 
 Writes `crds/` at the repository root and the Helm chart's `charts/inferasim-operator/crds/` (and
-the chart's ClusterRole rules, `files/clusterrole-rules.yaml`, from inferasim_operator.rbac);
+the chart's RBAC rules, `files/*-rules.yaml`, from inferasim_operator.rbac);
 `--check` exits 1 when the files on disk differ from what the models generate (tests run it).
 
 Schema sources: ServingTuning `spec` = :class:`inferasim.core.spec.TuningSpec`, `status` =
@@ -136,10 +136,12 @@ def rendered() -> dict[str, str]:
     return out
 
 
-def rules_text() -> str:
-    from inferasim_operator.rbac import RULES
+def rules_text(file_name: str = "clusterrole-rules.yaml") -> str:
+    from inferasim_operator.rbac import RULE_FILES
 
-    return HEADER.replace("CRDs", "ClusterRole rules") + yaml.safe_dump(RULES, sort_keys=False, width=120)
+    what = {"clusterrole-rules.yaml": "ClusterRole rules", "namespace-rules.yaml": "Role rules (watched namespaces)",
+            "operator-namespace-rules.yaml": "Role rules (the operator's namespace)"}[file_name]
+    return HEADER.replace("CRDs", what) + yaml.safe_dump(RULE_FILES[file_name], sort_keys=False, width=120)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -166,13 +168,17 @@ def main(argv: list[str] | None = None) -> int:
                     stale.append(f"{extra} (not generated)")
                 else:
                     extra.unlink()
-    if not args.out:  # the chart's ClusterRole rules come from inferasim_operator.rbac as well
-        if args.check:
-            if not RULES_FILE.exists() or RULES_FILE.read_text() != rules_text():
-                stale.append(str(RULES_FILE))
-        else:
-            RULES_FILE.parent.mkdir(parents=True, exist_ok=True)
-            RULES_FILE.write_text(rules_text())
+    if not args.out:  # the chart's RBAC rules come from inferasim_operator.rbac as well
+        from inferasim_operator.rbac import RULE_FILES
+
+        for file_name in RULE_FILES:
+            path = RULES_FILE.parent / file_name
+            if args.check:
+                if not path.exists() or path.read_text() != rules_text(file_name):
+                    stale.append(str(path))
+            else:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(rules_text(file_name))
     if stale:
         print("CRDs out of date with the pydantic models (run `make crds`): " + ", ".join(stale), file=sys.stderr)
         return 1

@@ -8,8 +8,10 @@ import, since kopf registers it then.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import kopf
@@ -18,9 +20,11 @@ from inferasim_operator import metrics, state
 from inferasim_operator.kube import Kube, load_config
 from inferasim_operator.models import GROUP, TUNING_PLURAL, VERSION
 from inferasim_operator.passes import timer, tune
+from inferasim_operator.search import pool as search_pool
 from inferasim_operator.settings import Settings
 
 SETTINGS = Settings.from_env()
+API_THREADS = 64
 _kube: Kube | None = None
 
 
@@ -39,7 +43,11 @@ def configure(settings: kopf.OperatorSettings, logger: logging.Logger, **_: Any)
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="inferasim.io")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix="inferasim.io", key="last-handled-configuration")
-    settings.posting.level = logging.INFO
+    # kopf's own log lines as Events only from WARNING: at INFO every handler and timer run posted one
+    # ("Handler 'on_create' succeeded", "Timer 'retune_timer' succeeded" every period for every tuning),
+    # which under 100 tunings kept the API server and the event loop busy. The operator's own Events
+    # (kopf.event, status.post_event) are posted as before.
+    settings.posting.level = logging.WARNING
     # One replica (the chart's Deployment) and no peering CRD to install.
     settings.peering.standalone = True
     settings.watching.server_timeout = 300
@@ -55,6 +63,21 @@ def configure(settings: kopf.OperatorSettings, logger: logging.Logger, **_: Any)
     kube()
     logger.info("inferasim operator: anchors %s + cluster ServingAnchors; timer %.1f s; search limit %.0f s",
                 SETTINGS.anchors.dirs, SETTINGS.timer.interval_s, SETTINGS.search.timeout_s)
+
+
+@kopf.on.startup()
+async def start_pools(logger: logging.Logger, **_: Any) -> None:
+    # Blocking API calls run in threads: with 100 tunings applied at once, the default pool (CPUs + 4
+    # threads) queued them for seconds, and tunings showed no phase for a long while.
+    asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=API_THREADS,
+                                                                       thread_name_prefix="inferasim-api"))
+    pool = search_pool(SETTINGS.search.workers, SETTINGS.search.burst_stage2_top)
+    logger.info("search pool: %d worker process(es), time limit %.0f s", pool.size, SETTINGS.search.timeout_s)
+
+
+@kopf.on.cleanup()
+async def stop_pools(**_: Any) -> None:
+    search_pool(SETTINGS.search.workers, SETTINGS.search.burst_stage2_top).close()
 
 
 @kopf.on.probe(id="tunings")

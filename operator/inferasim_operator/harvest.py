@@ -13,8 +13,8 @@ from typing import Any
 
 from inferasim.core.spec import TuningSpec
 from inferasim.model.anchors import Anchor
+from inferasim_operator import harvest_lock, metrics
 from inferasim_operator import kube as kube_mod
-from inferasim_operator import metrics
 from inferasim_operator.harvest_job import (
     JOB_TTL_AFTER_FINISHED_S,
     HarvestTarget,
@@ -26,7 +26,7 @@ from inferasim_operator.harvest_job import (
     terminated_message,
 )
 from inferasim_operator.kube import ApiException, Kube
-from inferasim_operator.models import LABEL_ANCHOR, Harvest, LayoutStatus, MissingAnchor
+from inferasim_operator.models import Harvest, LayoutStatus, MissingAnchor
 from inferasim_operator.settings import Settings
 from inferasim_operator.status import StatusBook, post_event
 from inferasim_operator.times import RFC3339, age_s, now_iso
@@ -133,8 +133,12 @@ async def plan_harvests(body: dict[str, Any], spec: TuningSpec, missing: list[di
         lay = LayoutStatus.model_validate(target.layout.as_dict())
         entry = MissingAnchor(engine=target.engine, model=target.model, gpu=target.gpu, precision=target.precision,
                               layout=lay, gpu_hours=round(target.gpu_hours, 4))
-        # One Job per anchor in the whole cluster, whoever started it, across operator restarts.
-        jobs = await asyncio.to_thread(kube.list_jobs, f"{LABEL_ANCHOR}={target.key}")
+        # One Job per anchor in the whole cluster, whoever started it, across operator restarts: the
+        # anchor's Lease in the operator's namespace names it (harvest_lock.py).
+        lock_ns = settings.prices.namespace
+        found, _ = await asyncio.to_thread(harvest_lock.find_job, kube, lock_ns, target.key, book.namespace,
+                                               target.job_name)
+        jobs = [found] if found is not None else []
         if jobs:
             job = sorted(jobs, key=lambda j: j["metadata"]["name"])[0]
             state = job_state(job)
@@ -153,6 +157,7 @@ async def plan_harvests(body: dict[str, Any], spec: TuningSpec, missing: list[di
                     entry.reason = f"harvest.allowed is false: harvest Job {where} is left to the other tunings"
                 else:
                     await asyncio.to_thread(kube.delete_job, job_ns, job_name)
+                    await asyncio.to_thread(harvest_lock.release, kube, lock_ns, target.key, job_ns, job_name)
                     post_event(body, "Normal", "HarvestStopped", f"Job {where} deleted: harvest.allowed is false")
                     entry.reason = (f"harvest.allowed is false: its harvest Job {where} was deleted; predictions "
                                     "are unanchored")
@@ -203,6 +208,21 @@ async def plan_harvests(body: dict[str, Any], spec: TuningSpec, missing: list[di
             missing_out.append(entry)
             continue
         kube_mod.own(job, body)
+        if not await asyncio.to_thread(harvest_lock.claim, kube, lock_ns, target.key, book.namespace,
+                                       job["metadata"]["name"], owner):
+            # Another tuning (maybe of another namespace) won the anchor a moment ago and is creating
+            # its Job: wait for that one, named by the anchor's Lease.
+            lease = await asyncio.to_thread(kube.get_lease, lock_ns, harvest_lock.lease_name(target.key))
+            jns, jname = harvest_lock.job_ref(lease)
+            if not jns:
+                entry.reason = "another tuning is starting the harvest of this anchor"
+                missing_out.append(entry)
+                continue
+            entry.reason = f"being harvested by Job {jns}/{jname} (started by {harvest_lock.holder(lease)})"
+            missing_out.append(entry)
+            harvesting.append(Harvest(job=jname, job_namespace=jns, engine=target.engine, precision=target.precision,
+                                      layout=lay, gpu_hours=0.0, state="Pending", started=now_iso()))
+            continue
         created = await asyncio.to_thread(kube.create_job, job)
         if created:
             used += limits.budget_gpu_hours
@@ -227,6 +247,12 @@ async def refresh_harvests(body: dict[str, Any], book: StatusBook, kube: Kube) -
     owner = f"{book.namespace}/{book.name}"
     for h in anchors.get("harvesting") or []:
         job = await asyncio.to_thread(kube.get_job, h.get("jobNamespace") or book.namespace, h["job"])
+        if job is None and (age_s(h.get("started")) or 0.0) < harvest_lock.STALE_S and \
+                (h.get("jobNamespace") or book.namespace) != book.namespace:
+            # Another tuning won the anchor's Lease and is creating this Job now.
+            active += 1
+            out.append(h)
+            continue
         if job is None:
             failed += 1
             post_event(body, "Warning", "HarvestFailed", f"Job {h['job']} disappeared")

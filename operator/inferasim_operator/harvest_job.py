@@ -37,6 +37,7 @@ from inferasim.model.memory import start_max_model_len
 from inferasim.model.predictor import benchmark_kv_dtype
 from inferasim.render import gpu_node_placement, render_deployment
 from inferasim_operator.models import LABEL_ANCHOR, LABEL_KIND, LABEL_MANAGED, LABEL_TUNING, MANAGER, label_value
+from inferasim_operator.pod_security import harden_pod
 
 MESSAGE_PREFIX = "inferasim-anchor/v1:"
 # The kubelet keeps at most 4096 bytes of a container's termination message.
@@ -183,6 +184,14 @@ def build_job(target: HarvestTarget, policy: HarvestPolicy, limits: JobLimits, *
     labels = {LABEL_MANAGED: MANAGER, LABEL_TUNING: label_value(tuning), LABEL_ANCHOR: target.key,
               LABEL_KIND: "harvest", "inferasim.io/engine": target.engine}
     pod_volumes = list(pod_spec["volumes"])
+    template_spec = harden_pod({
+        "restartPolicy": "Never",
+        "containers": [engine, harvester],
+        "volumes": [*pod_volumes, {"name": "harvest", "emptyDir": {}}],
+        **placement,
+        "tolerations": tolerations,
+        "terminationGracePeriodSeconds": 30,
+    }, non_root={HARVEST_CONTAINER})  # the pod talks to nothing but its own engine: no API token in it
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -200,19 +209,7 @@ def build_job(target: HarvestTarget, policy: HarvestPolicy, limits: JobLimits, *
             # operator ample time to import a succeeded one.
             "ttlSecondsAfterFinished": JOB_TTL_AFTER_FINISHED_S,
             "backoffLimit": limits.backoff_limit,
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "restartPolicy": "Never",
-                    # The pod talks to nothing but its own engine: no API token in it.
-                    "automountServiceAccountToken": False,
-                    "containers": [engine, harvester],
-                    "volumes": [*pod_volumes, {"name": "harvest", "emptyDir": {}}],
-                    **placement,
-                    "tolerations": tolerations,
-                    "terminationGracePeriodSeconds": 30,
-                },
-            },
+            "template": {"metadata": {"labels": labels}, "spec": template_spec},
         },
     }
 

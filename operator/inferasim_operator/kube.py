@@ -3,15 +3,44 @@ callers run them with asyncio.to_thread). Objects go in and come out as plain di
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from inferasim_operator.models import ANCHOR_PLURAL, GROUP, TUNING_PLURAL, VERSION
+from inferasim.errors import InferasimError
+from inferasim_operator.models import ANCHOR_PLURAL, GROUP, LABEL_MANAGED, MANAGER, TUNING_PLURAL, VERSION
 
-__all__ = ["ApiException", "Kube", "load_config"]
+__all__ = ["ApiException", "Kube", "NotManaged", "load_config", "managed"]
+
+log = logging.getLogger("inferasim_operator")
+
+
+class NotManaged(InferasimError):
+    """An object the operator would patch or delete exists and does not carry its label
+    (app.kubernetes.io/managed-by=inferasim-operator): it is left alone. Roles cannot say "only
+    objects with this label", so the operator checks before it changes anything."""
+
+
+def managed(obj: dict[str, Any] | None) -> bool:
+    """Whether ``obj`` carries the operator's own label."""
+    labels = ((obj or {}).get("metadata") or {}).get("labels") or {}
+    return labels.get(LABEL_MANAGED) == MANAGER
+
+
+def _refuse(kind: str, namespace: str, name: str) -> NotManaged:
+    where = f"{namespace}/{name}" if namespace else name
+    return NotManaged(f"{kind} {where} exists and is not the operator's (no label {LABEL_MANAGED}={MANAGER}): "
+                      "left alone; rename or delete it, or give the tuning another name")
+
+
+def _preconditions(obj: dict[str, Any]) -> client.V1DeleteOptions:
+    """Delete exactly the object that was checked (not one recreated under its name meanwhile)."""
+    meta = obj.get("metadata") or {}
+    return client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=meta.get("uid"),
+                                                                       resource_version=meta.get("resourceVersion")))
 
 
 def without_empty_strings(obj: Any, *, patch: bool) -> Any:
@@ -73,6 +102,10 @@ def load_config() -> None:
         config.load_incluster_config()
     except config.ConfigException:
         config.load_kube_config()
+    # Connections kept per host: the operator calls the API from up to 64 threads (handlers.py).
+    cfg = client.Configuration.get_default_copy()
+    cfg.connection_pool_maxsize = 64
+    client.Configuration.set_default(cfg)
 
 
 class Kube:
@@ -82,6 +115,7 @@ class Kube:
         self.core = client.CoreV1Api(self.api)
         self.batch = client.BatchV1Api(self.api)
         self.apps = client.AppsV1Api(self.api)
+        self.coordination = client.CoordinationV1Api(self.api)
 
     def _dict(self, obj: Any) -> dict[str, Any]:
         return obj if isinstance(obj, dict) else self.api.sanitize_for_serialization(obj)
@@ -131,6 +165,10 @@ class Kube:
         if self.create_anchor(body):
             return True
         meta = body["metadata"]
+        current = self.get_anchor(meta["name"])
+        if current is not None and not managed(current):
+            raise _refuse("ServingAnchor", "", meta["name"])
+        old = old if old is not None else current
         patch = {"metadata": {"labels": meta.get("labels", {}), "annotations": meta.get("annotations", {})},
                  "spec": merge_patch_to(((old or {}).get("spec") or {}), body["spec"])}
         self.custom.patch_cluster_custom_object(GROUP, VERSION, ANCHOR_PLURAL, meta["name"],
@@ -138,6 +176,8 @@ class Kube:
         return False
 
     def patch_anchor_status(self, name: str, status: dict[str, Any]) -> None:
+        if not managed(self.get_anchor(name)):
+            raise _refuse("ServingAnchor", "", name)
         self.custom.patch_cluster_custom_object_status(GROUP, VERSION, ANCHOR_PLURAL, name,
                                                        {"status": without_empty_strings(status, patch=True)})
 
@@ -145,10 +185,6 @@ class Kube:
 
     def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self._read(self.batch.read_namespaced_job, name, namespace)
-
-    def list_jobs(self, label_selector: str) -> list[dict[str, Any]]:
-        """Jobs with these labels in every namespace (one anchor is harvested once per cluster)."""
-        return [self._dict(j) for j in self.batch.list_job_for_all_namespaces(label_selector=label_selector).items]
 
     def create_job(self, body: dict[str, Any]) -> bool:
         try:
@@ -161,17 +197,58 @@ class Kube:
 
     def set_job_owners(self, namespace: str, name: str, owners: list[dict[str, Any]]) -> None:
         """Replace a Job's ownerReferences (a merge patch replaces the list whole)."""
+        if not managed(self.get_job(namespace, name)):
+            raise _refuse("Job", namespace, name)
         self.batch.patch_namespaced_job(name, namespace, {"metadata": {"ownerReferences": owners}})
 
     def delete_job(self, namespace: str, name: str) -> bool:
         """Delete a Job and its pods (background propagation); False when there was none."""
+        job = self.get_job(namespace, name)
+        if job is None:
+            return False
+        if not managed(job):
+            raise _refuse("Job", namespace, name)
         try:
-            self.batch.delete_namespaced_job(name, namespace, propagation_policy="Background")
+            self.batch.delete_namespaced_job(name, namespace, propagation_policy="Background",
+                                             body=_preconditions(job))
             return True
         except ApiException as exc:
             if exc.status != 404:
                 raise
             return False
+
+    # -- harvest locks (Leases in the operator's namespace, harvest_lock.py) ------------------------
+
+    def get_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self._read(self.coordination.read_namespaced_lease, name, namespace)
+
+    def create_lease(self, body: dict[str, Any]) -> bool:
+        """True when created, False when one of that name exists."""
+        try:
+            self.coordination.create_namespaced_lease(body["metadata"]["namespace"], body)
+            return True
+        except ApiException as exc:
+            if exc.status == 409:
+                return False
+            raise
+
+    def replace_lease(self, body: dict[str, Any]) -> bool:
+        """Replace a Lease at the resourceVersion in ``body``; False when it changed meanwhile (409)."""
+        meta = body["metadata"]
+        try:
+            self.coordination.replace_namespaced_lease(meta["name"], meta["namespace"], body)
+            return True
+        except ApiException as exc:
+            if exc.status in (404, 409):
+                return False
+            raise
+
+    def delete_lease(self, namespace: str, name: str) -> None:
+        try:
+            self.coordination.delete_namespaced_lease(name, namespace)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
 
     def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
         return [self._dict(p) for p in self.core.list_namespaced_pod(namespace, label_selector=label_selector).items]
@@ -185,15 +262,24 @@ class Kube:
         except ApiException as exc:
             if exc.status != 409:
                 raise
+            if not managed(self.get_config_map(ns, name)):
+                raise _refuse("ConfigMap", ns, name) from None
             self.core.patch_namespaced_config_map(name, ns, {"metadata": {"labels": body["metadata"].get("labels", {}),
                                                                           "annotations":
                                                                               body["metadata"].get("annotations", {})},
                                                              "data": body["data"]})
 
     def delete_config_map(self, namespace: str, name: str) -> bool:
-        """Delete a ConfigMap; False when there was none."""
+        """Delete the operator's ConfigMap; False when there was none (or one that is not the operator's:
+        left alone, with a warning)."""
+        cm = self.get_config_map(namespace, name)
+        if cm is None:
+            return False
+        if not managed(cm):
+            log.warning("%s", _refuse("ConfigMap", namespace, name))
+            return False
         try:
-            self.core.delete_namespaced_config_map(name, namespace)
+            self.core.delete_namespaced_config_map(name, namespace, body=_preconditions(cm))
             return True
         except ApiException as exc:
             if exc.status != 404:
@@ -205,15 +291,30 @@ class Kube:
         """Delete the Deployments matching `label_selector` whose names are not in `keep`; their names."""
         gone = []
         for d in self.apps.list_namespaced_deployment(namespace, label_selector=label_selector).items:
-            if d.metadata.name in keep:
+            if d.metadata.name in keep or not managed(self._dict(d)):
                 continue
             try:
-                self.apps.delete_namespaced_deployment(d.metadata.name, namespace)
+                self.apps.delete_namespaced_deployment(d.metadata.name, namespace, body=_preconditions(self._dict(d)))
                 gone.append(d.metadata.name)
             except ApiException as exc:
                 if exc.status != 404:
                     raise
         return gone
+
+    def delete_deployment(self, namespace: str, name: str) -> bool:
+        """Delete one of the operator's Deployments (a canary); False when there was none."""
+        dep = self.get_deployment(namespace, name)
+        if dep is None:
+            return False
+        if not managed(dep):
+            raise _refuse("Deployment", namespace, name)
+        try:
+            self.apps.delete_namespaced_deployment(name, namespace, body=_preconditions(dep))
+            return True
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            return False
 
     def get_config_map(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self._read(self.core.read_namespaced_config_map, name, namespace)
@@ -228,6 +329,8 @@ class Kube:
         except ApiException as exc:
             if exc.status != 409:
                 raise
+            if not managed(self.get_deployment(ns, name)):
+                raise _refuse("Deployment", ns, name) from None
             self.apps.patch_namespaced_deployment(name, ns, {"metadata": {"labels": body["metadata"]["labels"]},
                                                              "spec": body["spec"]})
 
@@ -238,12 +341,23 @@ class Kube:
         except ApiException as exc:
             if exc.status != 409:
                 raise
+            current = self._read(self.custom.get_namespaced_custom_object, group, version, ns, plural, name)
+            if not managed(current):
+                raise _refuse(plural, ns, name) from None
             self.custom.patch_namespaced_custom_object(group, version, ns, plural, name, {"spec": body["spec"]})
 
     def delete_custom(self, group: str, version: str, plural: str, namespace: str, name: str) -> bool:
-        """Delete a namespaced custom object; False when there was none (or its CRD is not installed)."""
+        """Delete one of the operator's namespaced custom objects; False when there was none (or its CRD
+        is not installed, or it is not the operator's: left alone, with a warning)."""
+        current = self._read(self.custom.get_namespaced_custom_object, group, version, namespace, plural, name)
+        if current is None:
+            return False
+        if not managed(current):
+            log.warning("%s", _refuse(plural, namespace, name))
+            return False
         try:
-            self.custom.delete_namespaced_custom_object(group, version, namespace, plural, name)
+            self.custom.delete_namespaced_custom_object(group, version, namespace, plural, name,
+                                                        body=_preconditions(current))
             return True
         except ApiException as exc:
             if exc.status != 404:

@@ -20,9 +20,9 @@ API_VERSION = f"{GROUP}/{VERSION}"
 TUNING_KIND, TUNING_PLURAL = "ServingTuning", "servingtunings"
 ANCHOR_KIND, ANCHOR_PLURAL = "ServingAnchor", "servinganchors"
 
-PHASES = ("Pending", "Observing", "Harvesting", "Searching", "Recommended", "Confirming", "Confirmed", "Invalid",
-          "Failed")
-Phase = Literal["Pending", "Observing", "Harvesting", "Searching", "Recommended", "Confirming", "Confirmed",
+PHASES = ("Pending", "Observing", "Queued", "Harvesting", "Searching", "Recommended", "Confirming", "Confirmed",
+          "Invalid", "Failed")
+Phase = Literal["Pending", "Observing", "Queued", "Harvesting", "Searching", "Recommended", "Confirming", "Confirmed",
                 "Invalid", "Failed"]
 # Degraded: the last pass ended in an error of the operator's own (not of the spec), with a summary.
 CONDITION_TYPES = ("WorkloadObserved", "AnchorsReady", "Recommended", "Confirmed", "Priced", "PredictionDrift",
@@ -209,6 +209,17 @@ class SearchStats(_Wire):
     candidates: int = Field(0, ge=0)
     seconds: float = Field(0.0, ge=0)
     workload: str = Field("", description="The workload searched for, in words.")
+    stage2_top: int | None = Field(None, ge=0, description="Candidates the simulator refined (stage 2).")
+    quick: bool = Field(False, description="Searched under a burst with a smaller stage 2; refined in the "
+                                           "background once the search queue is empty.")
+
+
+class QueueStatus(_Wire):
+    """The tuning's place in the operator's search queue (fair across namespaces), while it waits."""
+
+    position: int = Field(1, ge=1, le=1_000_000, description="1: the next search to start.")
+    length: int = Field(1, ge=1, le=1_000_000, description="Searches waiting, this one included.")
+    workers: int = Field(1, ge=1, le=1024, description="Searches that run at once (the pool's size).")
 
 
 class PassiveAnchorStatus(_Wire):
@@ -262,6 +273,7 @@ class TuningStatus(_Wire):
     shortlist: list[Candidate] = Field(default_factory=list, max_length=SHORTLIST_SIZE)
     history: list[HistoryEntry] = Field(default_factory=list, max_length=HISTORY_SIZE)
     search: SearchStats | None = None
+    queue: QueueStatus | None = Field(None, description="Place in the search queue while phase is Queued.")
     confirmation: ConfirmationStatus | None = None
     passive_anchor: PassiveAnchorStatus | None = None
     prediction_error: PredictionErrorStatus | None = None

@@ -1,36 +1,36 @@
-"""The CPU-heavy search, off the operator's event loop, in a child process with a time limit.
+"""The CPU-heavy search, off the operator's event loop, in the bounded pool of worker processes
+(search_pool.py), with a time limit.
 
 `tune` is numpy plus a pure-Python discrete-event simulator: in a thread it would hold the GIL and
-stall kopf's watches, and a thread cannot be stopped at a deadline. A spawned process can be killed.
-The child returns plain dicts (status pieces and rendered manifests), never library objects.
+stall kopf's watches, and a thread cannot be stopped at a deadline. A worker process can be killed.
+The search itself (:func:`compute`) does not depend on the tuning's names; what a tuning gets back
+(:func:`render_payload`) is plain dicts: status pieces and rendered manifests.
 """
 
 from __future__ import annotations
 
 import asyncio
-import multiprocessing as mp
 import os
+import pickle
 import signal
 import time
 import traceback
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 from inferasim_operator.models import child_name
+from inferasim_operator.search_pool import (
+    SearchFailed,
+    SearchTimeout,
+    anchors_fingerprint,
+    die_with_parent,
+    search_key,
+    shared_pool,
+)
+from inferasim_operator.search_pool import SearchPool as SearchPool
 
-__all__ = ["SearchFailed", "SearchTimeout", "run_search", "search_payload"]
-
-
-class SearchTimeout(TimeoutError):
-    pass
-
-
-class SearchFailed(RuntimeError):
-    """The search raised; ``invalid`` is True for bad input (a ValueError: unknown model, GPU ...)."""
-
-    def __init__(self, message: str, invalid: bool) -> None:
-        self.invalid = invalid
-        super().__init__(message)
+__all__ = ["SearchFailed", "SearchTimeout", "compute", "render_payload", "run_search", "search_payload"]
 
 
 def _container_view(deployment: dict[str, Any]) -> dict[str, Any]:
@@ -66,17 +66,26 @@ def canary_base(name: str, tuning: str) -> str:
     return child_name(f"{name}-{tuning}-{pair}", "", limit=52)
 
 
-def search_payload(spec: dict[str, Any], anchor_dirs: list[str], name: str, namespace: str,
-                   stage2_top: int, target_selector: dict[str, Any] | None = None, tuning: str = "") -> dict[str, Any]:
-    """Run `tune` and render what the status and the canaries need (runs in the child)."""
+def compute(spec: dict[str, Any], anchor_dirs: list[str], stage2_top: int, workers: int | None = None
+            ) -> tuple[Any, Any, float]:
+    """`tune` itself, the costly part: (parsed spec, TuneResult, seconds). Nothing in it depends on
+    the tuning's name or namespace, so identical searches share it (search_pool.py)."""
     from inferasim.core.spec import TuningSpec
-    from inferasim.render import render_deployment, to_yaml
-    from inferasim.search.deploy import config_of, recommendation_manifests
     from inferasim.search.tune import tune
 
     t0 = time.perf_counter()
     parsed = TuningSpec.model_validate(spec, context={"model_paths": False})
-    result = tune(parsed, anchor_dirs=[Path(d) for d in anchor_dirs], stage2_top=stage2_top)
+    result = tune(parsed, anchor_dirs=[Path(d) for d in anchor_dirs], stage2_top=stage2_top, workers=workers)
+    return parsed, result, time.perf_counter() - t0
+
+
+def render_payload(parsed: Any, result: Any, anchor_dirs: list[str], name: str, namespace: str, seconds: float,
+                   target_selector: dict[str, Any] | None = None, tuning: str = "") -> dict[str, Any]:
+    """What the status and the canaries need from a TuneResult, for one tuning (names, namespace,
+    the target's selector): cheap, plain dicts."""
+    from inferasim.render import render_deployment, to_yaml
+    from inferasim.search.deploy import config_of, recommendation_manifests
+
     full = result.as_dict()
     out: dict[str, Any] = {
         "recommendation": full["recommendation"], "shortlist": full["shortlist"],
@@ -117,63 +126,98 @@ def search_payload(spec: dict[str, Any], anchor_dirs: list[str], name: str, name
             n_canaries += 1
         except ValueError as exc:  # a disaggregated entry (two pools), or one a Deployment cannot hold
             out["shortlist_deployments"].append({"error": str(exc)})
-    out["seconds"] = time.perf_counter() - t0
+    out["seconds"] = seconds
     return out
 
 
-def _kill_group(proc: Any) -> None:
-    """End the search process and whatever it started (it leads its own process group)."""
-    if proc.pid is None:
-        return
+def search_payload(spec: dict[str, Any], anchor_dirs: list[str], name: str, namespace: str,
+                   stage2_top: int, target_selector: dict[str, Any] | None = None, tuning: str = "",
+                   workers: int | None = None) -> dict[str, Any]:
+    """Run `tune` and render what the status and the canaries need (in a search worker)."""
+    parsed, result, seconds = compute(spec, anchor_dirs, stage2_top, workers)
+    return render_payload(parsed, result, anchor_dirs, name, namespace, seconds, target_selector, tuning)
+
+
+def worker_main(conn: Any, parent_pid: int) -> None:
+    """A search worker: answers ("search", args, render) and ("render", blob, args, render) until the
+    pipe closes."""
+    die_with_parent(parent_pid)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the operator decides when its workers end
     try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
+        # Searches yield the CPU to the operator's own event loop (watches, status writes): with 100
+        # tunings applied at once, workers at the same priority delayed their first status by seconds.
+        os.nice(WORKER_NICE)
+    except OSError:
         pass
-    if proc.is_alive():
-        proc.kill()
+    from inferasim.catalog.models import refuse_model_paths
+
+    # A fresh (spawned) process: it refuses model paths as the operator does, everywhere in the
+    # library (tune, rendering), not only in the spec's validation.
+    refuse_model_paths()
+    while True:
+        try:
+            kind, args, render = conn.recv()
+        except (EOFError, OSError, KeyboardInterrupt):
+            return
+        try:
+            if kind == "search":
+                spec, anchor_dirs, stage2_top = args
+                # One process per search: the pool's size is the bound, so tune forks no workers.
+                parsed, result, seconds = compute(spec, anchor_dirs, stage2_top, workers=1)
+                blob = pickle.dumps((parsed, result, seconds), protocol=pickle.HIGHEST_PROTOCOL)
+            else:
+                blob = args[0]
+                anchor_dirs = args[1]
+                parsed, result, seconds = pickle.loads(blob)
+                blob = None
+            out: tuple[Any, ...] = ("ok", render_payload(parsed, result, anchor_dirs, *render[:2], seconds,
+                                                         *render[2:]), blob)
+        except ValueError as exc:
+            out = ("invalid", str(exc), None)
+        except Exception as exc:  # noqa: BLE001 - reported to the operator, which decides
+            out = ("error", error_summary(exc), None)
+        try:
+            conn.send(out)
+        except (OSError, ValueError):
+            return
 
 
-def _child(conn: Any, args: tuple[Any, ...]) -> None:
-    # Its own process group: tune may start worker processes, and a timeout must end them all.
-    os.setsid()
-    try:
-        from inferasim.catalog.models import refuse_model_paths
+WORKER_NICE = 10
 
-        # A fresh (spawned) process: it refuses model paths as the operator does, everywhere in the
-        # library (tune, rendering), not only in the spec's validation.
-        refuse_model_paths()
-        conn.send(("ok", search_payload(*args)))
-    except ValueError as exc:
-        conn.send(("invalid", str(exc)))
-    except BaseException as exc:  # noqa: BLE001 - reported to the parent, which decides
-        conn.send(("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=5)}"))
-    finally:
-        conn.close()
+
+def error_summary(exc: BaseException) -> str:
+    """One line for a condition, an Event and the log: the error and where it was raised (file,
+    line, function), never a traceback (the operator's log must hold none)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = ""
+    if frames:
+        f = frames[-1]
+        parts = f.filename.replace("\\", "/").split("/")
+        short = "/".join(parts[parts.index("inferasim") if "inferasim" in parts else -1:])
+        where = f" (at {short}:{f.lineno} in {f.name})"
+    return " ".join(f"{type(exc).__name__}: {exc}".split())[:500] + where
+
+
+def pool(workers: int = 0, burst_stage2_top: int = 0) -> SearchPool:
+    """The operator's search pool (one per event loop), its workers running :func:`worker_main`."""
+    return shared_pool(worker_main, workers, burst_stage2_top)
 
 
 async def run_search(spec: dict[str, Any], anchor_dirs: list[str], name: str, namespace: str, *,
                      stage2_top: int, timeout_s: float, target_selector: dict[str, Any] | None = None,
-                     tuning: str = "") -> dict[str, Any]:
-    """`search_payload` in a spawned process; SearchTimeout after ``timeout_s`` (the child is killed)."""
-    ctx = mp.get_context("spawn")  # fork would copy kopf's threads and locks
-    parent, child = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child, args=(child, (spec, anchor_dirs, name, namespace, stage2_top, target_selector,
-                                                    tuning)),
-                       name="inferasim-search", daemon=False)  # not daemonic: tune may start workers
-    proc.start()
-    child.close()
-    try:
-        ready = await asyncio.to_thread(parent.poll, timeout_s)
-        if not ready:
-            raise SearchTimeout(f"the search did not finish within {timeout_s:.0f} s")
-        try:
-            kind, data = await asyncio.to_thread(parent.recv)
-        except EOFError:
-            raise SearchFailed(f"the search process died (exit code {proc.exitcode})", invalid=False) from None
-    finally:
-        _kill_group(proc)
-        await asyncio.to_thread(proc.join, 10)
-        parent.close()
-    if kind == "ok":
-        return data
-    raise SearchFailed(data, invalid=(kind == "invalid"))
+                     tuning: str = "", workers: int = 0, tenant: str = "", burst_stage2_top: int = 0,
+                     background: bool = False,
+                     report: Callable[[int, int, int], Awaitable[None]] | None = None) -> dict[str, Any]:
+    """`search_payload` in the operator's bounded search pool (search_pool.py): fair across
+    namespaces (``tenant``, default the namespace), identical searches computed once, SearchTimeout
+    after ``timeout_s`` of running (the worker is killed), SearchFailed when it raised. ``report``
+    is called with (place, waiting, pool size) while the search waits, and (0, ...) when it starts.
+    ``workers``: the pool's size (0: fitted to the CPUs). Under a burst the search may run a smaller
+    stage 2 (``burst_stage2_top``; the payload's ``quick`` is then True); a ``background`` search
+    (a refinement) waits until no other does, and is never shortened."""
+    fingerprint = await asyncio.to_thread(anchors_fingerprint, anchor_dirs)
+    key = search_key(spec, stage2_top, fingerprint)
+    return await pool(workers, burst_stage2_top).search(
+        key=key, tenant=tenant or namespace, search_args=(spec, anchor_dirs, stage2_top),
+        render_args=(name, namespace, target_selector, tuning), timeout_s=timeout_s, report=report,
+        background=background)

@@ -10,6 +10,9 @@ variable, so a misconfigured operator stops at start-up rather than mid-pass.
     settings.timer.drift_check_s  INFERASIM_DRIFT_CHECK_SECONDS  how often the timer observes for drift
     settings.search.timeout_s  INFERASIM_SEARCH_TIMEOUT_S     one search's time limit (child process)
     settings.search.stage2_top INFERASIM_STAGE2_TOP           candidates simulated in the search's stage 2
+    settings.search.workers    INFERASIM_SEARCH_WORKERS       searches run at once (0: the CPUs, cgroup quota included)
+    settings.search.burst_stage2_top  INFERASIM_SEARCH_BURST_STAGE2_TOP  stage 2 under a burst (0: never shortened)
+    settings.search.max_failures  INFERASIM_SEARCH_MAX_FAILURES  failed searches in a row before giving up
     settings.harvest.image     INFERASIM_HARVESTER_IMAGE      the harvester container's image
     settings.harvest.extra_args  INFERASIM_HARVEST_ARGS       extra `inferasim harvest run` arguments
     settings.harvest.engine_images  INFERASIM_ENGINE_IMAGES   VENDOR/ENGINE=IMAGE,...
@@ -66,6 +69,16 @@ class SearchSettings:
 
     timeout_s: float = 300.0
     stage2_top: int = 50
+    # The bounded pool (search_pool.py): 0 sizes it to the CPUs this process may use.
+    workers: int = 0
+    # After this many failed searches in a row (timeouts, errors inside the library) a tuning is
+    # Failed until its spec changes (each failure backs off first); a search that ran past its limit
+    # was retried forever at full cost.
+    max_failures: int = 3
+    # Under a burst (twice as many searches waiting as run at once) a search simulates this many
+    # candidates in stage 2 instead of stage2_top: Recommended soon (the status says quick), then
+    # refined with the full stage 2 in the background once the queue is empty. 0: never shortened.
+    burst_stage2_top: int = 3
 
 
 @dataclass
@@ -158,6 +171,7 @@ class Settings:
     drift_check_seconds = FlatName("timer", "drift_check_s")
     search_timeout_s = FlatName("search", "timeout_s")
     stage2_top = FlatName("search", "stage2_top")
+    search_workers = FlatName("search", "workers")
     harvester_image = FlatName("harvest", "image")
     harvest_extra_args = FlatName("harvest", "extra_args")
     engine_images = FlatName("harvest", "engine_images")
@@ -216,6 +230,9 @@ class Settings:
         s.timer.drift_check_s = num("INFERASIM_DRIFT_CHECK_SECONDS", s.timer.drift_check_s, 0.5)
         s.search.timeout_s = num("INFERASIM_SEARCH_TIMEOUT_S", s.search.timeout_s, 1)
         s.search.stage2_top = int(num("INFERASIM_STAGE2_TOP", s.search.stage2_top, 0))
+        s.search.workers = int(num("INFERASIM_SEARCH_WORKERS", s.search.workers, 0))
+        s.search.burst_stage2_top = int(num("INFERASIM_SEARCH_BURST_STAGE2_TOP", s.search.burst_stage2_top, 0))
+        s.search.max_failures = int(num("INFERASIM_SEARCH_MAX_FAILURES", s.search.max_failures, 1))
         s.harvest.image = env.get("INFERASIM_HARVESTER_IMAGE") or s.harvest.image
         s.harvest.extra_args = (env.get("INFERASIM_HARVEST_ARGS") or "").split()
         s.observe.timeout_s = num("INFERASIM_OBSERVE_TIMEOUT_S", s.observe.timeout_s, 0.1)

@@ -23,6 +23,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from inferasim_e2e_support import (  # noqa: E402
+    OPERATOR_NS,
+    OPERATOR_SA,
     REPO,
     ControlPlane,
     Prometheus,
@@ -35,8 +37,6 @@ from inferasim_e2e_support import (  # noqa: E402
     wait_until,
 )
 
-OPERATOR_NS = "inferasim-system"
-OPERATOR_SA = "inferasim-operator"
 GPU_NODE = "inferasim-e2e-gpu-0"
 GPU_PRODUCT = "AMD_Instinct_MI300X_OAM"
 
@@ -103,7 +103,8 @@ def cluster() -> Iterator[Cluster]:
 
 @pytest.fixture(scope="session")
 def operator_kubeconfig(cluster: Cluster) -> Iterator[Path]:
-    """A kubeconfig for the chart's ServiceAccount, bound to the chart's ClusterRole (same rules)."""
+    """A kubeconfig for the chart's ServiceAccount, bound to the chart's ClusterRole (same rules; the
+    namespaced Roles are granted per test namespace, inferasim_e2e_support.grant_namespace)."""
     from inferasim_operator.rbac import cluster_role
     from kubernetes import client
 

@@ -481,6 +481,30 @@ class PhasedLoad:
 # --------------------------------------------------------------------------------------------
 
 GROUP, VERSION, PLURAL = "inferasim.io", "v1alpha1", "servingtunings"
+# The ServiceAccount the operator process runs as (conftest.operator_kubeconfig).
+OPERATOR_NS = "inferasim-system"
+OPERATOR_SA = "inferasim-operator"
+
+
+def grant_namespace(api: Any, ns: str, *, operator_namespace: bool = False, sa: tuple[str, str] = (OPERATOR_NS,
+                                                                                                 OPERATOR_SA)) -> None:
+    """What the chart grants the operator's account in a watched namespace (a Role and RoleBinding,
+    inferasim_operator.rbac.NAMESPACE_RULES), and in its own namespace (OPERATOR_NAMESPACE_RULES)."""
+    from inferasim_operator.rbac import NAMESPACE_RULES, OPERATOR_NAMESPACE_RULES, role, role_binding
+    from kubernetes import client
+
+    rbac = client.RbacAuthorizationV1Api(api)
+    sets = [("inferasim-operator", NAMESPACE_RULES)]
+    if operator_namespace:
+        sets.append(("inferasim-operator-self", OPERATOR_NAMESPACE_RULES))
+    for name, rules in sets:
+        for create, body in ((rbac.create_namespaced_role, role(name, ns, rules)),
+                             (rbac.create_namespaced_role_binding, role_binding(name, ns, *sa))):
+            try:
+                create(ns, body)
+            except client.ApiException as exc:
+                if exc.status != 409:
+                    raise
 
 
 @dataclass
@@ -534,7 +558,8 @@ class OperatorEnv:
 @contextmanager
 def operator_in_namespace(api: Any, kubeconfig: Path, prefix: str, env: dict[str, str],
                           log_lines: int = 80) -> Iterator[OperatorEnv]:
-    """A fresh namespace `<prefix>-<hex>` and an operator watching only it, with test settings (no
+    """A fresh namespace `<prefix>-<hex>` (with the chart's Roles for the operator's account) and an
+    operator watching only it, with test settings (no
     shipped anchors, a 1 s timer, 3 stage-2 candidates, short backoff) updated by `env`; on exit the
     operator stops, its log tail is printed, and the namespace is deleted."""
     import uuid
@@ -544,6 +569,8 @@ def operator_in_namespace(api: Any, kubeconfig: Path, prefix: str, env: dict[str
     ns = f"{prefix}-{uuid.uuid4().hex[:6]}"
     core = client.CoreV1Api(api)
     core.create_namespace({"metadata": {"name": ns}})
+    # The chart's Roles: the namespace is watched, and it is the operator's own (prices, harvest locks).
+    grant_namespace(api, ns, operator_namespace=True)
     tmp = Path(tempfile.mkdtemp(prefix=f"inferasim-{prefix}-"))
     (tmp / "anchors").mkdir()
     settings = {

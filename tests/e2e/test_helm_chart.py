@@ -35,17 +35,26 @@ def render(values: dict[str, Any] | None = None, namespace: str = "inferasim-sys
     docs = [d for text in files.values() for d in yaml.safe_load_all(text) if d]
     # Helm puts rendered objects in the release namespace only where the template says so; the
     # namespaced ones must all say so, or `helm template | kubectl apply` lands them elsewhere.
+    # Roles and RoleBindings go to the watched namespaces (the release's by default).
+    watched = set((values or {}).get("watchNamespaces") or [namespace])
     for d in docs:
-        if d["kind"] not in ("ClusterRole", "ClusterRoleBinding"):
+        if d["kind"] in ("Role", "RoleBinding"):
+            assert d["metadata"].get("namespace") in watched | {namespace}, d["metadata"]
+        elif d["kind"] not in ("ClusterRole", "ClusterRoleBinding"):
             assert d["metadata"].get("namespace") == namespace, d["kind"]
     return docs
 
 
 def by_kind(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """One object per kind; Roles and RoleBindings by "Kind namespace/name" (there is one per watched
+    namespace, and one more in the operator's)."""
     out: dict[str, dict[str, Any]] = {}
     for d in docs:
-        assert d["kind"] not in out, f"two {d['kind']} objects"
-        out[d["kind"]] = d
+        key = d["kind"]
+        if key in ("Role", "RoleBinding"):
+            key = f"{key} {d['metadata']['namespace']}/{d['metadata']['name']}"
+        assert key not in out, f"two {key} objects"
+        out[key] = d
     return out
 
 
@@ -57,13 +66,21 @@ def test_chart_lints_clean() -> None:
 
 
 def test_default_render_is_least_privilege_and_consistent() -> None:
-    from inferasim_operator.rbac import cluster_role
+    from inferasim_operator.rbac import NAMESPACE_RULES, OPERATOR_NAMESPACE_RULES, cluster_role
 
     objs = by_kind(render())
-    assert set(objs) == {"ClusterRole", "ClusterRoleBinding", "Deployment", "Service", "ServiceAccount"}
+    ns, full = "inferasim-system", f"{RELEASE}-inferasim-operator"
+    assert set(objs) == {"ClusterRole", "ClusterRoleBinding", "Deployment", "Service", "ServiceAccount",
+                         f"Role {ns}/{full}", f"RoleBinding {ns}/{full}", f"Role {ns}/{full}-self",
+                         f"RoleBinding {ns}/{full}-self"}
     role = objs["ClusterRole"]
     assert role["rules"] == cluster_role("x")["rules"]  # the rules the e2e operator runs under
-    for rule in role["rules"]:
+    # No watchNamespaces: the release's namespace only, with the namespaced rules there.
+    assert objs[f"Role {ns}/{full}"]["rules"] == NAMESPACE_RULES
+    assert objs[f"Role {ns}/{full}-self"]["rules"] == OPERATOR_NAMESPACE_RULES
+    assert objs[f"RoleBinding {ns}/{full}"]["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                                           "name": full}
+    for rule in role["rules"] + NAMESPACE_RULES + OPERATOR_NAMESPACE_RULES:
         assert "secrets" not in rule["resources"] and "*" not in rule["resources"] and "*" not in rule["verbs"]
     sa = objs["ServiceAccount"]["metadata"]["name"]
     binding = objs["ClusterRoleBinding"]
@@ -97,6 +114,7 @@ def test_default_render_is_least_privilege_and_consistent() -> None:
     assert settings.engine_images == {(v, e): img for v, engines in values["engineImages"].items()
                                       for e, img in engines.items() if img}
     assert ("amd", "vllm") in settings.engine_images and settings.prometheus_url == ""
+    assert [a for a in container["args"] if a.startswith("--namespace=")] == [f"--namespace={ns}"]
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
     svc = objs["Service"]
@@ -124,6 +142,11 @@ def test_values_change_what_is_rendered() -> None:
     container = objs["Deployment"]["spec"]["template"]["spec"]["containers"][0]
     assert [a for a in container["args"] if a.startswith("--namespace=")] == ["--namespace=team-a",
                                                                               "--namespace=team-b"]
+    # A Role and RoleBinding in each watched namespace, to the chart's account in the release's.
+    for ns in ("team-a", "team-b"):
+        binding = objs[f"RoleBinding {ns}/{RELEASE}-inferasim-operator"]
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "existing-sa", "namespace": "ops"}]
+    assert not [k for k in objs if k.startswith("Role ops/") and not k.endswith("-self")]
     assert container["image"] == "registry.example/inferasim-operator:1.2.3"
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["INFERASIM_PRICE_CONFIGMAP"] == "gpu-prices"
@@ -189,7 +212,7 @@ def test_rendered_chart_is_accepted_and_its_account_is_least_privilege(
     assert got.spec.template.spec.service_account_name == dep["spec"]["template"]["spec"]["serviceAccountName"]
     user = f"system:serviceaccount:{ns}:{dep['spec']['template']['spec']['serviceAccountName']}"
 
-    def allowed(verb: str, resource: str, group: str = "", namespace: str = "default") -> bool:
+    def allowed(verb: str, resource: str, group: str = "", namespace: str = ns) -> bool:
         review = client.AuthorizationV1Api(api).create_subject_access_review({
             "apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
             "spec": {"user": user, "groups": ["system:serviceaccounts", f"system:serviceaccounts:{ns}"],
@@ -203,7 +226,9 @@ def test_rendered_chart_is_accepted_and_its_account_is_least_privilege(
     assert allowed("patch", "servingtunings/status", "inferasim.io")
     assert allowed("create", "servinganchors", "inferasim.io", namespace="")
     assert allowed("create", "deployments", "apps")
-    # ... and nothing it does not: no Secrets, no deleting tunings, no pods/exec, no RBAC escalation.
+    # ... and nothing it does not: no Secrets, no deleting tunings, no pods/exec, no RBAC escalation,
+    # nothing written in a namespace it does not watch (test_rbac_least_privilege.py checks it all).
+    assert not allowed("create", "jobs", "batch", namespace="default")
     assert not allowed("get", "secrets")
     assert not allowed("list", "secrets")
     assert not allowed("delete", "servingtunings", "inferasim.io")

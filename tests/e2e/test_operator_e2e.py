@@ -92,9 +92,12 @@ def test_operator_service_account_cannot_read_secrets(env: Env, operator_kubecon
     with pytest.raises(client.ApiException) as err:
         client.CoreV1Api(sa).list_secret_for_all_namespaces()
     assert err.value.status == 403
-    # ... while what it needs is allowed
+    # ... while what it needs is allowed, in the namespaces it watches only
     client.CustomObjectsApi(sa).list_namespaced_custom_object(GROUP, VERSION, env.ns, PLURAL)
-    client.BatchV1Api(sa).list_job_for_all_namespaces(limit=1)
+    client.BatchV1Api(sa).list_namespaced_job(env.ns, limit=1)
+    with pytest.raises(client.ApiException) as err:
+        client.BatchV1Api(sa).list_job_for_all_namespaces(limit=1)
+    assert err.value.status == 403
 
 
 @pytest.mark.parametrize("case,spec,field", [
@@ -243,7 +246,7 @@ def test_end_to_end(env: Env, prometheus: Prometheus, live: dict[str, Any], gpu_
     spec = static_spec(
         workload={"prometheus": {"url": prometheus.url, "selector": {"namespace": env.ns, "deployment": "chat"},
                                  "window": "30s"}},
-        harvest={"allowed": True, "maxGpuHours": 2, "deadlineMinutes": 30},
+        harvest={"allowed": True, "maxGPUHours": 2, "deadlineMinutes": 30},
         confirmation={"mode": "canary", "candidates": 1, "window": "12s"},
         retune={"driftThreshold": 0.5})
     t0 = time.monotonic()

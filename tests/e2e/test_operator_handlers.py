@@ -53,7 +53,7 @@ def spec(**over: Any) -> dict[str, Any]:
     s = {"target": {"name": "svc"}, "model": "meta-llama/Meta-Llama-3-8B", "precision": ["fp8"],
          "hardware": {"gpu": "MI300X", "maxGPUs": 4}, "engines": ["vllm"],
          "workload": {"static": {"kind": "closed", "concurrency": 16, "inputTokens": 256, "outputTokens": 64}},
-         "harvest": {"allowed": True, "maxGpuHours": 1}}
+         "harvest": {"allowed": True, "maxGPUHours": 1}}
     s.update(over)
     return s
 
@@ -64,7 +64,7 @@ def test_reconcile_and_tick_directly(cluster: Any, ns: str) -> None:
     kube = Kube(cluster.api)
     tmp = Path(tempfile.mkdtemp(prefix="inferasim-direct-"))
     settings = Settings(anchor_dirs=[str(tmp / "none")], anchor_cache=str(tmp / "cache"), stage2_top=2,
-                                  harvester_image="op:test", search_timeout_s=240)
+                                  harvester_image="op:test", search_timeout_s=240, operator_namespace=ns)
     body = create(cluster, ns, "t1", spec())
     assert asyncio.run(tune.reconcile(body, kube, settings, trigger="test", reason="direct")) == "Harvesting"
     again = asyncio.run(tune.reconcile(body, kube, settings, trigger="test", reason="direct"))

@@ -122,7 +122,7 @@ def test_passive_anchor_recommendation_and_prediction_drift(penv: Env, prometheu
         "hardware": {"gpu": "AMD_Instinct_MI300X", "gpusPerNode": 8, "maxGPUs": 8},
         "workload": {"prometheus": {"url": prometheus.url, "selector": {"namespace": penv.ns, "deployment": "chat"},
                                     "window": "20s"}},
-        "harvest": {"allowed": True, "maxGpuHours": 2, "deadlineMinutes": 30},
+        "harvest": {"allowed": True, "maxGPUHours": 2, "deadlineMinutes": 30},
         # The load changes on purpose: workload drift must not re-tune; prediction error must.
         "retune": {"driftThreshold": 100, "predictionErrorThreshold": THRESHOLD},
     }

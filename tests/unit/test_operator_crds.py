@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import yaml
 from inferasim_operator import crds
-from inferasim_operator.rbac import RULES
+from inferasim_operator.rbac import CLUSTER_RULES, NAMESPACE_RULES, OPERATOR_NAMESPACE_RULES, RULE_FILES
 from inferasim_operator.schema import SchemaConversionError, structural
 from pydantic import BaseModel, Field
 
@@ -140,9 +140,12 @@ def test_chart_holds_the_same_crds_and_rules() -> None:
     chart = REPO / "charts" / "inferasim-operator"
     for f in (REPO / "crds").glob("*.yaml"):
         assert (chart / "crds" / f.name).read_text() == f.read_text()
-    rules = yaml.safe_load((chart / "files" / "clusterrole-rules.yaml").read_text())
-    assert rules == RULES
+    for name, rules in RULE_FILES.items():
+        assert yaml.safe_load((chart / "files" / name).read_text()) == rules
     assert '.Files.Get "files/clusterrole-rules.yaml"' in (chart / "templates" / "clusterrole.yaml").read_text()
+    roles = (chart / "templates" / "roles.yaml").read_text()
+    assert '.Files.Get "files/namespace-rules.yaml"' in roles
+    assert '.Files.Get "files/operator-namespace-rules.yaml"' in roles
     values = yaml.safe_load((chart / "values.yaml").read_text())
     assert values["metrics"]["serviceMonitor"]["enabled"] is False
     for t in ("deployment.yaml", "service.yaml", "serviceaccount.yaml", "servicemonitor.yaml"):
@@ -150,11 +153,15 @@ def test_chart_holds_the_same_crds_and_rules() -> None:
 
 
 def test_rbac_is_least_privilege() -> None:
-    for rule in RULES:
+    for rule in CLUSTER_RULES + NAMESPACE_RULES + OPERATOR_NAMESPACE_RULES:
         assert "secrets" not in rule["resources"], rule
         assert "*" not in rule["verbs"] and "*" not in rule["resources"] and "*" not in rule["apiGroups"]
-        assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"])
-    jobs = next(r for r in RULES if r["resources"] == ["jobs"])
+        assert not {"escalate", "bind", "impersonate", "deletecollection"} & set(rule["verbs"])
+    # Cluster-wide: reads, and writes only to the cluster-scoped ServingAnchors.
+    writes = {"create", "update", "patch", "delete"}
+    for rule in CLUSTER_RULES:
+        assert not writes & set(rule["verbs"]) or rule["resources"][0].startswith("servinganchors"), rule
+    jobs = next(r for r in NAMESPACE_RULES if r["resources"] == ["jobs"])
     # One at a time (a tuning's own running Job when its harvesting is switched off), never a
     # collection; finished Jobs go with the garbage collector.
     assert "deletecollection" not in jobs["verbs"]

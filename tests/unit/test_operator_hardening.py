@@ -108,8 +108,11 @@ class FakeKube:
         return had
 
     # harvests: none running, none started (harvest.allowed is false in these specs)
-    def list_jobs(self, selector: str) -> list[dict[str, Any]]:
-        return []
+    def get_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return None
+
+    def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return None
 
     def list_anchors(self) -> list[dict[str, Any]]:
         return []
@@ -332,3 +335,32 @@ def test_a_timer_pass_that_raises_is_degraded_and_backs_off(monkeypatch: pytest.
     assert asyncio.run(timer.tick(body, kube, Settings())) == "steady"  # type: ignore[arg-type]
     assert kube.cond("Degraded")["status"] == "False"
     forget(uid)
+
+
+# -- 5. a search past its time limit backs off, then gives up (it was retried forever at full cost) --
+
+
+def test_search_timeouts_back_off_then_give_up(offline: Settings, events: list[tuple[str, str]],
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[bool] = []
+
+    async def too_slow(*a: Any, **k: Any) -> dict[str, Any]:
+        calls.append(bool(k.get("background")))
+        raise search.SearchTimeout("the search did not finish within 1 s", retry_in=40.0)
+
+    monkeypatch.setattr(tune, "run_search", too_slow)
+    offline.search.max_failures = 2
+    kube = FakeKube(SPEC)
+    with pytest.raises(kopf.TemporaryError) as first:
+        _run(kube, offline)
+    # Backed off at least as long as the pool's own backoff for that search; Pending meanwhile.
+    assert first.value.delay == pytest.approx(40.0) and kube.status["retries"] == 1
+    assert kube.status["phase"] == "Pending" and kube.cond("Recommended")["reason"] == "SearchTimeout"
+    with pytest.raises(kopf.PermanentError, match="gave up after 2"):
+        _run(kube, offline)
+    assert kube.status["phase"] == "Failed" and kube.status["retries"] == 0 and len(calls) == 2
+    assert kube.status["observedGeneration"] == kube.body()["metadata"]["generation"]
+    assert [r for r, _ in events].count("SearchTimeout") == 2
+    # The same generation, Failed: the timer's retry of failed passes leaves it alone.
+    assert asyncio.run(timer.tick(kube.body(), kube, offline)) in ("steady", "idle")  # type: ignore[arg-type]
+    assert len(calls) == 2

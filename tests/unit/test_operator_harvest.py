@@ -124,6 +124,15 @@ def test_job_manifest() -> None:
     assert run[-2:] == ["--speedup", "20"] and "--out" in run
     assert {"name": "harvest", "emptyDir": {}} in pod["volumes"]
     assert "ownerReferences" not in job["metadata"]  # kopf.adopt adds them in the operator
+    # Restricted: seccomp, no token, nothing escalates, no capabilities; the harvester (the
+    # operator's image) runs as its non-root user, the engine image as it was built.
+    from inferasim_operator.pod_security import is_restricted
+
+    assert is_restricted(pod) == []
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert harvester["securityContext"] == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+                                            "runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001}
+    assert "runAsNonRoot" not in engine["securityContext"]
 
 
 def test_policy_overrides() -> None:

@@ -233,6 +233,10 @@ class _CanaryKube:
 
     def delete_namespaced_deployment(self, name: str, namespace: str) -> None:
         self.deleted.append(name)
+
+    def delete_deployment(self, namespace: str, name: str) -> bool:
+        self.deleted.append(name)
+        return True
         self.deployments.pop(name, None)
 
 
@@ -476,8 +480,15 @@ def test_switching_harvest_off_deletes_this_tunings_running_job_only() -> None:
                                        "ownerReferences": [{"uid": owner_uid}]}, "status": {"active": 1}}]
             self.deleted_jobs: list[str] = []
 
-        def list_jobs(self, selector: str) -> list[dict[str, Any]]:
-            return self.jobs
+        def get_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
+            return {"metadata": {"name": name, "namespace": namespace,
+                                 "annotations": {"inferasim.io/job": "llm/harvest-vllm-x-tp1"}}}
+
+        def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+            return self.jobs[0] if (namespace, name) == ("llm", "harvest-vllm-x-tp1") else None
+
+        def delete_lease(self, namespace: str, name: str) -> None:
+            pass
 
         def delete_job(self, namespace: str, name: str) -> bool:
             self.deleted_jobs.append(name)

@@ -172,6 +172,10 @@ def test_canary_and_analysis_template(payload: dict[str, Any]) -> None:
     labels = dep["spec"]["template"]["metadata"]["labels"]
     assert labels["app"] == "chat" and labels["inferasim.io/kind"] == "canary"
     assert dep["spec"]["selector"]["matchLabels"] == {"inferasim.io/canary": "chat-canary-0"}
+    from inferasim_operator.pod_security import is_restricted
+
+    assert is_restricted(payload["shortlist_deployments"][0]["spec"]["template"]["spec"])  # as rendered: not
+    assert is_restricted(dep["spec"]["template"]["spec"]) == []  # as the operator starts it: restricted
     # A target running inferasim's own manifest routes by app.kubernetes.io/name: the canary's pods
     # carry the target's value of it (they once carried their own name and got no traffic).
     served = confirm.canary_deployment(payload["shortlist_deployments"][0], {"app.kubernetes.io/name": "chat"}, "chat")
@@ -232,8 +236,11 @@ class _PassKube:
         self.patches.append(patch)
         return {}
 
-    def list_jobs(self, selector: str) -> list[dict[str, Any]]:
-        return []
+    def get_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return None
+
+    def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return None
 
     def apply_config_map(self, body: dict[str, Any]) -> None:
         self.config_maps.append(body["metadata"]["name"])

@@ -43,3 +43,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 {{- join "," $out -}}
 {{- end -}}
+
+{{/* The namespaces watched (and given a Role): watchNamespaces, else the release's namespace. */}}
+{{- define "inferasim-operator.watchNamespaces" -}}
+{{- join "," (.Values.watchNamespaces | default (list .Release.Namespace) | uniq) -}}
+{{- end -}}

@@ -54,6 +54,7 @@ from inferasim_operator.models import (
     dump,
     label_value,
 )
+from inferasim_operator.pod_security import harden_pod
 from inferasim_operator.settings import Settings
 from inferasim_operator.spec_rules import parse_duration
 from inferasim_operator.status import StatusBook, post_event
@@ -96,6 +97,8 @@ def canary_deployment(dep: dict[str, Any], target_labels: dict[str, str], tuning
     pod_labels.update(extra)
     pod_labels[LABEL_CANARY] = name
     d["spec"]["selector"] = {"matchLabels": {LABEL_CANARY: name}}
+    # Restricted: no privilege escalation, no capabilities, seccomp, no ServiceAccount token.
+    harden_pod(d["spec"]["template"]["spec"])
     return d
 
 
@@ -284,11 +287,7 @@ async def _measure_canary(body: dict[str, Any], spec: TuningSpec, book: StatusBo
 
 async def _release_canary(book: StatusBook, kube: Kube, c: dict[str, Any]) -> None:
     """The canary's GPUs go back as soon as it is measured or given up."""
-    try:
-        await asyncio.to_thread(kube.apps.delete_namespaced_deployment, c["name"], book.namespace)
-    except ApiException as exc:
-        if exc.status != 404:
-            raise
+    await asyncio.to_thread(kube.delete_deployment, book.namespace, c["name"])
 
 
 def _decide(body: dict[str, Any], book: StatusBook, canaries: list[dict[str, Any]]) -> bool:

@@ -22,6 +22,7 @@ from inferasim_operator.kube import Kube
 from inferasim_operator.passes.confirm import confirm_progress
 from inferasim_operator.passes.passive import check_prediction
 from inferasim_operator.passes.tune import pass_failed, reconcile
+from inferasim_operator.search import pool as search_pool
 from inferasim_operator.settings import Settings, backoff
 from inferasim_operator.spec_rules import parse_duration, parse_tuning_spec
 from inferasim_operator.state import MEMO
@@ -36,7 +37,7 @@ async def tick(body: dict[str, Any], kube: Kube, settings: Settings) -> str:
     uid = meta.get("uid", f"{meta['namespace']}/{meta['name']}")
     status = body.get("status") or {}
     phase = status.get("phase")
-    if phase in (None, "Invalid", "Pending", "Observing", "Searching"):
+    if phase in (None, "Invalid", "Pending", "Observing", "Queued", "Searching"):
         return "idle"  # the create/update handler owns these (and retries them with backoff)
     if MEMO.backing_off(uid):
         return "backoff"
@@ -103,6 +104,12 @@ async def run_tick(body: dict[str, Any], uid: str, phase: str, kube: Kube, setti
         # nothing else would run it again (the drift baseline may already be the workload it failed on).
         return await reconcile(body, kube, settings, trigger="retry", force=True,
                                reason=f"retry {status.get('retries')} of a failed pass")
+    if (status.get("search") or {}).get("quick") and phase in ("Recommended", "Confirmed") and \
+            search_pool(settings.search.workers, settings.search.burst_stage2_top).idle():
+        # Searched under a burst with a smaller stage 2: refined with the full one, now that no other
+        # search waits (in the background: any new tuning's search goes first).
+        return await reconcile(body, kube, settings, trigger="refine", force=True, background=True,
+                               reason="refining a quick search (the search queue is empty)")
     every = parse_duration(spec.retune.every, "retune.every")
     age = age_s(status.get("lastTuneTime"))
     if every and age is not None and age >= every:

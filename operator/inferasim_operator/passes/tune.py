@@ -23,8 +23,16 @@ from inferasim.observed import ObservedWorkload
 from inferasim_operator import metrics
 from inferasim_operator.anchor_cache import anchor_dirs, sync_anchors
 from inferasim_operator.harvest import plan_harvests
-from inferasim_operator.kube import ApiException, Kube
-from inferasim_operator.models import HISTORY_SIZE, LABEL_KIND, LABEL_TUNING, AnchorRef, HistoryEntry, dump, label_value
+from inferasim_operator.kube import ApiException, Kube, NotManaged
+from inferasim_operator.models import (
+    HISTORY_SIZE,
+    LABEL_KIND,
+    LABEL_TUNING,
+    AnchorRef,
+    HistoryEntry,
+    dump,
+    label_value,
+)
 from inferasim_operator.passes.confirm import start_confirmation
 from inferasim_operator.passes.passive import ensure_passive_anchor
 from inferasim_operator.pricing import resolve_price
@@ -36,6 +44,7 @@ from inferasim_operator.results import (
     shortlist_of,
 )
 from inferasim_operator.search import SearchFailed, SearchTimeout, run_search
+from inferasim_operator.search import pool as search_pool
 from inferasim_operator.settings import Settings, backoff
 from inferasim_operator.spec_rules import parse_duration, parse_tuning_spec, render_name
 from inferasim_operator.state import MEMO
@@ -111,7 +120,7 @@ async def observe_workload(spec: TuningSpec, book: StatusBook, body: dict[str, A
 
 
 async def reconcile(body: dict[str, Any], kube: Kube, settings: Settings, *, trigger: str, reason: str,
-                    force: bool = False) -> str:
+                    force: bool = False, background: bool = False) -> str:
     """One full pass for a ServingTuning. Returns what happened (for logs and tests).
 
     Raises kopf.TemporaryError (retry with backoff: workload not observed, search timed out) and
@@ -119,6 +128,8 @@ async def reconcile(body: dict[str, Any], kube: Kube, settings: Settings, *, tri
     body = json.loads(json.dumps(dict(body)))  # a plain copy: kopf bodies are live views
     meta = body["metadata"]
     uid = meta.get("uid", f"{meta['namespace']}/{meta['name']}")
+    if trigger == "create" and not (body.get("status") or {}).get("phase") and not MEMO.lock(uid).locked():
+        await show_queued(body, kube, settings)
     async with MEMO.lock(uid):
         # A handler retried after a restart may find the work done by an earlier run.
         # Spec, status and generation are read together, inside the lock: a timer pass that captured
@@ -134,7 +145,7 @@ async def reconcile(body: dict[str, Any], kube: Kube, settings: Settings, *, tri
             metrics.RECONCILES.labels(trigger=trigger, result="skipped").inc()
             return "skipped"
         try:
-            result = await run_pass(body, book, kube, settings, reason)
+            result = await run_pass(body, book, kube, settings, reason, background=background)
         except kopf.TemporaryError:
             metrics.RECONCILES.labels(trigger=trigger, result="retry").inc()
             raise
@@ -146,6 +157,21 @@ async def reconcile(body: dict[str, Any], kube: Kube, settings: Settings, *, tri
             raise await pass_failed(body, book, kube, settings, exc) from exc
         metrics.RECONCILES.labels(trigger=trigger, result=result).inc()
         return result
+
+
+async def show_queued(body: dict[str, Any], kube: Kube, settings: Settings) -> None:
+    """A new tuning shows a phase at once, before anything else of its pass (100 applied together
+    waited seconds for their first status): Queued, at the place it would take in the search queue
+    now (the pool corrects it). Only phase, queue and message: a merge patch of these clobbers nothing."""
+    pool = search_pool(settings.search.workers, settings.search.burst_stage2_top)
+    place = pool.waiting() + 1
+    patch = {"phase": "Queued", "message": "queued for its first pass",
+             "queue": {"position": place, "length": place, "workers": pool.size}}
+    meta = body["metadata"]
+    try:
+        await asyncio.to_thread(kube.patch_tuning_status, meta["namespace"], meta["name"], patch)
+    except ApiException as exc:  # the pass itself writes the status again, and reports what fails
+        log.warning("%s/%s: cannot show phase Queued: HTTP %s", meta["namespace"], meta["name"], exc.status)
 
 
 def _summary(exc: BaseException) -> str:
@@ -175,6 +201,7 @@ async def pass_failed(body: dict[str, Any], book: StatusBook, kube: Kube, settin
         return await park_invalid(body, book, kube, f"invalid spec: {exc}", condition=("Recommended", "InvalidSpec"),
                                   event="InvalidSpec")
     reason = ("StatusNotWritable" if isinstance(exc, StatusNotWritable) else
+              "NotManaged" if isinstance(exc, NotManaged) else
               "KubernetesApiError" if isinstance(exc, ApiException) else "InternalError")
     summary = _summary(exc)
     metrics.PASS_ERRORS.labels(kind="internal", reason=reason).inc()
@@ -194,8 +221,42 @@ async def pass_failed(body: dict[str, Any], book: StatusBook, kube: Kube, settin
     return kopf.TemporaryError(summary, delay=delay)
 
 
+async def search_gave_out(body: dict[str, Any], book: StatusBook, kube: Kube, settings: Settings,
+                          exc: SearchTimeout | SearchFailed, reason: str) -> kopf.PermanentError | kopf.TemporaryError:
+    """A search past its time limit (SearchTimeout) or one that raised inside the library
+    (SearchFailed): retried after a growing backoff (at least as long as the pool's own backoff for
+    that search), and given up after `search.max_failures` in a row: phase Failed until the spec
+    changes (a timeout was retried forever, each time at the full cost of a search)."""
+    retries = int(book.get("retries") or 0) + 1
+    book.set(queue=None)
+    what = str(exc)[:600]
+    if retries >= settings.search.max_failures:
+        why = (f"{what}; gave up after {retries} failed search(es) in a row: edit the spec (fewer engines, "
+               f"precisions or GPUs) or raise the operator's search time limit ({settings.search.timeout_s:.0f} s)")
+        # retries 0: the timer's retry of failed passes leaves it alone (an edit starts a new pass).
+        if book.get("recommendation") and book.get("observedGeneration") == book.generation:
+            # A refinement (or re-tune) of a spec that has its recommendation: that one stands, and
+            # is not refined again.
+            book.set(retries=0, message=why[:1000], search={**(book.get("search") or {}), "quick": False})
+            book.condition("Degraded", "True", reason, why)
+        else:
+            book.condition("Recommended", "False", reason, why)
+            book.set(phase="Failed", retries=0, message=why[:1000], observedGeneration=book.generation)
+        await book.flush()
+        post_event(body, "Warning", reason, why)
+        return kopf.PermanentError(why)
+    delay = max(backoff(settings, retries), getattr(exc, "retry_in", 0.0))
+    book.condition("Recommended", "False", reason, f"{what}; retry {retries} in {delay:.0f} s")
+    book.set(retries=retries, message=what)
+    if not book.get("recommendation"):
+        book.set(phase="Pending")
+    await book.flush()
+    post_event(body, "Warning", reason, f"{what} (retry {retries} in {delay:.0f} s)")
+    return kopf.TemporaryError(what, delay=delay)
+
+
 async def run_pass(body: dict[str, Any], book: StatusBook, kube: Kube, settings: Settings, reason: str,
-                   depth: int = 0) -> str:
+                   depth: int = 0, background: bool = False) -> str:
     """The pass itself, steps 1 to 7, inside the lock :func:`reconcile` holds (no guard: the caller's
     guard turns what it raises into a condition). ``depth`` 1 is the one search again after anchors
     were imported mid-pass."""
@@ -208,6 +269,7 @@ async def run_pass(body: dict[str, Any], book: StatusBook, kube: Kube, settings:
                                  event="InvalidSpec") from None
     post_event(body, "Normal", "Tuning", f"tuning started: {reason}")
     has_rec = bool(book.get("recommendation"))
+
     if has_rec and book.get("observedGeneration") != gen:
         # The spec changed: until this pass publishes, the recommendation in status is the last
         # spec's. Say so (a pass that fails keeps it, and GitOps keeps its ConfigMap), and stop the
@@ -230,11 +292,8 @@ async def run_pass(body: dict[str, Any], book: StatusBook, kube: Kube, settings:
         if await ensure_passive_anchor(body, spec, book, kube, settings):
             n_cluster = await sync_anchors(kube, settings)
 
-    # 4. the search, in a child process with a time limit
-    if not has_rec:
-        book.set(phase="Searching")
-    book.set(message=f"searching ({reason})")
-    await book.flush()
+    # 4. the search, in the operator's bounded search pool (fair, identical searches once), with a
+    #    time limit; the status says Queued (with the place) while it waits, Searching once it runs
     price, p_status, p_reason, p_message = await resolve_price(spec, kube, settings)
     if p_reason == "BadPrice" and (book.cond("Priced") or {}).get("message") != p_message:
         post_event(body, "Warning", "BadPrice", p_message)
@@ -254,21 +313,30 @@ async def run_pass(body: dict[str, Any], book: StatusBook, kube: Kube, settings:
     if spec.target is not None and spec.target.kind == "Deployment" and name == spec.target.name:
         target = await asyncio.to_thread(kube.get_deployment, book.namespace, name)
         selector = ((target or {}).get("spec") or {}).get("selector")
+
+    async def report(place: int, waiting: int, workers: int) -> None:
+        # Called by the pool while this pass waits for it (the book is not written meanwhile).
+        if place:
+            book.set(queue={"position": place, "length": waiting, "workers": workers},
+                     message=f"queued for a search: place {place} of {waiting} ({workers} run at once; {reason})")
+        else:
+            book.set(queue=None, message=f"searching ({reason})")
+        if not has_rec:
+            book.set(phase="Queued" if place else "Searching")
+        await book.flush()
+
     t0 = time.perf_counter()
     try:
         payload = await run_search(spec_dict, anchor_dirs(settings), name, book.namespace,
                                    stage2_top=settings.search.stage2_top, timeout_s=settings.search.timeout_s,
-                                   target_selector=selector, tuning=book.name)
+                                   target_selector=selector, tuning=book.name, workers=settings.search.workers,
+                                   burst_stage2_top=settings.search.burst_stage2_top, background=background,
+                                   report=report)
     except SearchTimeout as exc:
         metrics.SEARCH_FAILURES.labels(reason="timeout").inc()
-        retries = int(book.get("retries") or 0) + 1
-        delay = backoff(settings, retries)
-        book.condition("Recommended", "False", "SearchTimeout", f"{exc}; retry in {delay:.0f} s")
-        book.set(retries=retries, message=str(exc))
-        await book.flush()
-        post_event(body, "Warning", "SearchTimeout", str(exc))
-        raise kopf.TemporaryError(str(exc), delay=delay) from None
+        raise await search_gave_out(body, book, kube, settings, exc, "SearchTimeout") from None
     except SearchFailed as exc:
+        book.set(queue=None)
         metrics.SEARCH_FAILURES.labels(reason="invalid" if exc.invalid else "error").inc()
         if exc.invalid and observed is None:
             raise await park_invalid(body, book, kube, f"search refused the spec: {exc}",
@@ -286,12 +354,8 @@ async def run_pass(body: dict[str, Any], book: StatusBook, kube: Kube, settings:
             await book.flush()
             post_event(body, "Warning", "WorkloadNotServable", why[:500])
             raise kopf.TemporaryError(why[:500], delay=delay) from None
-        delay = backoff(settings, retries)
-        book.condition("Recommended", "False", "SearchFailed", str(exc)[:1000])
-        book.set(retries=retries, message=str(exc)[:1000])
-        await book.flush()
-        post_event(body, "Warning", "SearchFailed", str(exc)[:500])
-        raise kopf.TemporaryError(str(exc)[:500], delay=delay) from None
+        raise await search_gave_out(body, book, kube, settings, exc, "SearchFailed") from None
+    book.set(queue=None)
     seconds = time.perf_counter() - t0
     metrics.SEARCH_SECONDS.observe(seconds)
     post_event(body, "Normal", "SearchComplete",
@@ -311,7 +375,7 @@ async def run_pass(body: dict[str, Any], book: StatusBook, kube: Kube, settings:
         # search again with it rather than publish an unanchored result.
         await book.flush()
         return await run_pass(body, book, kube, settings, f"{reason}; {imported} harvested anchor(s) imported",
-                              depth + 1)
+                              depth + 1, background)
     if harvesting:
         book.condition("AnchorsReady", "False", "Harvesting",
                        f"{len(harvesting)} anchor(s) being harvested: " + ", ".join(h.job for h in harvesting))
@@ -364,14 +428,17 @@ async def run_pass(body: dict[str, Any], book: StatusBook, kube: Kube, settings:
                            f"{rec.engine} {rec.precision} {rec.layout_label} x{rec.replicas} ({rec.gpus} GPUs): "
                            f"{_fmt(rec.predicted.throughput_per_gpu)} tok/s/GPU predicted; "
                            f"{payload['candidates']} candidates in {seconds:.1f} s"
-                           + ("; anchors being harvested" if harvesting else ""))
+                           + ("; anchors being harvested" if harvesting else "")
+                           + (f"; a quick search under load (stage 2 on {payload.get('stage2_top')} candidates), "
+                              "refined when the search queue is empty" if payload.get("quick") else ""))
         entry.engine, entry.layout_label, entry.gpus = rec.engine, rec.layout_label, rec.gpus
         entry.throughput_per_gpu = rec.predicted.throughput_per_gpu
         book.set(recommendation=dump(rec), shortlist=[dump(c) for c in shortlist])
     history = [dump(entry), *(book.get("history") or [])][:HISTORY_SIZE]
     book.set(history=history, lastTuneTime=now_iso(), observedGeneration=gen, retries=0,
              search={"candidates": payload["candidates"], "seconds": round(seconds, 3),
-                     "workload": payload["workload"]})
+                     "workload": payload["workload"], "stage2Top": payload.get("stage2_top"),
+                     "quick": bool(payload.get("quick"))})
     if (book.cond("Degraded") or {}).get("status") == "True":
         book.condition("Degraded", "False", "PassCompleted", "the last pass completed")
 
