@@ -52,6 +52,9 @@ MAX_LIST = 32
 MAX_MS = 86_400_000.0  # a day, in milliseconds
 MAX_TOKENS = 10_000_000
 MAX_RATE = 1_000_000.0
+# The slowest arrival rate a spec may name: one request a day. Below it a replay of the workload's
+# requests spans more simulated time than a float keeps in step (1e-308 req/s stalled the simulator).
+MIN_RATE = 1.0 / 86_400
 # A model name: the CLI also takes a path to a config.json (PATH_MAX); the operator takes names
 # only (inferasim.catalog.models.check_model_id) and its CRD bounds them tighter (crds.py).
 MAX_MODEL = 4096
@@ -147,8 +150,9 @@ class StaticWorkload(_Model):
     """A workload described by its shape; `kind` picks the arrival process."""
 
     kind: Literal["closed", "poisson", "multi-turn"] = "poisson"
-    request_rate: float | None = Field(None, gt=0, le=MAX_RATE, description="Requests/s (poisson).")
-    sessions_per_second: float | None = Field(None, gt=0, le=MAX_RATE, description="New sessions/s (multi-turn).")
+    request_rate: float | None = Field(None, ge=MIN_RATE, le=MAX_RATE, description="Requests/s (poisson).")
+    sessions_per_second: float | None = Field(None, ge=MIN_RATE, le=MAX_RATE,
+                                               description="New sessions/s (multi-turn).")
     concurrency: int | None = Field(None, ge=1, le=1_000_000, description="Clients (closed loop).")
     input_tokens: int = Field(1024, ge=1, le=MAX_TOKENS, description="Prompt tokens (first turn for multi-turn).")
     output_tokens: int = Field(256, ge=1, le=MAX_TOKENS, description="Output tokens per request.")
@@ -290,7 +294,7 @@ class Capacity(_Model):
     question: Literal["maxRate", "gpusForRate"] = Field(
         description="maxRate: the most requests/s hardware.maxGPUs serves within the SLO; gpusForRate: the "
                     "fewest GPUs that serve requestRate (or the workload's own rate) within the SLO.")
-    request_rate: float | None = Field(None, gt=0, le=MAX_RATE,
+    request_rate: float | None = Field(None, ge=MIN_RATE, le=MAX_RATE,
                                        description="Requests/s to serve (gpusForRate; default: the workload's rate).")
 
 

@@ -78,3 +78,11 @@ def test_missing_anchors_come_most_informative_first() -> None:
     assert not rec.anchored
     assert (res.missing_anchors[0]["engine"], res.missing_anchors[0]["precision"]) == \
         (rec.candidate.engine, rec.candidate.precision)
+
+
+def test_a_rate_below_one_request_a_day_is_refused_with_its_field(tmp_path: Path) -> None:
+    spec = {**SPEC, "workload": {"static": {**SPEC["workload"]["static"], "requestRate": 1e-308}}}
+    p = tmp_path / "s.yaml"
+    p.write_text(yaml.safe_dump(spec))
+    with pytest.raises(SpecError, match="requestRate"):
+        load_spec(p)
