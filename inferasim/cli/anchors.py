@@ -218,6 +218,7 @@ def _anchors_check(args: argparse.Namespace) -> int:
     for err in bad:
         print(f"invalid: {err}", file=sys.stderr)
     problems = poor = 0
+    report: list[dict[str, Any]] = []
     for where, a in anchors:
         try:
             fitted = fitted_from_anchor(a)
@@ -246,14 +247,38 @@ def _anchors_check(args: argparse.Namespace) -> int:
             print(f"poor fit: {where} ({a.id}): rms log error {a.fit.rms_log_error:.3f} is above "
                   f"{DEFAULT_MAX_RMS_LOG_ERROR:g}, the threshold below which `harvest run` writes an anchor",
                   file=sys.stderr)
+        ident = fitted.identification()
+        report.append({"file": where, "id": a.id, "name": Path(where).stem, "points": len(a.points),
+                       "identification": ident.as_dict() if ident else None})
     # Every file counts once: invalid (does not parse), unusable (parses, cannot predict) or usable.
-    print(f"{len(anchors) + len(bad)} anchor files: {len(anchors) - problems} usable, {len(bad)} invalid, "
-          f"{problems} unusable; {poor} with a poor fit")
+    summary = (f"{len(anchors) + len(bad)} anchor files: {len(anchors) - problems} usable, {len(bad)} invalid, "
+               f"{problems} unusable; {poor} with a poor fit")
+    emit({"anchors": report, "summary": summary, "invalid": [str(e) for e in bad]}, args.output,
+         _identification_text(report) + summary)
     if not anchors and not bad:
         # A pipeline checking the wrong folder must not pass: nothing checked is not "all valid".
         print("inferasim anchors check: no anchor JSON file found", file=sys.stderr)
         return 1
     return 1 if bad or problems else 0
+
+
+def _identification_text(report: list[dict[str, Any]]) -> str:
+    """What each usable anchor's points decide and what they leave to priors (model.identify):
+    a prediction that leans on a prior-led parameter says so, and is less sure than its band."""
+    rows, hints = [], []
+    for r in report:
+        ident = r["identification"]
+        if ident is None:  # steps-only or measurement-free: the points do not pose a benchmark fit
+            rows.append((r["name"], r["points"], "(isolated steps: GPU terms from the steps)", "-"))
+            continue
+        params = ident["params"]
+        led = [n if p["data_share"] is None else f"{n} ({p['data_share']:.2f})"
+               for n, p in params.items() if p["source"] != "data" and n != "m_tile"]
+        rows.append((r["name"], r["points"], ", ".join(n for n, p in params.items() if p["source"] == "data") or "-",
+                     ", ".join(led) or "-"))
+        hints += [f"hint: {r['name']}: {h}" for h in ident["hints"]]
+    text = table(["anchor", "points", "fitted from its points", "left to priors (data share)"], rows)
+    return text + "\n" + "".join(h + "\n" for h in hints)
 
 
 def _live_selector(items: Sequence[str]) -> dict[str, str]:

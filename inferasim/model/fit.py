@@ -155,11 +155,83 @@ def predict_points(params: StepParams, cost: LayoutCost, sched: EngineSched,
     return out
 
 
-def fit_params(cost: LayoutCost, sched: EngineSched, points: Sequence[FitPoint], prior: StepParams,
-               free: Sequence[str] = FREE_PARAMS, max_iter: int = 40,
-               start: dict[str, float] | None = None) -> FitResult:
-    """Levenberg-Marquardt on log-parameters, clipped to PARAM_BOUNDS, from the prior (or from
-    `start` for the parameters it names: the prior still centres them)."""
+@dataclass
+class FitProblem:
+    """One anchor's fit as a least-squares problem over the log of its free parameters: the data
+    residuals (log-errors of every measured metric at the anchor's points) followed by one prior
+    residual per free parameter. `fit_params` solves it; `data_shares` reads, at any solution, how
+    much each free parameter owes to the points rather than to its prior."""
+
+    cost: LayoutCost
+    sched: EngineSched
+    points: Sequence[FitPoint]
+    prior: StepParams
+    free: list[str]
+    sigmas: list[float]
+    metrics: dict[str, tuple[np.ndarray, np.ndarray]]
+
+    @property
+    def n_data(self) -> int:
+        return sum(len(idx) for idx, _ in self.metrics.values())
+
+    def bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        lo = np.array([np.log(max(PARAM_BOUNDS[f][0], _FLOOR.get(f, PARAM_BOUNDS[f][0]))) for f in self.free])
+        hi = np.array([np.log(PARAM_BOUNDS[f][1]) for f in self.free])
+        return lo, hi
+
+    def start(self, start: dict[str, float] | None = None) -> np.ndarray:
+        first = {**self.prior.as_dict(), **(start or {})}
+        return np.array([np.log(max(first[f], _FLOOR.get(f, 1e-9))) for f in self.free])
+
+    def at(self, params: StepParams) -> np.ndarray:
+        """The log-parameter vector of `params` (clipped into the bounds, as to_params reads it)."""
+        lo, hi = self.bounds()
+        d = params.as_dict()
+        z = np.array([np.log(max(d[f], _FLOOR.get(f, 1e-9))) for f in self.free])
+        return np.clip(z, lo, hi)
+
+    def to_params(self, z: np.ndarray) -> StepParams:
+        d = self.prior.as_dict()
+        for name, zi in zip(self.free, z, strict=True):
+            lo, hi = PARAM_BOUNDS[name]
+            d[name] = float(np.clip(np.exp(zi), max(lo, _FLOOR.get(name, lo)), hi))
+        return StepParams(**d)
+
+    def residuals(self, z: np.ndarray) -> np.ndarray:
+        prm = self.to_params(z)
+        pred = predict_points(prm, self.cost, self.sched, self.points)
+        prior_d = self.prior.as_dict()
+        parts = []
+        for name, (idx, meas) in self.metrics.items():
+            pv = pred[name][idx]
+            parts.append(METRIC_WEIGHT.get(name, 1.0) * np.log(np.maximum(pv, 1e-12) / meas))
+        for name, zi, sigma in zip(self.free, z, self.sigmas, strict=True):
+            center = np.log(max(prior_d[name], _FLOOR.get(name, 1e-9)))
+            parts.append(np.array([(zi - center) / sigma]) * 0.5)
+        return np.concatenate(parts)
+
+    def data_shares(self, z: np.ndarray) -> dict[str, float]:
+        """Per free parameter, what the data say of it against its prior: the data's information
+        on its log (the squared sensitivities of the data residuals at `z`) over that plus the
+        prior's ((0.5 / sigma)^2, as the prior residual weighs it). Near 1: fitted from the points;
+        near 0: the prior decides (one anchor cannot tell it apart from the others)."""
+        n_data = self.n_data
+        _, hi = self.bounds()
+        r0 = self.residuals(z)[:n_data]
+        shares: dict[str, float] = {}
+        for j, (name, sigma) in enumerate(zip(self.free, self.sigmas, strict=True)):
+            dz = np.zeros_like(z)
+            dz[j] = 1e-4 if z[j] + 1e-4 <= hi[j] else -1e-4
+            info = float(np.sum(np.square((self.residuals(z + dz)[:n_data] - r0) / dz[j])))
+            prior_info = (0.5 / sigma) ** 2 if np.isfinite(sigma) else 0.0
+            shares[name] = info / (info + prior_info) if info + prior_info > 0 else 0.0
+        return shares
+
+
+def fit_problem(cost: LayoutCost, sched: EngineSched, points: Sequence[FitPoint], prior: StepParams,
+                free: Sequence[str] = FREE_PARAMS) -> FitProblem:
+    """The problem fit_params solves: which parameters these points can move at all, and how
+    tightly each prior holds them."""
     if not points:
         raise ValueError("an anchor needs at least one measured point to fit")
     metrics = _metric_arrays(points)
@@ -188,65 +260,38 @@ def fit_params(cost: LayoutCost, sched: EngineSched, points: Sequence[FitPoint],
     if len({p.isl for p in points if p.scenario != "offline"}) < 2 or prior.t_front_token <= 0.0 or \
             "t_front" not in free:
         free = [f for f in free if f != "t_front_token"]
-    prior_d = prior.as_dict()
-    base = dict(prior_d)
     front_named = prior.t_front > _FLOOR["t_front"]
     seq_named = prior.t_seq >= T_SEQ_V0
     sigmas = [FRONT_PRIOR_SIGMA if name == "t_front" and front_named else
               SEQ_PRIOR_SIGMA if name == "t_seq" and seq_named else PRIOR_SIGMA[name] for name in free]
+    return FitProblem(cost=cost, sched=sched, points=points, prior=prior, free=free, sigmas=sigmas,
+                      metrics=metrics)
 
-    def to_params(z: np.ndarray) -> StepParams:
-        d = dict(base)
-        for name, zi in zip(free, z, strict=True):
-            lo, hi = PARAM_BOUNDS[name]
-            d[name] = float(np.clip(np.exp(zi), max(lo, _FLOOR.get(name, lo)), hi))
-        return StepParams(**d)
 
-    def residuals(z: np.ndarray) -> np.ndarray:
-        prm = to_params(z)
-        pred = predict_points(prm, cost, sched, points)
-        parts = []
-        for name, (idx, meas) in metrics.items():
-            pv = pred[name][idx]
-            parts.append(METRIC_WEIGHT.get(name, 1.0) * np.log(np.maximum(pv, 1e-12) / meas))
-        for name, zi, sigma in zip(free, z, sigmas, strict=True):
-            center = np.log(max(prior_d[name], _FLOOR.get(name, 1e-9)))
-            parts.append(np.array([(zi - center) / sigma]) * 0.5)
-        return np.concatenate(parts)
-
-    first = {**prior_d, **(start or {})}
-    z0 = np.array([np.log(max(first[f], _FLOOR.get(f, 1e-9))) for f in free])
-    lo = np.array([np.log(max(PARAM_BOUNDS[f][0], _FLOOR.get(f, PARAM_BOUNDS[f][0]))) for f in free])
-    hi = np.array([np.log(PARAM_BOUNDS[f][1]) for f in free])
-    z, cost_val, iterations, converged = bounded_lm(residuals, z0, lo, hi, max_iter)
-    params = to_params(z)
+def fit_params(cost: LayoutCost, sched: EngineSched, points: Sequence[FitPoint], prior: StepParams,
+               free: Sequence[str] = FREE_PARAMS, max_iter: int = 40,
+               start: dict[str, float] | None = None) -> FitResult:
+    """Levenberg-Marquardt on log-parameters, clipped to PARAM_BOUNDS, from the prior (or from
+    `start` for the parameters it names: the prior still centres them)."""
+    prob = fit_problem(cost, sched, points, prior, free)
+    lo, hi = prob.bounds()
+    z, cost_val, iterations, converged = bounded_lm(prob.residuals, prob.start(start), lo, hi, max_iter)
+    params = prob.to_params(z)
     pred = predict_points(params, cost, sched, points)
     per_metric: dict[str, float] = {}
     all_log: list[float] = []
     res_out: dict[str, list[float]] = {}
-    for name, (idx, meas) in metrics.items():
+    for name, (idx, meas) in prob.metrics.items():
         logs = np.log(np.maximum(pred[name][idx], 1e-12) / meas)
         all_log.extend(logs.tolist())
         res_out[name] = logs.tolist()
         per_metric[name] = float(np.median(np.abs(pred[name][idx] - meas) / meas))
     arr = np.array(all_log)
-    # What the data say of each free parameter, against its prior: the data's information on its
-    # log (the squared sensitivities of the data residuals at the solution) over that plus the
-    # prior's ((0.5 / sigma)^2, as the prior residual above weighs it). Near 1: fitted from the
-    # points; near 0: the prior decides (one anchor cannot tell it apart from the others).
-    n_data = sum(len(idx) for idx, _ in metrics.values())
-    r0 = residuals(z)[:n_data]
-    data_share: dict[str, float] = {}
-    for j, (name, sigma) in enumerate(zip(free, sigmas, strict=True)):
-        dz = np.zeros_like(z)
-        dz[j] = 1e-4 if z[j] + 1e-4 <= hi[j] else -1e-4
-        info = float(np.sum(np.square((residuals(z + dz)[:n_data] - r0) / dz[j])))
-        prior_info = (0.5 / sigma) ** 2 if np.isfinite(sigma) else 0.0
-        data_share[name] = info / (info + prior_info) if info + prior_info > 0 else 0.0
     return FitResult(
         params=params, rms_log_error=float(np.sqrt(np.mean(arr ** 2))),
         max_abs_log_error=float(np.max(np.abs(arr))), per_metric_mape=per_metric, n_points=len(points),
-        iterations=iterations, converged=converged, residuals=res_out, objective=cost_val, data_share=data_share,
+        iterations=iterations, converged=converged, residuals=res_out, objective=cost_val,
+        data_share=prob.data_shares(z),
     )
 
 

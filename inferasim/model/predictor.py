@@ -24,10 +24,11 @@ from inferasim.core.runs import Layout as RowLayout
 from inferasim.errors import CannotPredict
 from inferasim.model.anchors import Anchor, BenchPoint, FitReport, KernelSet, LayoutModel, Provenance
 from inferasim.model.fit import FitPoint, FitResult, fit_anchor_params, predict_points
-from inferasim.model.layoutcost import layout_cost
+from inferasim.model.identify import Identification, anchor_slopes, identify_fit, leaning
+from inferasim.model.layoutcost import LayoutCost, layout_cost
 from inferasim.model.memory import layout_problems
 from inferasim.model.population import FittedMember, Population
-from inferasim.model.steady import engine_sched
+from inferasim.model.steady import EngineSched, engine_sched
 from inferasim.model.stepfit import engine_params_from_steps
 from inferasim.model.steptime import STEP_MODEL_REVISION, StepParams, default_params, step_time
 from inferasim.model.transfer import disagg_point
@@ -206,10 +207,50 @@ class FittedAnchor:
     # Priced from the population of other kernel sets' anchors (model.population): the half-width
     # of each metric's 90% band, measured as that population's leave-one-out error; empty otherwise.
     population_spread: dict[str, float] = field(default_factory=dict)
+    # The measured points the fit saw (what it identifies, model.identify); empty for a
+    # measurement-free or steps-only anchor.
+    points: tuple[FitPoint, ...] = ()
+    _identity: Identification | None = field(default=None, repr=False, compare=False)
+    _seen: dict[str, dict[str, float]] | None = field(default=None, repr=False, compare=False)
 
     @property
     def params(self) -> StepParams:
         return self.fit.params
+
+    def _anchor_pricing(self) -> tuple[LayoutCost, EngineSched]:
+        gpu = get_gpu(self.measured_on) if self.measured_on else self.gpu
+        return (layout_cost(self.model, gpu, self.layout, self.precision, self.kv_dtype, self.engine,
+                            self.engine_version),
+                engine_sched(self.engine, self.model, gpu, self.layout, self.precision, self.engine_version,
+                             self.kv_dtype))
+
+    def identification(self) -> Identification | None:
+        """Which parameters the anchor's points decide and which its priors do (None without points)."""
+        if not self.points or self.population_spread:
+            return None
+        if self._identity is None:
+            cost, sched = self._anchor_pricing()
+            gpu = get_gpu(self.measured_on) if self.measured_on else self.gpu
+            self._identity = identify_fit(cost, sched, self.points, default_params(gpu, self.engine,
+                                                                                   self.engine_version), self.params)
+        return self._identity
+
+    def leans_on(self, layout: Layout, isl: int, osl: int, concurrency: int,
+                 scenario: str = "closed") -> dict[str, dict[str, float]]:
+        """Per metric, the prior-led parameters a prediction here depends on beyond what the
+        anchor's points showed (model.identify.leaning)."""
+        ident = self.identification()
+        if ident is None or not ident.prior_led():
+            return {}
+        if self._seen is None:
+            a_cost, a_sched = self._anchor_pricing()
+            self._seen = anchor_slopes(ident, self.params, a_cost, a_sched, self.points)
+        cost = layout_cost(self.model, self.gpu, layout, self.precision, self.kv_dtype, self.engine,
+                           self.engine_version)
+        sched = engine_sched(self.engine, self.model, self.gpu, layout, self.precision, self.engine_version,
+                             self.kv_dtype)
+        return leaning(self._seen, self.params, cost, sched,
+                       FitPoint(isl=isl, osl=osl, concurrency=concurrency, scenario=scenario))
 
     def spread(self, extrapolated: bool, layout: Layout, isl: int, osl: int, metric: str = "tpot",
                 concurrency: int | None = None) -> float:
@@ -261,6 +302,11 @@ class FittedAnchor:
                 out.append(f"{name} {value} tokens, {doublings:.1f} doublings from the anchor's {measured}")
         if concurrency is not None and not self.conc_range[0] <= concurrency <= self.conc_range[1]:
             out.append(f"concurrency {concurrency} outside the anchor's {self.conc_range[0]}-{self.conc_range[1]}")
+        if concurrency is not None:
+            for metric, names in self.leans_on(layout, isl, osl, concurrency).items():
+                if metric in ("ttft", "tpot"):
+                    out.append(f"{metric.upper()} leans on {', '.join(names)}, which the anchor's points leave to "
+                               "priors (`inferasim anchors check` shows what they identify)")
         return out
 
     def beyond_measured(self, conc: int, isl: int, osl: int) -> bool:
@@ -359,7 +405,7 @@ def fit_anchor_rows(rows: list[BenchRow]) -> FittedAnchor:
         kv_dtype=kv_dtype, layout=layout, fit=result, anchor_id=f"{engine}:{first.backend_version or '?'}:{model.name}:"
         f"{gpu.name}:{precision}:{layout.label()}",
         conc_range=(min(concs), max(concs)), isl_range=(min(r.isl for r in rows), max(r.isl for r in rows)),
-        osl_range=(min(r.osl for r in rows), max(r.osl for r in rows)),
+        osl_range=(min(r.osl for r in rows), max(r.osl for r in rows)), points=tuple(points),
     )
 
 
@@ -523,7 +569,7 @@ def fitted_from_anchor(anchor: Anchor) -> FittedAnchor:
     return FittedAnchor(engine=engine, engine_version=ks.engine_version, model=model, gpu=gpu,
                         precision=precision, kv_dtype=kv_dtype, layout=layout, fit=result, anchor_id=anchor.id,
                         conc_range=(min(concs), max(concs)), isl_range=(min(isls), max(isls)),
-                        osl_range=(min(osls), max(osls)))
+                        osl_range=(min(osls), max(osls)), points=tuple(points))
 
 
 def carry_to_gpu(fitted: FittedAnchor, gpu: GPU) -> FittedAnchor:
