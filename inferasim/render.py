@@ -12,8 +12,10 @@ section 6); facts read outside the notes say so ("not in the notes").
 
 Scope: one replica must fit on one node (``layout.gpus <= gpus_per_node``). Multi-node replicas
 need LeaderWorkerSet or Ray and are refused with a ValueError. For P/D disaggregation
-(``disagg_role``) this renders one pool; the router/proxy in front of the pools (vLLM proxy,
-sglang-router, ATOM ``atomesh``) is not rendered.
+(``disagg_role``) this renders one pool with its KV-transfer flags and ports; the prefill and decode
+pools together with the engine's P/D router in front of them are rendered by :mod:`inferasim.render_pd`.
+Pod settings beyond the engine (model cache PVC, ROCm / NVIDIA pod settings, RDMA, memory limits, the
+PodDisruptionBudget) come from :class:`inferasim.render_pod.RenderOptions`.
 """
 
 from __future__ import annotations
@@ -30,15 +32,19 @@ from inferasim.catalog.gpus import GPU
 from inferasim.catalog.models import get_model
 from inferasim.core.config import ServingConfig
 from inferasim.core.engine_args import HF_HOME, engine_args, engine_env, online_fp8
+from inferasim.render_pod import RenderOptions, apply_pod_options, model_cache_note, render_pdb
 
 __all__ = [
     "ANNOTATION_FP8_KERNELS",
+    "ANNOTATION_MODEL_CACHE",
     "ANNOTATION_PD_ROUTER",
     "LABEL_ENGINE",
     "LABEL_LAYOUT",
     "LABEL_NAME",
+    "PD_ROUTER",
     "gpu_node_label",
     "gpu_node_placement",
+    "kv_transfer_ports",
     "fp8_kernels_note",
     "served_model_id",
     "render_deployment",
@@ -80,13 +86,35 @@ _VERSION_TAG = re.compile(r"^v\d+(\.\d+)*")
 
 # Annotation of a manifest whose online FP8 runs other kernels than the price assumed.
 ANNOTATION_FP8_KERNELS = "inferasim.io/fp8-kernels"
-# Annotation of a P/D pool: the router in front of the pools is not rendered (module docstring).
+# Annotation of a P/D pool: which router clients reach it through (render_pd renders it with both pools).
 ANNOTATION_PD_ROUTER = "inferasim.io/pd-router"
-_PD_ROUTER = {
-    "vllm": "vLLM's disaggregated-serving proxy or llm-d",  # not in the notes
-    "sglang": "sglang_router.launch_router --pd-disaggregation",  # not in the notes
-    "atom": "ATOM's atomesh",  # as in the module docstring; not in the notes
+ANNOTATION_MODEL_CACHE = "inferasim.io/model-cache"
+PD_ROUTER = {
+    "vllm": "vllm-router --vllm-pd-disaggregation",  # vllm-project/router (README), not in the notes
+    "sglang": "python3 -m sglang_router.launch_router --pd-disaggregation",  # sgl-project/sglang router docs
+    "atom": "atomesh launch --pd-disaggregation",  # ROCm/ATOM P/D recipes, not in the notes
 }
+# KV-transfer ports of a P/D pod (not in the notes): vLLM's NixlConnector handshake side channel
+# (VLLM_NIXL_SIDE_CHANNEL_PORT, default 5600, vllm/envs.py); SGLang's prefill bootstrap server
+# (--disaggregation-bootstrap-port, default 8998, server_args.py), which the router hands to decode;
+# ATOM's mooncake handshake port (kv-transfer-config handshake_port, 6301 in its recipes). The bulk KV
+# bytes move over RDMA queue pairs, which use no TCP port.
+VLLM_NIXL_SIDE_CHANNEL_PORT = 5600
+SGLANG_BOOTSTRAP_PORT = 8998
+ATOM_HANDSHAKE_PORT = 6301
+
+
+def kv_transfer_ports(cfg: ServingConfig) -> list[dict[str, Any]]:
+    """Container ports of ``cfg``'s KV transfer (none for a colocated pool, or for SGLang's decode side,
+    which connects out to the prefill side's bootstrap port)."""
+    if not cfg.disagg_role:
+        return []
+    if cfg.engine == "vllm":
+        return [{"name": "nixl-side", "containerPort": VLLM_NIXL_SIDE_CHANNEL_PORT, "protocol": "TCP"}]
+    if cfg.engine == "sglang":
+        return ([{"name": "bootstrap", "containerPort": SGLANG_BOOTSTRAP_PORT, "protocol": "TCP"}]
+                if cfg.disagg_role == "prefill" else [])
+    return [{"name": "kv-handshake", "containerPort": ATOM_HANDSHAKE_PORT, "protocol": "TCP"}]
 
 
 def fp8_kernels_note(cfg: ServingConfig) -> str | None:
@@ -221,6 +249,7 @@ def render_deployment(
     labels: dict[str, str] | None = None,
     *,
     hf_token_secret: str | None = HF_TOKEN_SECRET,
+    options: RenderOptions | None = None,
 ) -> dict[str, Any]:
     """``apps/v1`` Deployment serving ``cfg`` (one pod per replica, all GPUs of a replica in one pod).
 
@@ -253,15 +282,26 @@ def render_deployment(
         # vLLM NixlConnector side channel binds VLLM_NIXL_SIDE_CHANNEL_HOST (default localhost; vllm/envs.py,
         # not in the notes): the pod IP lets the other pool reach it.
         env.append({"name": "VLLM_NIXL_SIDE_CHANNEL_HOST", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
+        env.append({"name": "VLLM_NIXL_SIDE_CHANNEL_PORT", "value": str(VLLM_NIXL_SIDE_CHANNEL_PORT)})
+    opts = options or RenderOptions()
+    engine_argv = argv[n_launch:]
+    if cfg.engine == "sglang" and cfg.disagg_role:
+        # The transfer engine (mooncake | nixl) and, on prefill, the bootstrap port the container exposes
+        # (sgl-project/sglang docs/advanced_features/pd_disaggregation.md); extra_args may set them instead.
+        given = {t.split("=", 1)[0] for t in cfg.extra_args}
+        if "--disaggregation-transfer-backend" not in given:
+            engine_argv += ["--disaggregation-transfer-backend", opts.kv_transfer_backend]
+        if cfg.disagg_role == "prefill" and "--disaggregation-bootstrap-port" not in given:
+            engine_argv += ["--disaggregation-bootstrap-port", str(SGLANG_BOOTSTRAP_PORT)]
 
     container: dict[str, Any] = {
         "name": cfg.engine,
         "image": image_of(cfg, gpu),
         "imagePullPolicy": "IfNotPresent",
         "command": argv[:n_launch],
-        "args": argv[n_launch:],
+        "args": engine_argv,
         "env": env,
-        "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
+        "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}, *kv_transfer_ports(cfg)],
         "resources": {
             "requests": {
                 gpu.resource_name: str(gpus),
@@ -291,13 +331,17 @@ def render_deployment(
     if cfg.disagg_role:
         annotations[ANNOTATION_PD_ROUTER] = (
             f"this pool runs the {cfg.disagg_role} half of each request; clients go to a P/D router in front of "
-            f"the prefill and decode pools ({_PD_ROUTER[cfg.engine]}), which this manifest does not render")
+            f"the prefill and decode pools ({PD_ROUTER[cfg.engine]}); render both pools together (inferasim render "
+            "--pd, tune --manifest) to get it")
+    cache_note = model_cache_note(opts)
+    if cache_note:
+        annotations[ANNOTATION_MODEL_CACHE] = cache_note
     pod_annotations = {
         "prometheus.io/scrape": "true",
         "prometheus.io/port": str(port),
         "prometheus.io/path": "/metrics",
     }
-    return {
+    deployment = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": {"name": name, "namespace": namespace, "labels": dict(all_labels), "annotations": annotations},
@@ -321,6 +365,14 @@ def render_deployment(
             },
         },
     }
+    pod_spec = deployment["spec"]["template"]["spec"]
+    apply_pod_options(pod_spec, pod_spec["containers"][0], gpu.vendor, opts, disaggregated=bool(cfg.disagg_role))
+    if cfg.engine == "sglang" and cfg.disagg_role == "prefill":
+        # sglang_router's Kubernetes discovery reads a prefill pod's bootstrap port from this annotation
+        # (--bootstrap-port-annotation, default sglang.ai/bootstrap-port; sglang router docs).
+        deployment["spec"]["template"]["metadata"]["annotations"]["sglang.ai/bootstrap-port"] = \
+            str(SGLANG_BOOTSTRAP_PORT)
+    return deployment
 
 
 def render_service(cfg: ServingConfig, name: str, namespace: str = "default") -> dict[str, Any]:
@@ -343,9 +395,14 @@ def render_service(cfg: ServingConfig, name: str, namespace: str = "default") ->
     }
 
 
-def render_manifests(cfg: ServingConfig, name: str, namespace: str = "default") -> list[dict[str, Any]]:
-    """``[Deployment, Service]`` for ``cfg``."""
-    return [render_deployment(cfg, name, namespace), render_service(cfg, name, namespace)]
+def render_manifests(cfg: ServingConfig, name: str, namespace: str = "default",
+                     options: RenderOptions | None = None) -> list[dict[str, Any]]:
+    """``[Deployment, Service, PodDisruptionBudget]`` for ``cfg`` (the budget unless options turn it off)."""
+    opts = options or RenderOptions()
+    out = [render_deployment(cfg, name, namespace, options=opts), render_service(cfg, name, namespace)]
+    if opts.pod_disruption_budget:
+        out.append(render_pdb(name, namespace, {LABEL_NAME: name}, out[1]["metadata"]["labels"]))
+    return out
 
 
 def to_yaml(manifests: list[dict[str, Any]]) -> str:

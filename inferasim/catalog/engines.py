@@ -721,6 +721,11 @@ _SGLANG_FLAGS: dict[str, Flag] = _flags(
     ("--trust-remote-code", False, "allow custom model code from the hub", _S),
     # disaggregation
     ("--disaggregation-mode", True, "null | prefill | decode", _S),
+    # server_args.py (not in the notes; read in sgl-project/sglang docs/advanced_features/pd_disaggregation.md):
+    # the KV transfer engine, the prefill side's bootstrap port the router hands to decode (8998), the RDMA NICs
+    ("--disaggregation-transfer-backend", True, "mooncake | nixl | ... (mooncake)", _S),
+    ("--disaggregation-bootstrap-port", True, "prefill bootstrap server port (8998)", _S),
+    ("--disaggregation-ib-device", True, "RDMA devices for the transfer (None: auto-detected)", _S),
     # server / metrics
     ("--host", True, "bind address (127.0.0.1; set 0.0.0.0 in a Pod)", _S),
     ("--port", True, "HTTP port (30000)", _S),
