@@ -18,7 +18,8 @@ from inferasim.core.engine_args import HF_HOME
 if TYPE_CHECKING:  # pragma: no cover
     from inferasim.core.spec import DeploySpec
 
-__all__ = ["KV_TRANSFER_BACKENDS", "RenderOptions", "apply_pod_options", "check_options", "model_cache_note", "render_pdb"]
+__all__ = ["KV_TRANSFER_BACKENDS", "RenderOptions", "apply_pod_options", "check_options", "model_cache_note",
+           "render_pdb"]
 
 # SGLang's P/D transfer engines a manifest renders (`--disaggregation-transfer-backend`; sgl-project/sglang
 # docs/advanced_features/pd_disaggregation.md: "we support Mooncake and NIXL").
@@ -63,8 +64,15 @@ class RenderOptions:
                    router_image=deploy.router_image)
 
 
-def check_options(o: RenderOptions) -> None:
-    """ValueError naming the option and the fix; the CLI flags and the spec fields share these rules."""
+def check_options(o: RenderOptions, vendor: str | None = None) -> None:
+    """ValueError naming the option and the fix; the CLI flags and the spec fields share these rules.
+    ``vendor`` (amd | nvidia): also refuse an option that does nothing on that vendor's GPUs."""
+    if vendor == "amd" and o.runtime_class_name:
+        raise ValueError(f"runtime class {o.runtime_class_name!r} is an NVIDIA container runtime option; AMD "
+                         "GPUs reach pods through the ROCm device plugin: drop it (--runtime-class, deploy.runtimeClassName)")
+    if vendor == "nvidia" and o.rocm_render_gid is not None:
+        raise ValueError("the ROCm render group is for AMD GPUs: drop it (--rocm-render-gid, "
+                         "deploy.rocmRenderGID)")
     if o.model_cache_pvc is not None and (len(o.model_cache_pvc) > 253 or not _DNS1123_SUBDOMAIN.match(
             o.model_cache_pvc)):
         raise ValueError(f"model cache PVC {o.model_cache_pvc!r} is not a PersistentVolumeClaim name (lower-case "
@@ -103,7 +111,7 @@ def _env_set(container: dict[str, Any], name: str, value: str) -> None:
 def apply_pod_options(pod_spec: dict[str, Any], container: dict[str, Any], vendor: str, options: RenderOptions, *,
                       disaggregated: bool) -> None:
     """Edit a rendered engine pod (its spec and its engine container) in place."""
-    check_options(options)
+    check_options(options, vendor)
     resources = container["resources"]
     # Memory limit = request: a GPU pod is never the one the kernel should let grow into its neighbours'
     # memory (the /dev/shm emptyDir is counted in the container's memory, so the request already holds it).

@@ -298,6 +298,48 @@ class Capacity(_Model):
                                        description="Requests/s to serve (gpusForRate; default: the workload's rate).")
 
 
+# A Kubernetes object name (DNS-1123 subdomain) and an extended resource name (domain/name).
+K8S_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+RESOURCE_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+
+
+class DeploySpec(_Model):
+    """How the recommendation's manifests run (inferasim.render_pod.RenderOptions; `inferasim render`
+    takes the same as flags)."""
+
+    model_cache_pvc: str | None = Field(
+        None, min_length=1, max_length=MAX_NAME, pattern=K8S_NAME_PATTERN, alias="modelCachePVC",
+        description="An existing PersistentVolumeClaim (ReadWriteMany, or ReadOnlyMany with offline) mounted at "
+                    "HF_HOME: weights downloaded once, reused by every pod. Empty: an emptyDir per pod.")
+    offline: bool = Field(False, description="Load the model from modelCachePVC only (HF_HUB_OFFLINE=1, the "
+                                             "claim mounted read-only); needs modelCachePVC.")
+    runtime_class_name: str | None = Field(
+        None, min_length=1, max_length=MAX_NAME, pattern=K8S_NAME_PATTERN,
+        description="NVIDIA: the RuntimeClass of the NVIDIA container runtime (e.g. nvidia), where it is not the "
+                    "node's default runtime.")
+    rocm_render_gid: int | None = Field(None, ge=0, le=2**31 - 1, alias="rocmRenderGID",
+                                        description="AMD: the GID of the nodes' render group (owner of "
+                                                    "/dev/dri/renderD*), added to the pods' groups beside video (44).")
+    rdma_resource: str | None = Field(
+        None, min_length=3, max_length=MAX_LABEL_KEY, pattern=RESOURCE_NAME_PATTERN,
+        description="P/D: the RDMA device plugin's resource each prefill and decode pod requests, e.g. "
+                    "rdma/hca_shared_devices_a.")
+    rdma_count: int = Field(1, ge=1, le=64, description="P/D: how many rdmaResource each pod requests.")
+    kv_transfer_backend: Literal["mooncake", "nixl"] = Field(
+        "mooncake", description="SGLang P/D: --disaggregation-transfer-backend.")
+    router_image: str | None = Field(None, min_length=1, max_length=MAX_IMAGE,
+                                     description="P/D: the router's image (default: the engine's image).")
+    pod_disruption_budget: bool = Field(True, description="Render a PodDisruptionBudget (maxUnavailable 1) per "
+                                                          "Deployment.")
+
+    @model_validator(mode="after")
+    def _offline_needs_cache(self) -> DeploySpec:
+        if self.offline and not self.model_cache_pvc:
+            raise ValueError("offline loading needs modelCachePVC (a claim that already holds the weights); set "
+                             "deploy.modelCachePVC or drop deploy.offline")
+        return self
+
+
 class TuningSpec(_Model):
     """Everything `inferasim tune` needs: the same fields as a ServingTuning's spec."""
 
@@ -316,6 +358,8 @@ class TuningSpec(_Model):
     harvest: HarvestPolicy = Field(default_factory=HarvestPolicy)
     confirmation: Confirmation = Field(default_factory=Confirmation)
     retune: Retune = Field(default_factory=Retune)
+    deploy: DeploySpec = Field(default_factory=DeploySpec,
+                               description="How the rendered manifests run: model cache, pod settings, P/D router.")
 
     @field_validator("engines")
     @classmethod

@@ -9,6 +9,8 @@ from inferasim.core.config import ServingConfig
 from inferasim.core.layout import Layout
 from inferasim.model.memory import start_max_model_len
 from inferasim.render import render_manifests, served_model_id, to_yaml
+from inferasim.render_pd import render_pd_manifests
+from inferasim.render_pod import RenderOptions
 
 if TYPE_CHECKING:  # pragma: no cover
     from inferasim.search.estimate import Estimate
@@ -54,11 +56,13 @@ def config_of(result: TuneResult, e: Estimate) -> ServingConfig:
 
 
 def render_pools(result: TuneResult, e: Estimate, name: str, namespace: str = "default") -> list[dict[str, Any]]:
-    """Deployment and Service of every pool of ``e`` (``name``, or ``name-prefill`` and ``name-decode``)."""
-    out: list[dict[str, Any]] = []
-    for suffix, cfg in pool_configs(result, e):
-        out += render_manifests(cfg, f"{name}{suffix}", namespace)
-    return out
+    """What serves ``e``, as the spec's `deploy` section asks: Deployment and Service ``name``, or for a
+    P/D candidate the prefill and decode pools with the engine's P/D router (render_pd)."""
+    options = RenderOptions.from_spec(result.spec.deploy)
+    pools = pool_configs(result, e)
+    if len(pools) == 2:
+        return render_pd_manifests(pools[0][1], pools[1][1], name, namespace, options)
+    return render_manifests(pools[0][1], name, namespace, options)
 
 
 # Annotation holding what the search predicted for a rendered recommendation, for the canary

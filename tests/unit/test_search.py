@@ -331,11 +331,15 @@ def test_a_disaggregated_recommendation_renders_both_pools() -> None:
     assert pools["-prefill"].replicas == d.prefill_workers * e.replicas
     assert pools["-decode"].replicas == d.decode_workers * e.replicas
     docs = render_pools(result, e, "chat")
+    # The engine's P/D router in front of both pools (Service chat, which clients use), then the pools.
     assert [(m["kind"], m["metadata"]["name"]) for m in docs] == [
+        ("ServiceAccount", "chat-router"), ("Role", "chat-router"), ("RoleBinding", "chat-router"),
+        ("Deployment", "chat-router"), ("Service", "chat"),
         ("Deployment", "chat-prefill"), ("Service", "chat-prefill"), ("Deployment", "chat-decode"),
-        ("Service", "chat-decode")]
+        ("Service", "chat-decode"), ("PodDisruptionBudget", "chat-router"), ("PodDisruptionBudget", "chat-prefill"),
+        ("PodDisruptionBudget", "chat-decode")]
     gpus = 0
-    for dep, role in ((docs[0], "prefill"), (docs[2], "decode")):
+    for dep, role in ((docs[5], "prefill"), (docs[7], "decode")):
         assert dep["metadata"]["labels"][LABEL_ROLE] == role
         assert ANNOTATION_PD_ROUTER in dep["metadata"]["annotations"]
         container = dep["spec"]["template"]["spec"]["containers"][0]
