@@ -41,6 +41,7 @@ class BenchWorkload:
     output_tokens: int
     request_rate: float | None
     num_requests: int
+    max_concurrency: int | None = None  # a closed-loop workload's clients
 
     def __post_init__(self) -> None:
         for field, value, most in (("input tokens", self.input_tokens, 10_000_000),
@@ -48,6 +49,10 @@ class BenchWorkload:
                                    ("requests", self.num_requests, _MAX_REQUESTS)):
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
                 raise ValueError(f"benchmark {field}={value!r} must be a whole number from 1 to {most:,}")
+        if self.max_concurrency is not None and (isinstance(self.max_concurrency, bool) or not isinstance(
+                self.max_concurrency, int) or not 1 <= self.max_concurrency <= 1_000_000):
+            raise ValueError(f"benchmark concurrency {self.max_concurrency!r} must be a whole number from 1 to "
+                             "1,000,000")
         if self.request_rate is not None and not (math.isfinite(self.request_rate) and
                                                   0 < self.request_rate <= 1_000_000):
             raise ValueError(f"benchmark request rate {self.request_rate!r} must be above 0 and at most 1e6 "
@@ -57,6 +62,8 @@ class BenchWorkload:
 def bench_command(engine: str, model: str, base_url: str, w: BenchWorkload) -> list[str]:
     """argv of the engine's benchmark client for ``w`` against ``base_url``."""
     rate = ["--request-rate", format(w.request_rate, "g")] if w.request_rate is not None else []
+    # --max-concurrency caps requests in flight in both clients (a closed loop's client count).
+    rate += ["--max-concurrency", str(w.max_concurrency)] if w.max_concurrency is not None else []
     if engine == "sglang":
         return ["python3", "-m", "sglang.bench_serving", "--backend", "sglang", "--base-url", base_url,
                 "--model", model, "--dataset-name", "random-ids", "--random-input-len", str(w.input_tokens),
@@ -110,6 +117,7 @@ def render_bench_job(cfg: ServingConfig, service: str, name: str, w: BenchWorklo
     annotations = {"inferasim.io/target": base_url, "inferasim.io/workload": (
         f"prompt {w.input_tokens}, output {w.output_tokens}, "
         f"{format(w.request_rate, 'g') + ' req/s' if w.request_rate is not None else 'all at once'}, "
+        f"{'' if w.max_concurrency is None else f'at most {w.max_concurrency} in flight, '}"
         f"{w.num_requests} requests")}
     if note:
         annotations["inferasim.io/predicted"] = note

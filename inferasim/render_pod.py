@@ -69,7 +69,8 @@ def check_options(o: RenderOptions, vendor: str | None = None) -> None:
     ``vendor`` (amd | nvidia): also refuse an option that does nothing on that vendor's GPUs."""
     if vendor == "amd" and o.runtime_class_name:
         raise ValueError(f"runtime class {o.runtime_class_name!r} is an NVIDIA container runtime option; AMD "
-                         "GPUs reach pods through the ROCm device plugin: drop it (--runtime-class, deploy.runtimeClassName)")
+                         "GPUs reach pods through the ROCm device plugin: drop it (--runtime-class, "
+                         "deploy.runtimeClassName)")
     if vendor == "nvidia" and o.rocm_render_gid is not None:
         raise ValueError("the ROCm render group is for AMD GPUs: drop it (--rocm-render-gid, "
                          "deploy.rocmRenderGID)")

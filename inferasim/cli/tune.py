@@ -76,10 +76,9 @@ def _tune_table(result: Any) -> str:
                       f"({rec['gpus']} GPUs), max_num_seqs {rec['max_num_seqs']}, "
                       f"max_num_batched_tokens {rec['max_num_batched_tokens']}: {how}"
                       + ("" if rec["anchor"] else "  [unanchored: measurement-free, rank within engine]")]
-        if rec.get("disaggregation"):
-            lines.append("note: P/D: the manifest (--manifest) renders the prefill and decode pools, not the P/D "
-                         "router clients reach them through; each pool's annotation inferasim.io/pd-router names the "
-                         "engine's own (deploy it in front of both pools)")
+        gap = _pd_router_gap(result)
+        if gap:
+            lines.append(f"note: P/D: {gap}")
         w = result.spec.workload.static
         if w is not None and w.kind == "multi-turn" and rec["replicas"] > 1:
             lines.append(f"note: {rec['replicas']} replicas keep the sessions' prefix reuse only behind session-affine "
@@ -117,6 +116,45 @@ def _tune_table(result: Any) -> str:
                      f"(harvest ~{m['harvest_gpu_hours']:.2f} GPU-hours{cost} at "
                      f"{Layout(**m['harvest_layout']).label()}; band weight {m.get('band_weight', 0.0):.2f})")
     return "\n".join(lines)
+
+
+def _pd_router_gap(result: Any) -> str | None:
+    """Why --manifest renders no P/D router for the recommendation (None: it renders one, or the
+    recommendation is colocated)."""
+    from inferasim.render_pd import pd_router_gap
+    from inferasim.search.deploy import pool_configs
+
+    rec = result.recommendation
+    if rec is None or rec.candidate.disagg is None:
+        return None
+    pools = dict(pool_configs(result, rec))
+    return pd_router_gap(rec.candidate.engine, pools["-prefill"].replicas, pools["-decode"].replicas)
+
+
+def bench_jobs(result: Any, name: str, namespace: str) -> list[dict[str, Any]]:
+    """A benchmark Job per short-listed configuration (``name``-bench-1, -2 ...), each running its engine's
+    client against Service ``name`` (where `tune --manifest` or `render` deploys it) at the workload's
+    mean lengths and rate, annotated with what was predicted for it."""
+    from inferasim.render_bench import BenchWorkload, render_bench_job
+    from inferasim.render_pod import RenderOptions
+    from inferasim.search.deploy import pool_configs, predicted_annotation
+
+    w = result.workload
+    static = result.spec.workload.static
+    count = static.num_requests if static is not None else 1000
+    closed = w.rate is None
+    workload = BenchWorkload(input_tokens=max(1, round(w.isl)), output_tokens=max(1, round(w.osl)),
+                             request_rate=None if closed else w.rate, num_requests=count,
+                             max_concurrency=w.concurrency if closed else None)
+    options = RenderOptions.from_spec(result.spec.deploy)
+    jobs = []
+    for i, e in enumerate(result.shortlist(), 1):
+        cfg = pool_configs(result, e)[-1][1]  # the engine, model and GPU; the decode pool's for P/D
+        job = render_bench_job(cfg, name, f"{name}-bench-{i}", workload, namespace, options,
+                               note=predicted_annotation(result, e))
+        job["metadata"]["annotations"]["inferasim.io/configuration"] = e.candidate.label()
+        jobs.append(job)
+    return jobs
 
 
 def plot_pareto(result: Any, path: str) -> None:
@@ -193,6 +231,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     # Before the search, not after it.
     if args.plot is not None:
         usage_check(check_plot_file, "--plot", args.plot)
+    if args.bench_jobs is not None:
+        usage_check(check_output_file, "--bench-jobs", args.bench_jobs)
     if args.manifest is not None:
         usage_check(check_output_file, "--manifest", args.manifest)
         from inferasim.render import check_k8s_names
@@ -230,6 +270,16 @@ def cmd_tune(args: argparse.Namespace) -> int:
             failures.append(f"--manifest {args.manifest}: not rendered: {exc}")
         except OSError as exc:
             failures.append(f"--manifest {args.manifest}: cannot write ({exc.strerror or exc})")
+    if args.bench_jobs and result.shortlist():
+        from inferasim.render import to_yaml
+
+        try:
+            Path(args.bench_jobs).write_text(to_yaml(bench_jobs(result, args.name, args.namespace)))
+            data["bench_jobs_file"] = args.bench_jobs
+        except ValueError as exc:
+            failures.append(f"--bench-jobs {args.bench_jobs}: not rendered: {exc}")
+        except OSError as exc:
+            failures.append(f"--bench-jobs {args.bench_jobs}: cannot write ({exc.strerror or exc})")
     emit(data, args.output, _tune_table(result))
     args.result_data = data  # for the demo's next steps
     if args.output == "table":
@@ -239,6 +289,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
             print(f"Pareto front and short list as CSV: {exported[0]}, {exported[1]}")
         if "manifest_file" in data:
             print(f"Deployment manifest written to {args.manifest}")
+        if "bench_jobs_file" in data:
+            print(f"Benchmark Jobs (one per short-listed configuration, against Service {args.name}) written to "
+                  f"{args.bench_jobs}")
     for failure in failures:
         print(f"inferasim tune: error: {failure}", file=sys.stderr)
     if failures:
@@ -270,8 +323,13 @@ def add_cli(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--plot", default=None, help="write the Pareto plot here (.png, .svg, .pdf: the extension picks); "
                                                 "the front and the short list go beside it as CSV (STEM.csv, "
                                                 "STEM-shortlist.csv)")
-    p.add_argument("--manifest", default=None, help="write the recommended Deployment + Service YAML here")
-    p.add_argument("--name", default="llm", help="name of the rendered Deployment")
+    p.add_argument("--manifest", default=None, help="write the recommendation's manifests here (Deployment, Service, "
+                                                    "PodDisruptionBudget; for P/D the router and both pools; spec "
+                                                    "deploy sets the model cache and pod options)")
+    p.add_argument("--bench-jobs", default=None, metavar="FILE",
+                   help="write a benchmark Job per short-listed configuration here (the engine's own client against "
+                        "Service --name, at the workload's lengths and rate)")
+    p.add_argument("--name", default="llm", help="name of the rendered Deployment (with P/D: the router's Service)")
     p.add_argument("--namespace", default="default")
     p.add_argument("--propose-endpoint", default=None,
                    help="OpenAI-compatible endpoint of an LLM that proposes candidates (off by default)")

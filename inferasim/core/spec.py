@@ -386,6 +386,17 @@ class TuningSpec(_Model):
             normalize_precision(p)  # names the accepted spellings
         return v
 
+    @model_validator(mode="after")
+    def _deploy_fits_the_gpu(self) -> TuningSpec:
+        # An option for the other vendor's GPUs would be rendered for nothing (or refused at render time).
+        vendor = get_gpu(self.hardware.gpu).vendor
+        if vendor == "amd" and self.deploy.runtime_class_name:
+            raise ValueError("deploy.runtimeClassName is an NVIDIA container runtime option; AMD GPUs reach pods "
+                             "through the ROCm device plugin: drop it")
+        if vendor == "nvidia" and self.deploy.rocm_render_gid is not None:
+            raise ValueError("deploy.rocmRenderGID is for AMD GPUs (the render group of ROCm nodes): drop it")
+        return self
+
     @field_validator("model")
     @classmethod
     def _model_known(cls, v: str, info: ValidationInfo) -> str:

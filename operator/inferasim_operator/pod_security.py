@@ -27,6 +27,9 @@ def harden_pod(pod_spec: dict[str, Any], non_root: set[str] | frozenset[str] = f
     for c in [*pod_spec.get("initContainers", []), *pod_spec.get("containers", [])]:
         sc = c.setdefault("securityContext", {})
         sc.pop("privileged", None)
+        # A container's own profile overrides the pod's: the renderer's seccomp Unconfined for ROCm
+        # engines (inferasim.render_pod) gives way to the pod's RuntimeDefault here.
+        sc.pop("seccompProfile", None)
         sc["allowPrivilegeEscalation"] = False
         sc["capabilities"] = {"drop": ["ALL"]}
         if c.get("name") in non_root:
@@ -47,6 +50,8 @@ def is_restricted(pod_spec: dict[str, Any]) -> list[str]:
         sc = c.get("securityContext") or {}
         if sc.get("allowPrivilegeEscalation") is not False or sc.get("privileged"):
             out.append(f"{c.get('name')}: privilege escalation allowed")
+        if (sc.get("seccompProfile") or {}).get("type") not in (None, "RuntimeDefault"):
+            out.append(f"{c.get('name')}: seccompProfile is not RuntimeDefault")
         if (sc.get("capabilities") or {}).get("drop") != ["ALL"] or (sc.get("capabilities") or {}).get("add"):
             out.append(f"{c.get('name')}: capabilities not all dropped")
     return out

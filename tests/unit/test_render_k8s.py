@@ -325,3 +325,57 @@ def test_render_cli_pd_with_bench(tmp_path: Path) -> None:
                           "vllm", "--pd", "P2xtp1", "--offline"], capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and "Traceback" not in bad.stderr
     assert "--model-cache-pvc" in bad.stderr or "PxLAYOUT+DxLAYOUT" in bad.stderr
+
+
+# --------------------------------------------------------------------------------------------------
+# tune: the P/D recommendation deploys whole; a benchmark Job per short-listed configuration
+# --------------------------------------------------------------------------------------------------
+
+
+def test_tune_renders_the_router_drops_the_missing_router_note_and_writes_bench_jobs() -> None:
+    from inferasim.cli.tune import _tune_table, bench_jobs
+    from inferasim.search.deploy import recommendation_manifests
+    from inferasim.search.tune import tune
+
+    spec = parse_spec({"model": MODEL, "hardware": {"gpu": "H100", "gpusPerNode": 8, "maxGPUs": 4},
+                       "engines": ["vllm"],
+                       "workload": {"static": {"requestRate": 4, "inputTokens": 2000, "outputTokens": 200,
+                                               "numRequests": 300}},
+                       "search": {"maxNumSeqs": [64], "maxNumBatchedTokens": [8192], "chunkedPrefill": [True],
+                                  "disaggregation": True},
+                       "deploy": {"modelCachePVC": "models", "runtimeClassName": "nvidia"}})
+    result = tune(spec, stage2_top=0)
+    e = next(e for e in result.ranked if e.candidate.disagg is not None)
+    ms = recommendation_manifests(result, e, "chat", "serving")
+    assert ("Deployment", "chat-router") in {(m["kind"], m["metadata"]["name"]) for m in ms}
+    for m in ms:
+        validate(m)
+        if m["kind"] == "Deployment" and m["metadata"]["name"] != "chat-router":
+            pod = m["spec"]["template"]["spec"]
+            assert pod["runtimeClassName"] == "nvidia"  # spec.deploy reaches the manifests
+            assert {"claimName": "models", "readOnly": False} in [v.get("persistentVolumeClaim")
+                                                                  for v in pod["volumes"]]
+    assert "lacks" not in _tune_table(result) and "not the P/D router" not in _tune_table(result)
+    jobs = bench_jobs(result, "chat", "serving")
+    assert len(jobs) == len(result.shortlist()) >= 2
+    for i, job in enumerate(jobs, 1):
+        validate(job)
+        assert job["metadata"]["name"] == f"chat-bench-{i}"
+        argv = _container(job)["args"]
+        assert argv[argv.index("--random-input-len") + 1] == "2000"
+        assert argv[argv.index("--random-output-len") + 1] == "200"
+        assert argv[argv.index("--request-rate") + 1] == "4"
+        assert argv[argv.index("--num-prompts") + 1] == "300"
+        assert argv[argv.index("--base-url") + 1] == "http://chat.serving.svc:8000"
+        label = result.shortlist()[i - 1].candidate.label()
+        assert job["metadata"]["annotations"]["inferasim.io/configuration"] == label
+    with pytest.raises(SpecError, match="runtimeClassName"):
+        parse_spec({"model": MODEL, "hardware": {"gpu": "MI300X"}, "workload": {"static": {"requestRate": 1}},
+                    "deploy": {"runtimeClassName": "nvidia"}})
+
+
+def test_closed_loop_bench_caps_concurrency() -> None:
+    cfg = ServingConfig(engine="sglang", model=MODEL, gpu="H200", layout=Layout(tp=1))
+    argv = _container(render_bench_job(cfg, "s", "s-bench", BenchWorkload(100, 10, None, 50, max_concurrency=8)))[
+        "args"]
+    assert "--request-rate" not in argv and argv[argv.index("--max-concurrency") + 1] == "8"
