@@ -60,7 +60,7 @@ from inferasim.engine_cmdline import (
     spec_of,
 )
 from inferasim.model.anchors import KernelSet
-from inferasim.render import AMD_DEVICE_IDS, LABEL_GPU, PRODUCT_LABEL_KEY, image_of
+from inferasim.render import AMD_DEVICE_IDS, LABEL_GPU, PRODUCT_LABEL_KEY, RENDERED_PD_DEFAULTS, image_of
 
 __all__ = ["DeploymentError", "LiveDeployment", "engine_version_from_image", "kernel_set_of", "read_deployment"]
 
@@ -347,7 +347,8 @@ def read_deployment(manifest: Mapping[str, Any] | str | Path, *, gpu: str | None
     consumed = consumed_flags(engine)
     extra: list[str] = []
     for canon, tokens in flags.order:
-        if canon not in consumed:
+        value = tokens[0].split("=", 1)[1] if "=" in tokens[0] else (tokens[1] if len(tokens) > 1 else None)
+        if canon not in consumed and RENDERED_PD_DEFAULTS.get((engine, canon), object()) != value:
             extra.extend(tokens)
     served = flags.get("--served-model-name")
     if engine == "vllm":

@@ -42,6 +42,7 @@ __all__ = [
     "LABEL_LAYOUT",
     "LABEL_NAME",
     "PD_ROUTER",
+    "RENDERED_PD_DEFAULTS",
     "gpu_node_label",
     "gpu_node_placement",
     "kv_transfer_ports",
@@ -102,6 +103,12 @@ PD_ROUTER = {
 VLLM_NIXL_SIDE_CHANNEL_PORT = 5600
 SGLANG_BOOTSTRAP_PORT = 8998
 ATOM_HANDSHAKE_PORT = 6301
+# The P/D flags render_deployment adds on its own for SGLang, with their default values: a reader of a
+# rendered manifest (inferasim.deployment) takes them for the renderer's, not for extra_args.
+RENDERED_PD_DEFAULTS: dict[tuple[str, str], str] = {
+    ("sglang", "--disaggregation-transfer-backend"): RenderOptions.kv_transfer_backend,
+    ("sglang", "--disaggregation-bootstrap-port"): str(SGLANG_BOOTSTRAP_PORT),
+}
 
 
 def kv_transfer_ports(cfg: ServingConfig) -> list[dict[str, Any]]:

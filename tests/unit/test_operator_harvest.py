@@ -113,7 +113,8 @@ def test_job_manifest() -> None:
     assert [t["matchExpressions"][0]["values"] for t in terms] == [["AMD_Instinct_MI300X_OAM"], ["74a1", "74b5"]]
     assert pod["tolerations"] == [{"key": "amd.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
     engine, harvester = pod["containers"]
-    assert engine["resources"]["limits"] == {"amd.com/gpu": "1"}
+    # The memory limit is the request (inferasim.render_pod): a GPU pod never grows into its neighbours' memory.
+    assert engine["resources"]["limits"] == {"amd.com/gpu": "1", "memory": engine["resources"]["requests"]["memory"]}
     assert engine["image"].startswith("vllm/vllm-openai-rocm:")
     assert "vllm serve meta-llama/Meta-Llama-3-8B" in engine["command"][2] and DONE_FILE in engine["command"][2]
     assert "livenessProbe" not in engine
@@ -144,7 +145,8 @@ def test_policy_overrides() -> None:
     job = build_job(t, policy, lim, namespace="a", tuning="b", harvester_image="op:1")
     pod = job["spec"]["template"]["spec"]
     assert pod["containers"][0]["image"] == "my/vllm:1"
-    assert pod["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "1"}
+    res = pod["containers"][0]["resources"]
+    assert res["limits"] == {"nvidia.com/gpu": "1", "memory": res["requests"]["memory"]}
     assert pod["nodeSelector"] == {"pool": "gpu"} and pod["tolerations"] == [{"key": "x", "operator": "Exists"}]
 
 

@@ -487,7 +487,8 @@ def test_deployment_resources_scheduling_probes(engine, gpu, layout):
 @pytest.mark.parametrize("engine", ["vllm", "sglang", "atom"])
 def test_service_matches_container_port(engine):
     cfg = ServingConfig(engine, MODEL, AMD, Layout(tp=4))
-    dep, svc = render_manifests(cfg, "svc-test", "ns1")
+    dep, svc, pdb = render_manifests(cfg, "svc-test", "ns1")
+    assert pdb["kind"] == "PodDisruptionBudget" and pdb["spec"]["selector"]["matchLabels"] == svc["spec"]["selector"]
     c = _container(dep)
     assert svc["apiVersion"] == "v1" and svc["kind"] == "Service"
     assert svc["spec"]["type"] == "ClusterIP"
@@ -504,7 +505,7 @@ def test_service_matches_container_port(engine):
 def test_yaml_round_trip(engine, gpu, layout):
     manifests = render_manifests(_full(engine, gpu, layout, draft_model=None), "rt")
     text = to_yaml(manifests)
-    assert text.count("\n---\n") == 1
+    assert text.count("\n---\n") == 2  # Deployment, Service, PodDisruptionBudget
     assert list(yaml.safe_load_all(text)) == manifests
 
 

@@ -173,7 +173,7 @@ def test_tune_renders_the_recommended_manifest(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     docs = list(yaml.safe_load_all(out.read_text()))
     kinds = [d["kind"] for d in docs]
-    assert kinds == ["Deployment", "Service"]
+    assert kinds == ["Deployment", "Service", "PodDisruptionBudget"]
     rec = json.loads(r.stdout)["recommendation"]
     container = docs[0]["spec"]["template"]["spec"]["containers"][0]
     assert int(container["resources"]["limits"]["nvidia.com/gpu"]) == rec["gpus_per_replica"]
