@@ -83,10 +83,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
     # The plot needs matplotlib (the `plot` extra); without it the demo still writes the manifest.
     plot = str(out / "pareto.png") if importlib.util.find_spec("matplotlib") else None
     manifest = str(out / "deploy.yaml")
+    bench = str(out / "bench-jobs.yaml")  # a benchmark Job per short-listed configuration, to confirm on the cluster
     print(f"inferasim demo: `inferasim tune {example.relative_to(example.parent.parent)} "
-          f"{'--plot ' + plot + ' ' if plot else ''}--manifest {manifest}`\n")
+          f"{'--plot ' + plot + ' ' if plot else ''}--manifest {manifest} --bench-jobs {bench}`\n")
     ns = argparse.Namespace(spec=str(example), anchors=None, plot=plot, manifest=manifest, name="llm",
-                            namespace="default", output="table", propose_endpoint=None, propose_model="default")
+                            namespace="default", output="table", propose_endpoint=None, propose_model="default",
+                            bench_jobs=bench)
     rc = cmd_tune(ns)
     _demo_amd_cases()
     commands = _harvest_commands(getattr(ns, "result_data", {}))
@@ -95,7 +97,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
               "then tune again:")
         for c in commands:
             print(f"  {c}")
-        print(f"  inferasim tune {example} --plot {plot or 'pareto.png'} --manifest {manifest}")
+        print(f"  inferasim tune {example} --plot {plot or 'pareto.png'} --manifest {manifest} --bench-jobs {bench}")
         print("  (or let the operator do it: kubectl apply -f a ServingTuning; see charts/ and README 'The operator')")
     return rc
 
