@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import yaml
+
 from inferasim.search.export import PARETO_COLUMNS, SHORTLIST_COLUMNS, csv_paths, pareto_csv, shortlist_csv
 
 REPO = Path(__file__).resolve().parents[2]
@@ -51,8 +53,14 @@ def test_demo_writes_its_files_and_prints_the_next_commands(tmp_path: Path) -> N
         in r.stdout
 
 
-def test_a_pd_recommendation_says_its_manifest_has_no_router() -> None:
-    r = subprocess.run([*_cli(), "tune", str(EXAMPLE)], capture_output=True, text=True, timeout=300)
+def test_a_pd_recommendation_renders_its_router(tmp_path) -> None:
+    # Issue 27 item 3: the manifest of a P/D recommendation holds the engine's router, so the line that
+    # said it did not is gone.
+    out = tmp_path / "deploy.yaml"
+    r = subprocess.run([*_cli(), "tune", str(EXAMPLE), "--manifest", str(out)], capture_output=True, text=True,
+                       timeout=300)
     rec = next(line for line in r.stdout.splitlines() if line.startswith("Recommendation"))
     assert "+D" in rec  # the bundled example's recommendation is a P/D shape (P2xtp1+D2xtp1)
-    assert "not the P/D router" in r.stdout
+    assert "not the P/D router" not in r.stdout and "router" not in rec
+    names = [(d["kind"], d["metadata"]["name"]) for d in yaml.safe_load_all(out.read_text())]
+    assert ("Deployment", "llm-router") in names and ("Service", "llm") in names
