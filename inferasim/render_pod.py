@@ -36,6 +36,7 @@ _EXTENDED_RESOURCE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-
 # 44 on Debian/Ubuntu (base-passwd). The render group's GID differs between hosts (109, 110, 992 ...), so
 # it is an option (rocm_render_gid). The engine images run as root, which the groups do not restrict.
 _VIDEO_GID = 44
+_ROCM_ENV = {"HIP_FORCE_DEV_KERNARG": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
 @dataclass(frozen=True)
@@ -138,6 +139,13 @@ def apply_pod_options(pod_spec: dict[str, Any], container: dict[str, Any], vendo
 
     sc = container.setdefault("securityContext", {})
     if vendor == "amd":
+        # What vLLM's ROCm image bakes in (docker/Dockerfile.rocm; notes 5.1), for every engine's ROCm pod:
+        # kernel arguments in device memory (lower launch latency on Instinct) and no tokenizer thread pool
+        # fighting the server's own workers. A value the engine's env already set is kept.
+        have = {e["name"] for e in container.get("env", [])}
+        for name, value in _ROCM_ENV.items():
+            if name not in have:
+                _env_set(container, name, value)
         groups = [_VIDEO_GID] + ([options.rocm_render_gid] if options.rocm_render_gid is not None else [])
         pod_spec.setdefault("securityContext", {})["supplementalGroups"] = groups
         # seccomp=unconfined as ROCm's container guide runs them (the default profile blocks syscalls the

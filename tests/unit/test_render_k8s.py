@@ -238,11 +238,14 @@ def test_rocm_pods_get_groups_and_seccomp_nvidia_pods_the_runtime_class() -> Non
     amd = render_manifests(ServingConfig(engine="vllm", model=MODEL, gpu="MI300X", layout=Layout(tp=1)), "a",
                            options=RenderOptions(rocm_render_gid=110))[0]["spec"]["template"]["spec"]
     assert amd["securityContext"]["supplementalGroups"] == [44, 110]
+    env = {e["name"]: e.get("value") for e in amd["containers"][0]["env"]}
+    assert env["HIP_FORCE_DEV_KERNARG"] == "1" and env["VLLM_ROCM_USE_AITER"] == "1"
     assert amd["containers"][0]["securityContext"]["seccompProfile"] == {"type": "Unconfined"}
     assert "runtimeClassName" not in amd
     nv = render_manifests(ServingConfig(engine="vllm", model=MODEL, gpu="H200", layout=Layout(tp=1)), "n",
                           options=RenderOptions(runtime_class_name="nvidia"))[0]["spec"]["template"]["spec"]
     assert nv["runtimeClassName"] == "nvidia" and "securityContext" not in nv
+    assert "HIP_FORCE_DEV_KERNARG" not in {e["name"] for e in nv["containers"][0]["env"]}
     with pytest.raises(ValueError, match="NVIDIA container runtime option"):
         render_manifests(ServingConfig(engine="vllm", model=MODEL, gpu="MI300X", layout=Layout(tp=1)), "a",
                          options=RenderOptions(runtime_class_name="nvidia"))
@@ -379,3 +382,17 @@ def test_closed_loop_bench_caps_concurrency() -> None:
     argv = _container(render_bench_job(cfg, "s", "s-bench", BenchWorkload(100, 10, None, 50, max_concurrency=8)))[
         "args"]
     assert "--request-rate" not in argv and argv[argv.index("--max-concurrency") + 1] == "8"
+
+
+def test_operator_canaries_of_rocm_pods_stay_restricted() -> None:
+    """The renderer's container-level seccomp Unconfined for ROCm gives way to the operator's
+    RuntimeDefault when it starts a canary (Pod Security "restricted" refuses Unconfined at any level)."""
+    from inferasim_operator.pod_security import harden_pod, is_restricted
+
+    pod = render_manifests(ServingConfig(engine="sglang", model=MODEL, gpu="MI300X", layout=Layout(tp=1)),
+                           "c")[0]["spec"]["template"]["spec"]
+    assert "sglang: seccompProfile is not RuntimeDefault" in is_restricted(copy.deepcopy(pod))
+    hardened = harden_pod(pod)
+    assert is_restricted(hardened) == []
+    assert "seccompProfile" not in hardened["containers"][0]["securityContext"]
+    assert hardened["securityContext"]["supplementalGroups"] == [44]  # the video group stays
