@@ -8,7 +8,8 @@ of them the router clients talk to, behind a Service of the deployment's own nam
 * vLLM: ``vllm-router --vllm-pd-disaggregation`` (vllm-project/router; the NixlConnector protocol is its
   default ``--kv-connector nixl``), finding the pools' pods by label (``--service-discovery
   --prefill-selector/--decode-selector``). The router is a PyPI wheel, not part of the vllm-openai image:
-  without ``router_image`` the container installs it (``pip install vllm-router==0.1.17``) at start.
+  without ``router_image`` the container installs it (``pip install vllm-router==0.1.17``) at start,
+  which an offline deployment cannot (it is refused there, naming ``router_image``).
 * SGLang: ``python3 -m sglang_router.launch_router --pd-disaggregation`` with the same discovery flags
   (sgl-project/sglang router docs), reading each prefill pod's bootstrap port from its annotation
   ``sglang.ai/bootstrap-port``. sglang-router ships in SGLang's images.
@@ -118,6 +119,9 @@ def _router_deployment(cfg: ServingConfig, name: str, router: str, namespace: st
     command, args = router_args(engine, name, namespace)
     image = options.router_image or image_of(cfg, cfg.gpu_spec)
     if engine == "vllm" and not options.router_image:
+        if options.offline:
+            raise ValueError("the vLLM P/D router installs vllm-router from PyPI when it starts, which an offline "
+                             "cluster cannot: give an image that has vllm-router (--router-image, deploy.routerImage)")
         # The engine image has Python and pip but not the router: install the pinned wheel, then run it.
         command, args = (["sh", "-c", f"pip install --no-cache-dir vllm-router=={VLLM_ROUTER_VERSION} && "
                                       'exec vllm-router "$@"', "vllm-router"], args)

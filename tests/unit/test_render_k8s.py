@@ -27,7 +27,8 @@ from inferasim.render_pod import RenderOptions
 DEFINITIONS = Path(__file__).resolve().parent.parent / "data" / "k8s-openapi" / "definitions.json"
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 ENGINES = [("vllm", "H200"), ("sglang", "MI300X"), ("atom", "MI355X")]
-FULL = RenderOptions(model_cache_pvc="models", offline=True, rdma_resource="rdma/hca_shared_devices_a", rdma_count=2)
+FULL = RenderOptions(model_cache_pvc="models", offline=True, rdma_resource="rdma/hca_shared_devices_a", rdma_count=2,
+                     router_image="registry.local/router:1")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -201,6 +202,16 @@ def test_atom_router_for_one_pod_per_pool_and_a_clear_gap_beyond() -> None:
     assert pd_router_gap("vllm", 8, 8) is None and pd_router_gap("sglang", 8, 8) is None
 
 
+def test_an_offline_vllm_pd_deployment_needs_a_router_image() -> None:
+    offline = RenderOptions(model_cache_pvc="models", offline=True)
+    with pytest.raises(ValueError, match="router-image"):
+        render_pd_manifests(*_pools("vllm", "H200"), "v", options=offline)
+    ms = render_pd_manifests(*_pools("vllm", "H200"), "v", options=RenderOptions(
+        model_cache_pvc="models", offline=True, router_image="registry.local/vllm-router:0.1.17"))
+    router = _container(_by(ms, "Deployment", "v-router"))
+    assert router["image"] == "registry.local/vllm-router:0.1.17" and router["command"] == ["vllm-router"]
+
+
 def test_pd_refuses_mismatched_pools_naming_the_field() -> None:
     p, d = _pools("vllm", "H200")
     with pytest.raises(ValueError, match="disagg_role prefill and decode"):
@@ -335,8 +346,8 @@ def test_render_cli_pd_with_bench(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------------------------------
 
 
-def test_tune_renders_the_router_drops_the_missing_router_note_and_writes_bench_jobs() -> None:
-    from inferasim.cli.tune import _tune_table, bench_jobs
+def test_tune_renders_the_router_with_the_spec_deploy_options_and_writes_bench_jobs() -> None:
+    from inferasim.cli.tune import bench_jobs
     from inferasim.search.deploy import recommendation_manifests
     from inferasim.search.tune import tune
 
@@ -358,7 +369,6 @@ def test_tune_renders_the_router_drops_the_missing_router_note_and_writes_bench_
             assert pod["runtimeClassName"] == "nvidia"  # spec.deploy reaches the manifests
             assert {"claimName": "models", "readOnly": False} in [v.get("persistentVolumeClaim")
                                                                   for v in pod["volumes"]]
-    assert "lacks" not in _tune_table(result) and "not the P/D router" not in _tune_table(result)
     jobs = bench_jobs(result, "chat", "serving")
     assert len(jobs) == len(result.shortlist()) >= 2
     for i, job in enumerate(jobs, 1):
