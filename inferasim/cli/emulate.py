@@ -43,9 +43,12 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[typ
     p.add_argument("--kv-cache-dtype", default=None, help="KV-cache dtype (default: fp8 for fp8/fp4 weights)")
     p.add_argument("--engine-version", default="", help="engine version the emulated server claims")
     p.add_argument("--served-model-name", default=None, help="model name clients must send (default: --model)")
-    p.add_argument("--max-num-seqs", type=positive_int("max-num-seqs"), default=None)
-    p.add_argument("--max-num-batched-tokens", type=positive_int("max-num-batched-tokens"), default=None)
-    p.add_argument("--max-model-len", type=positive_int("max-model-len"), default=None)
+    p.add_argument("--max-num-seqs", type=positive_int("max-num-seqs"), default=None,
+                   help="running requests (default: the engine's)")
+    p.add_argument("--max-num-batched-tokens", type=positive_int("max-num-batched-tokens"), default=None,
+                   help="tokens per engine step (default: the engine's)")
+    p.add_argument("--max-model-len", type=positive_int("max-model-len"), default=None,
+                   help="longest prompt + output accepted (default: the model's context)")
     p.add_argument("--natural-output-mean", type=positive_int("natural-output-mean"),
                    default=DEFAULT_NATURAL_OUTPUT_MEAN,
                    help="mean output length of requests without ignore_eos (geometric, seeded)")

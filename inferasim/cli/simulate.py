@@ -56,7 +56,7 @@ def add_cli(subparsers: Any) -> None:
     p.add_argument("--model", required=True, help="Hugging Face id or config.json path")
     p.add_argument("--gpu", required=True, help="GPU name, e.g. H100, h200_sxm, MI355X")
     p.add_argument("--engine", required=True, help="vllm, sglang or atom")
-    p.add_argument("--engine-version", default="")
+    p.add_argument("--engine-version", default="", help="engine version, e.g. 0.10.1 (default: any)")
     p.add_argument("--precision", type=precision_name, default="auto",
                    help="auto (the checkpoint's), bf16, fp8, fp4 ...")
     p.add_argument("--kv-cache-dtype", default=None, help="auto, bf16, fp8 (default: fp8 for fp8/fp4 precision)")
@@ -69,8 +69,12 @@ def add_cli(subparsers: Any) -> None:
                    help="round robin, least outstanding tokens, or prefix-cache aware")
     p.add_argument("--disagg", default=None, metavar="P:D",
                    help="prefill and decode pools of P and D replicas instead of --replicas colocated ones")
-    p.add_argument("--max-num-seqs", type=_positive("max-num-seqs"), default=None)
-    p.add_argument("--max-batched-tokens", type=_positive("max-batched-tokens"), default=None)
+    p.add_argument("--max-num-seqs", type=_positive("max-num-seqs"), default=None,
+                   help="running requests per engine (default: the engine's)")
+    # One flag name across commands (the engines' own); --max-batched-tokens, its old name here, still works.
+    p.add_argument("--max-num-batched-tokens", "--max-batched-tokens", dest="max_batched_tokens",
+                   type=_positive("max-num-batched-tokens"), default=None,
+                   help="tokens per engine step (default: the engine's)")
     p.add_argument("--mixed", action=argparse.BooleanOptionalAction, default=None,
                    help="prefill chunks in decode steps (default: the engine's; SGLang: --enable-mixed-chunk)")
     p.add_argument("--no-prefix-caching", action="store_true", help="turn the engine's prefix cache off")
@@ -89,7 +93,7 @@ def add_cli(subparsers: Any) -> None:
     p.add_argument("--slo-ttft-ms", type=_positive_float("slo-ttft-ms"), default=None, help="goodput: TTFT limit")
     p.add_argument("--slo-itl-ms", type=_positive_float("slo-itl-ms"), default=None,
                    help="goodput: limit on a request's mean inter-token latency")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="random seed of the workload's sampling (default 0)")
     p.add_argument("--no-series", action="store_true", help="leave the time series out of the JSON")
     p.add_argument("--requests-out", default=None, metavar="FILE.jsonl",
                    help="also write one JSON line per request (TTFT, TPOT, E2E, largest gap, prefix hit)")
