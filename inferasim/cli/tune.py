@@ -272,7 +272,8 @@ def add_cli(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                                                 "STEM-shortlist.csv)")
     p.add_argument("--manifest", default=None, help="write the recommended Deployment + Service YAML here")
     p.add_argument("--name", default="llm", help="name of the rendered Deployment")
-    p.add_argument("--namespace", default="default")
+    p.add_argument("--namespace", default="default",
+                   help="namespace of the --manifest objects (default: default)")
     p.add_argument("--propose-endpoint", default=None,
                    help="OpenAI-compatible endpoint of an LLM that proposes candidates (off by default)")
     p.add_argument("--propose-model", default="default", help="model name to ask at --propose-endpoint")
