@@ -253,7 +253,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             f"{source}; anchor {anchor_id}")
     # The run is done: a file that cannot be written is reported after the result, not instead of it.
     failures: list[str] = []
-    plotted = bool(args.plot) and draw_plot(lambda: plot_report(report, args.plot), args.plot, failures)
+    plotted = bool(args.plot) and draw_plot(lambda: plot_report(report, args.plot, args.slo_ttft_ms, args.slo_itl_ms),
+                                           args.plot, failures)
     if args.requests_out:
         import json
 
@@ -289,8 +290,9 @@ def check_plotting() -> None:
         raise ValueError("--plot needs matplotlib, which is not installed (pip install matplotlib)") from None
 
 
-def plot_report(report: Any, path: str) -> None:
-    """TTFT and ITL percentiles by arrival window, KV usage and prefix hit rate over time."""
+def plot_report(report: Any, path: str, slo_ttft_ms: float | None = None, slo_itl_ms: float | None = None) -> None:
+    """TTFT and ITL percentiles by arrival window (with the SLO's limits, if given), KV usage and
+    prefix hit rate over time."""
     check_plotting()
     import matplotlib
 
@@ -321,6 +323,9 @@ def plot_report(report: Any, path: str) -> None:
             ax1.plot(mids, cols[f"ttft{q}"], style, color="C0", label=f"TTFT p{q}")
         for q, style in ((50, "-"), (99, ":")):
             ax1.plot(mids, cols[f"tpot{q}"], style, color="C1", label=f"TPOT p{q}")
+        for limit, col, name in ((slo_ttft_ms, "C0", "TTFT"), (slo_itl_ms, "C1", "ITL")):
+            if limit:
+                ax1.axhline(limit, color=col, lw=0.8, alpha=0.7, label=f"{name} SLO {limit:g} ms")
         ax1.set_yscale("log")
     ax1.set_ylabel("ms (by arrival time)")
     ax1.legend(loc="upper left", fontsize=8)
