@@ -2,9 +2,10 @@
 
 It runs the engine schedulers every simulator runs (`inferasim.sim.engines`: vLLM V1 mixed
 chunked prefill, SGLang separate prefill batches, ATOM prefill first), one per attention-dp rank,
-without prefix cache, stepping in lockstep as `inferasim.sim.des.Simulator` does. What differs is the clock: instead of jumping to
-the next event, the loop waits until the emulated time of each step's end has come in real time
-(`VirtualClock`: emulated = real x speedup), then delivers that step's tokens.
+without prefix cache, stepping in lockstep as `inferasim.sim.des.Simulator` does. What differs is
+the clock: instead of jumping to the next event, the loop waits until the emulated time of each
+step's end has come in real time (`VirtualClock`: emulated = real x speedup), then delivers that
+step's tokens.
 
 Why the emulated schedule never drifts: every step starts at the emulated end of the previous
 one, not at the real time the loop happened to wake. When the loop wakes late (a busy CPU, many

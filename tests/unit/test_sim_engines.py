@@ -1,6 +1,6 @@
-"""The trace simulator's schedulers (`inferasim.sim.engines`) against the reference schedulers of
-the closed-loop simulator, against themselves stepping one iteration at a time, and against the
-policies' defining behaviours."""
+"""The engine schedulers (`inferasim.sim.engines`) under the two event loops that run them (the
+trace simulator's `Replica`, the closed-loop `des.Simulator`), against themselves stepping one
+iteration at a time, and against the policies' defining behaviours."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from inferasim.sim.workload import Driver, load_trace
 
 
 def _closed_new(p, c, s, isl, osl, conc, num, seed, rr, think):  # noqa: ANN001, ANN202
-    """`simulate_closed_loop` on the fast schedulers (same draws, same ranks)."""
+    """`simulate_closed_loop` through the trace simulator's event loop (same draws, same ranks)."""
     rng = np.random.default_rng(seed)
     prompts, outputs = _lengths(rng, isl, num, rr), _lengths(rng, osl, num, rr)
     rep = Replica(p, c, s, delivery_delay=p.t_ttft)
@@ -51,10 +51,11 @@ def _closed_new(p, c, s, isl, osl, conc, num, seed, rr, think):  # noqa: ANN001,
     return reqs, rep
 
 
-@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+@pytest.mark.parametrize("engine", ["vllm", "sglang", "atom"])
 @pytest.mark.parametrize("dp,kv", [(1, None), (2, None), (1, 12000)])
-def test_fast_schedulers_make_the_reference_decisions(engine: str, dp: int, kv: int | None) -> None:
-    """Without prefix identities the fast schedulers are the reference ones, step for step
+def test_both_event_loops_make_the_same_decisions(engine: str, dp: int, kv: int | None) -> None:
+    """Without prefix identities the trace simulator's event loop (prefix cache on, step-time
+    table) and the closed-loop one drive the engine's scheduler through the same steps
     (preemptions, retractions, dp lockstep included)."""
     lay = Layout(tp=1, dp=dp)
     p, c = StepParams(), layout_cost(MODEL, GPU, lay)
@@ -84,17 +85,15 @@ def test_step_model_is_step_time() -> None:
 
 
 def test_batches_carry_their_longest_prefill_sequence() -> None:
-    """Both schedulers' batches give the longest prefill sequence (cached prefix included), which
-    decides a DSA model's dense or sparse prefill; no prefill, no length."""
-    from inferasim.sim.request import Batch as CoreBatch
-    from inferasim.sim.running import Batch as SchedBatch
+    """A batch gives the longest prefill sequence (cached prefix included), which decides a DSA
+    model's dense or sparse prefill, and the token-weighted mean context of its prefill tokens (a
+    chunk of L tokens from position s sees s + L/2); no prefill, no length."""
+    from inferasim.sim.request import Batch
 
-    b = CoreBatch(2, 100.0, [(None, 300, 1500), (None, 1000, 0)])  # type: ignore[list-item]
+    b = Batch(2, 100.0, [(None, 300, 1500), (None, 1000, 0)])  # type: ignore[list-item]
     assert (b.n_pref, b.seq_pref) == (1300, 1800.0)
-    assert CoreBatch(2, 100.0, []).seq_pref is None
-    sb = SchedBatch(pre_rows=[0, 1], pre_chunks=[300, 1000], pre_starts=[1500, 0])
-    assert sb.seq_pref == 1800.0 and sb.ctx_pref == pytest.approx(b.ctx_pref)
-    assert SchedBatch().seq_pref is None
+    assert b.ctx_pref == pytest.approx((300 * 1650.0 + 1000 * 500.0) / 1300)
+    assert Batch(2, 100.0, []).seq_pref is None
 
 
 @pytest.mark.parametrize("engine", ["sglang", "vllm"])
