@@ -32,7 +32,7 @@ from inferasim.sim.request import SimRequest
 
 MODEL = get_model("meta-llama/Meta-Llama-3.1-8B")
 GPU = get_gpu("H100")
-ENGINES = ("vllm", "sglang")
+ENGINES = ("vllm", "sglang", "atom")
 
 
 def _setup(engine: str, layout: Layout | None = None) -> tuple[LayoutCost, EngineSched]:
@@ -191,6 +191,39 @@ def test_closed_loop_matches_analytic_steady_state(engine: str, isl: int, osl: i
     assert res.throughput == pytest.approx(a.throughput[0], rel=0.15)
     # TTFT after the start-up wave (the analytic one without its burst term).
     assert res.means(first_rid=conc)["ttft"] == pytest.approx(a.ttft[0], rel=0.35)
+
+
+# The closed form (the fast path of predict, validate and tune) against each engine's scheduler
+# (the one the trace simulator and the emulator run) replayed request by request, one rank, the KV
+# pool not binding, random lengths (range 0.5). Measured 2026-12-05 for vLLM, SGLang and ATOM on
+# Llama-3.1-8B bf16 tp1 and Llama-3.1-70B fp8 tp4 (H100) at 1-256 clients: TPOT within 4.4% and
+# throughput within 4.9% at this test's points (5.8% at 8B's 128/1024 x 128 of POINTS).
+# Throughput sits 2-6% low at every concurrency above 1 for a known reason: a replay counts its
+# start-up wave and its drain tail, when fewer clients are busy, as `vllm bench serve` does, while
+# the closed form is the steady state. The tolerances, 6% and 8%, are those worst cases with about
+# a third more room; a policy change that moves either by more is one the two must be reconciled
+# over. Not dp > 1: ranks step in lockstep, so with random lengths a step lasts as long as its
+# slowest rank, which the closed form does not price (TPOT up to 24% higher in the replay at 64
+# clients over 2 ranks); test_attention_dp_ranks_step_in_lockstep uses fixed lengths.
+CLOSED_FORM_TPOT_TOL = 0.06
+CLOSED_FORM_THROUGHPUT_TOL = 0.08
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize(("name", "tp", "precision"), [("meta-llama/Meta-Llama-3.1-8B", 1, "bf16"),
+                                                       ("meta-llama/Llama-3.1-70B", 4, "fp8")])
+def test_closed_form_tracks_the_engine_scheduler(engine: str, name: str, tp: int, precision: str) -> None:
+    model, lay = get_model(name), Layout(tp=tp)
+    c = layout_cost(model, GPU, lay, precision, precision)
+    s = engine_sched(engine, model, GPU, lay, precision, "", precision)
+    p = StepParams(burst=0.0)
+    for isl, osl, conc in ((1024, 512, 1), (1024, 512, 16), (2048, 256, 64), (512, 512, 256)):
+        a = closed_loop(p, c, s, np.array([isl]), np.array([osl]), np.array([conc]))
+        assert not a.kv_limited[0]
+        res = simulate_closed_loop(p, c, s, isl, osl, conc, range_ratio=0.5)
+        assert res.preemptions == 0
+        assert res.tpot_mean == pytest.approx(a.tpot[0], rel=CLOSED_FORM_TPOT_TOL), (isl, osl, conc)
+        assert res.throughput == pytest.approx(a.throughput[0], rel=CLOSED_FORM_THROUGHPUT_TOL), (isl, osl, conc)
 
 
 @pytest.mark.parametrize("engine", ENGINES)
