@@ -313,3 +313,41 @@ def test_batches_keep_to_the_sequence_and_token_limits(engine: str, mixed: bool 
     assert len(rep.completed) == 80
     assert seen["steps"] > 100 and seen["full"] > 10  # the limit was reached, not just respected
     assert bool(seen["mixed"]) is (engine == "vllm" or bool(mixed))
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang", "atom"])
+def test_a_request_cut_short_finishes_at_its_next_token(engine: str) -> None:
+    """The emulator's abort (Core.cut_short): a decoding request finishes at its next sampled
+    token, a prefilling one with its first, and the policy's aggregates stay those of the rows
+    (SGLang's clipped remaining outputs, the finish heap)."""
+    core = {"vllm": VllmCore, "sglang": SglangCore, "atom": AtomCore}[engine](_sched(engine), 200_000)
+    reqs = [SimRequest(i, 0.0, 300, 5000) for i in range(3)]
+    for r in reqs:
+        core.enqueue(r)
+    t = 0.0
+    while core.prows or core.waiting:
+        core.schedule(t)
+        t += 0.01
+        core.commit(t)
+    for _ in range(3):
+        core.schedule(t)
+        t += 0.01
+        core.commit(t)
+    assert core.cut_short(reqs[1]) and not core.cut_short(SimRequest(9, 0.0, 10, 10))
+    core.schedule(t)
+    t += 0.01
+    assert core.commit(t) == [reqs[1]] and reqs[1].generated == 5
+    if engine == "sglang":
+        rem = sum(min(r.out - (r.gb + core.G), 4096) for r in core.drows)
+        assert core._clipped_rem_d() == rem
+    late = SimRequest(3, t, 300, 50)
+    core.enqueue(late)
+    core.schedule(t)
+    assert core.cut_short(late)
+    t += 0.01
+    done = core.commit(t)
+    while late not in done:
+        core.schedule(t)
+        t += 0.01
+        done = core.commit(t)
+    assert late.generated == 1 and late.first_token == late.finish

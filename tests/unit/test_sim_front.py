@@ -473,3 +473,22 @@ def test_a_client_that_breaks_on_its_late_first_token_is_aborted_not_kept() -> N
     assert a.error.startswith("delivery failed") and a.aborted  # at that wake, not a step later
     _drive(loop, clock, [b])
     assert b.finished and not b.error
+
+
+def test_a_long_running_emulator_keeps_no_token_records() -> None:
+    """The shared schedulers keep per-step token times for the trace simulator's report; the
+    emulator, which may run for days, drops them as it goes (Core.drop_records), and what it
+    delivers is unchanged by that."""
+    c, s = _setup("vllm")
+    clock = _FrozenClock(0.0)
+    loop = EngineLoop(StepParams(t_ttft=0.0), c, s, EngineMetrics("vllm", "m", 1, 4096, s.block_size, s.kv_tokens),
+                      clock)  # type: ignore[arg-type]
+    reqs = []
+    for _ in range(12):  # one at a time: about 12 x 800 decode steps
+        reqs.append(loop.submit(64, 800, 800, "length", lambda r: True))
+        _drive(loop, clock, reqs)
+    clock.t += 1.0
+    loop._advance(clock.t)  # the last finish is delivered at the next wake
+    core = loop.ranks[0]
+    assert core.e_off > 0 and len(core.E) <= 4096 + 512 and len(core.finished) <= 4096
+    assert [(r.emitted, r.finished) for r in reqs] == [(800, True)] * 12
