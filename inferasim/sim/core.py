@@ -1,6 +1,7 @@
-"""What every engine scheduler of the trace simulator shares (:class:`Core`, one per attention-dp
-rank; the policies are in :mod:`inferasim.sim.engines`): the queue, admission of a row with its
-prefix match and KV blocks, prefix and host-tier KV, decode runs, finishes and preemption.
+"""What every engine scheduler shares (:class:`Core`, one per attention-dp rank; the policies are
+in :mod:`inferasim.sim.engines`, run by the trace simulator, the closed-loop simulator and the
+emulator): the queue, admission of a row with its prefix match and KV blocks, prefix and host-tier
+KV, decode runs, finishes and preemption.
 
 Speed. Running requests that decode are not touched per step: each rank keeps a decode counter G
 and every decoding row stores its context and output counts relative to it, so a decode step is

@@ -112,7 +112,8 @@ class Batch:
         self.ctx_dec = ctx_dec
         self.pre = pre
         if pre:
-            # Token-weighted mean context of a prefill token (as scheduler.Batch.ctx_pref).
+            # Token-weighted mean context of a prefill token: a chunk of L tokens from position s
+            # sees s + L/2 on average (the closed form's isl/2 for a whole prompt).
             tot = 0
             acc = 0.0
             longest = 0
