@@ -27,26 +27,14 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-from inferasim.catalog.precision import normalize_precision
+from inferasim.catalog.precision import PRECISION_ALIASES, WEIGHT_FORMATS, normalize_precision, precision_spec
 from inferasim.catalog.userfile import UserFileError, read_user_text
 from inferasim.errors import UserError
 
 AttentionKind = Literal["gqa", "mla", "linear", "mamba"]
 
-# Bytes per parameter of each weight format. Block scales are included: NVFP4 carries one fp8
-# scale per 16 values (NVIDIA, "Introducing NVFP4", 2025), MXFP4 one e8m0 scale per 32 values
-# (OCP Microscaling Formats v1.0), int4 weight-only (compressed-tensors / AWQ / GPTQ) one bf16
-# scale per group of 32 to 128 values (0.5 + 2/32 taken as the conservative case).
-WEIGHT_FORMAT_BYTES: dict[str, float] = {
-    "fp32": 4.0,
-    "bf16": 2.0,
-    "fp16": 2.0,
-    "fp8": 1.0,
-    "int8": 1.0,
-    "nvfp4": 0.5 + 1.0 / 16,
-    "mxfp4": 0.5 + 1.0 / 32,
-    "int4": 0.5 + 2.0 / 32,
-}
+# Bytes per parameter of each weight format (catalog.precision.WEIGHT_FORMATS, block scales included).
+WEIGHT_FORMAT_BYTES: dict[str, float] = {name: f.bytes_per_param for name, f in WEIGHT_FORMATS.items()}
 
 
 
@@ -282,9 +270,9 @@ class ModelSpec:
         p = normalize_precision(precision)
         if p == "auto":
             p = {"nvfp4": "fp4"}.get(self.checkpoint_format, self.checkpoint_format)
-        four_bit = {"fp4": "nvfp4", "mxfp4": "mxfp4", "int4": "int4"}
-        if p in four_bit:
-            low = four_bit[p]
+        spec = precision_spec(p) if p in PRECISION_ALIASES else None
+        if spec is not None and spec.experts_only_in_moe:
+            low = spec.weight_format
             if self.is_moe:
                 rest = "fp8" if self.checkpoint_format == "fp8" else "bf16"
                 return {"attention": rest, "dense_mlp": rest, "routed_experts": low,

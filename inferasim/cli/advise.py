@@ -79,15 +79,17 @@ def add_cli(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """`inferasim advise`."""
     p = sub.add_parser("advise", help="batching advisor: batch limit for a latency target, KV to give back")
     add_deployment(p)
-    p.add_argument("--precision", type=precision_name, default="auto")
-    p.add_argument("--isl", type=_positive("isl"), required=True)
-    p.add_argument("--osl", type=_positive("osl"), required=True)
+    p.add_argument("--precision", type=precision_name, default="auto",
+                   help="weight precision: auto (the checkpoint's), bf16, fp8, fp4 ...")
+    p.add_argument("--isl", type=_positive("isl"), required=True, help="input tokens per request")
+    p.add_argument("--osl", type=_positive("osl"), required=True, help="output tokens per request")
     p.add_argument("--itl-p90-ms", type=_positive_float("itl-p90-ms"), required=True,
                    help="latency target: p90 inter-token latency")
     p.add_argument("--max-loss", type=fraction("max-loss", zero=True), default=0.05,
                    help="share of the throughput one may give up, a fraction (default 0.05: 5%%)")
-    p.add_argument("--anchor", default=None)
-    p.add_argument("--anchors", action="append", default=None)
+    p.add_argument("--anchor", default=None, help="an anchor JSON file to use (default: the best of --anchors)")
+    p.add_argument("--anchors", action="append", default=None, metavar="FOLDER",
+                   help="anchor folder; repeat for several (default: anchors/)")
     add_layout(p)
     add_output(p)
     p.set_defaults(func=cmd_advise)

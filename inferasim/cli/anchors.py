@@ -27,34 +27,15 @@ from inferasim.model.anchor_store import AnchorStore
 from inferasim.model.anchors import Anchor, AnchorFileError, load_anchor
 from inferasim.output import emit, table
 
-# anchors: the actions each flag applies to (flag, attribute, default). A flag given to another
-# action is refused rather than ignored: `anchors build --out X` once wrote into anchors/.
-_ANCHORS_FLAGS: tuple[tuple[str, str, object, tuple[str, ...]], ...] = (
-    ("--prometheus", "prometheus", None, ("fit-live", "drift")),
-    ("--selector", "selector", [], ("fit-live", "drift")),
-    ("--deployment", "deployment", None, ("fit-live", "drift")),
-    ("--gpu", "gpu", None, ("fit-live", "drift")),
-    ("--engine-version", "engine_version", None, ("fit-live", "drift")),
-    ("--window", "window", None, ("fit-live", "drift")),
-    ("--step", "step", "1m", ("fit-live",)),
-    ("--end", "end", None, ("fit-live", "drift")),
-    ("--speedup", "speedup", 1.0, ("drift",)),
-    ("--out", "out", None, ("fit-live", "build")),
-    ("--threshold", "threshold", 0.25, ("drift",)),
-    ("--replace", "replace", False, ("build",)),
-    ("--dir", "dir", None, ("list", "show", "check", "build", "drift")),
-)
-
-
-def _check_anchors_flags(args: argparse.Namespace) -> None:
-    for flag, attr, default, actions in _ANCHORS_FLAGS:
-        if getattr(args, attr, default) != default and args.action not in actions:
-            raise UsageError(f"{flag} does not apply to `anchors {args.action}` (it is for "
-                             f"{' and '.join(actions)})")
+# Every attribute cmd_anchors reads, at its default: each action's subparser defines only its own
+# flags (a flag of another action is refused by argparse: `anchors build --out X` once wrote into
+# anchors/ when the flags were shared).
+_DEFAULTS: dict[str, object] = {"prometheus": None, "selector": [], "deployment": None, "gpu": None,
+                                "engine_version": None, "window": None, "step": "1m", "end": None, "speedup": 1.0,
+                                "out": None, "threshold": 0.25, "replace": False, "dir": None, "name": None}
 
 
 def cmd_anchors(args: argparse.Namespace) -> int:
-    _check_anchors_flags(args)
     if args.action == "check":
         # An explicit folder that does not exist is a typo, not an empty store (list and show get
         # the same check from anchor_store; check reads the store itself, to list its bad files).
@@ -156,14 +137,16 @@ def _anchors_build(args: argparse.Namespace) -> int:
     for anchor in built:
         if anchor.filename() not in same:  # an unchanged fit keeps its file as it is
             store.save(anchor, out, keep_previous=False)  # --replace asked for it (clashes refused above)
-    if built:
-        print(f"wrote {len(built) - len(same)} anchors to {out}" + (f" ({len(clash)} replaced)" if clash else "")
-              + (f"; {len(same)} unchanged" if same else ""))
-    else:
+    if not built:
         # Nothing to anchor on is a failure: a pipeline building anchors must not carry on.
         print(f"inferasim anchors build: no anchor built from {args.name} ({len(chosen)} kernel sets, "
               f"{len(rows)} usable rows)", file=sys.stderr)
         return 1
+    written = [a for a in built if a.filename() not in same]
+    emit({"folder": str(out), "written": [a.filename() for a in written], "replaced": clash,
+          "unchanged": sorted(same)}, args.output,
+         f"wrote {len(written)} anchors to {out}" + (f" ({len(clash)} replaced)" if clash else "")
+         + (f"; {len(same)} unchanged" if same else ""))
     return 0
 
 
@@ -382,30 +365,58 @@ def _write_live_anchor(anchor: Any, args: argparse.Namespace, cmd: str) -> int:
 
 
 def add_cli(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    """`inferasim anchors`."""
+    """`inferasim anchors ACTION`: one subcommand per action, each with only its own flags and help
+    (a flag of another action is an argparse error naming it, not silently ignored)."""
     p = sub.add_parser("anchors", help="list, show, check shipped anchors; build anchors from a CSV; fit one from "
-                                       "live traffic (fit-live); prediction error of a live deployment (drift)")
-    p.add_argument("action", choices=("list", "show", "check", "build", "fit-live", "drift"))
-    p.add_argument("name", nargs="?", help="anchor id/file (show), anchor file or folder (check; default: --dir), "
-                                           "or CSV (build)")
-    p.add_argument("--dir", action="append", default=None, help="anchor folder(s) (default: anchors/)")
-    p.add_argument("--prometheus", default=None, help="fit-live, drift: Prometheus base URL")
-    p.add_argument("--selector", action="append", default=[], metavar="K=V[,K=V]",
-                   help="fit-live, drift: label matchers of the deployment's series")
-    p.add_argument("--deployment", default=None, help="fit-live, drift: the Deployment manifest (YAML)")
-    p.add_argument("--gpu", default=None, help="fit-live, drift: GPU when the manifest names none")
-    p.add_argument("--engine-version", default=None, help="fit-live, drift: when the image tag names none")
-    p.add_argument("--window", default=None, help="fit-live: range to fit (default 1h); drift: range (default 5m)")
-    p.add_argument("--step", default="1m", help="fit-live: one window per step (default 1m)")
-    p.add_argument("--end", default=None, help="fit-live, drift: end of the range, Unix seconds or ISO 8601 "
-                                               "(default: now)")
-    p.add_argument("--speedup", type=_positive_float("speedup"), default=1.0,
-                   help="drift: engine seconds per wall second (the emulator's --speedup; 1 for real engines)")
-    p.add_argument("--out", default=None, help="fit-live: anchor folder, file, or - for stdout (default -); "
-                                               "build: the folder to write (default: --dir, else anchors/)")
-    p.add_argument("--replace", action="store_true",
-                   help="build: replace anchors of the same kernel set and layout that fit differently")
-    p.add_argument("--threshold", type=_positive_float("threshold"), default=0.25,
-                   help="drift: exit 1 when a relative error exceeds this fraction (default 0.25)")
-    add_output(p)
-    p.set_defaults(func=cmd_anchors)
+                                       "live traffic (fit-live); prediction error of a live deployment (drift)",
+                       description="Anchors: one measured kernel set each (anchors/ by default).")
+    actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+
+    def action(name: str, text: str) -> argparse.ArgumentParser:
+        # No abbreviations: `--out` must not pass for `--output` where an action has no --out.
+        a = actions.add_parser(name, help=text, description=text, allow_abbrev=False)
+        a.set_defaults(func=cmd_anchors, **_DEFAULTS)
+        add_output(a)
+        return a
+
+    def dirs(a: argparse.ArgumentParser) -> None:
+        a.add_argument("--dir", action="append", default=None, metavar="FOLDER",
+                       help="anchor folder; repeat for several (default: anchors/)")
+
+    def live(a: argparse.ArgumentParser, window: str) -> None:
+        a.add_argument("--prometheus", default=None, help="Prometheus base URL (http://host:9090)")
+        a.add_argument("--selector", action="append", default=[], metavar="K=V[,K=V]",
+                       help="label matchers of the deployment's series (namespace, deployment or app)")
+        a.add_argument("--deployment", default=None, help="the Deployment manifest (YAML) the series come from")
+        a.add_argument("--gpu", default=None, help="GPU, when the manifest's node selector names none")
+        a.add_argument("--engine-version", default=None, help="engine version, when the image tag names none")
+        a.add_argument("--window", default=None, help=f"range of the series to read (default {window})")
+        a.add_argument("--end", default=None, help="end of the range, Unix seconds or ISO 8601 (default: now)")
+
+    dirs(action("list", "the anchors in the folder(s): kernel set, layout, points, fit"))
+    show = action("show", "one anchor: what it measured, how well the fit holds, its parameters")
+    show.add_argument("name", help="anchor id (or a prefix of it), file name, or path to an anchor JSON file")
+    dirs(show)
+    check = action("check", "schema and catalog compatibility of anchor files (exit 1 if one is invalid or "
+                            "unusable), and what each anchor's points identify")
+    check.add_argument("name", nargs="?", help="anchor JSON file or folder (default: --dir, else anchors/)")
+    dirs(check)
+    build = action("build", "fit the min-gpus anchor of each kernel set in a CSV of measured runs")
+    build.add_argument("name", metavar="CSV", help="measured runs in the validate schema (../shared/data)")
+    build.add_argument("--out", default=None, metavar="FOLDER",
+                       help="the folder to write (default: --dir, else anchors/)")
+    build.add_argument("--replace", action="store_true",
+                       help="replace anchors of the same kernel set and layout that fit differently")
+    dirs(build)
+    fit = action("fit-live", "fit an anchor from a live deployment's Prometheus series")
+    live(fit, "1h")
+    fit.add_argument("--step", default="1m", help="one fitted window per step (default 1m)")
+    fit.add_argument("--out", default=None, help="anchor folder, file, or - for stdout (default -)")
+    drift = action("drift", "a live deployment's measured latencies against the prediction (exit 1 beyond "
+                            "--threshold)")
+    live(drift, "5m")
+    drift.add_argument("--speedup", type=_positive_float("speedup"), default=1.0,
+                       help="engine seconds per wall second (the emulator's --speedup; 1 for real engines)")
+    drift.add_argument("--threshold", type=_positive_float("threshold"), default=0.25,
+                       help="exit 1 when a relative error exceeds this fraction (default 0.25)")
+    dirs(drift)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from inferasim.catalog.engines import engine_gpu_error
 from inferasim.catalog.gpus import GPU
 from inferasim.catalog.models import ModelSpec
-from inferasim.catalog.precision import normalize_precision
+from inferasim.catalog.precision import kernel_class, normalize_precision
 from inferasim.core.layout import Layout
 from inferasim.model.anchor_store import AnchorStore
 from inferasim.model.anchors import SHIPPED_ANCHORS
@@ -264,19 +264,12 @@ def check_anchor_matches(path: str, fitted: FittedAnchor, engine: str, model: st
         if want != got:
             raise ValueError(f"--anchor {path} is for {what} {got}, not --{what} {want}")
     if precision and normalize_precision(precision) != "auto":
-        if _weight_class(precision) != _weight_class(fitted.precision):
+        if kernel_class(precision) != kernel_class(fitted.precision):
             raise ValueError(f"--anchor {path} was measured at precision {fitted.precision}, not --precision "
                              f"{precision}: drop --precision, or give an anchor measured at {precision}")
     if kv_dtype and kv_dtype.lower() != "auto" and kv_dtype_bytes(kv_dtype) != kv_dtype_bytes(fitted.kv_dtype):
         raise ValueError(f"--anchor {path} was measured with KV cache {fitted.kv_dtype}, not --kv-cache-dtype "
                          f"{kv_dtype}: drop --kv-cache-dtype, or give an anchor measured with it")
-
-
-def _weight_class(precision: str) -> str:
-    """The weight format as the kernels see it: every 4-bit float format is one class (an mxfp4
-    checkpoint is served by the fp4 kernels of its anchor)."""
-    p = normalize_precision(precision)
-    return "fp4" if p in ("fp4", "nvfp4", "mxfp4") else p
 
 
 def check_output_file(flag: str, path: str) -> None:

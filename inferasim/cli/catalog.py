@@ -79,9 +79,11 @@ def cmd_gpus(args: argparse.Namespace) -> int:
 def add_cli(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """`inferasim models` and `inferasim gpus`."""
     p = sub.add_parser("models", help="list known models, or `models show NAME`")
-    p.add_argument("action", nargs="?", choices=("list", "show"), default="list")
+    p.add_argument("action", nargs="?", choices=("list", "show"), default="list",
+                   help="list the catalog (default), or show one model")
     p.add_argument("name", nargs="?", help="Hugging Face id (org/name or org--name) or config.json path")
-    p.add_argument("--precision", choices=PRECISIONS, default="auto")
+    p.add_argument("--precision", choices=PRECISIONS, default="auto",
+                   help="weight precision the sizes are given for (default: the checkpoint's)")
     add_output(p)
     p.set_defaults(func=cmd_models)
 

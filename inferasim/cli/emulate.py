@@ -9,6 +9,7 @@ from pathlib import Path
 
 from inferasim.cli.args import positive_float, positive_int
 from inferasim.emulator.config import DEFAULT_NATURAL_OUTPUT_MEAN, EmulatorConfig
+from inferasim.errors import InferasimError
 from inferasim.model.steptime import StepParams
 
 
@@ -34,8 +35,11 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[typ
     p.add_argument("--port", type=int, default=None,
                    help="TCP port (default: the engine's, 8000 for vLLM, 30000 for SGLang; 0 = any free port)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    p.add_argument("--speedup", "--time-scale", dest="speedup", type=positive_float("speedup"), default=1.0,
+    p.add_argument("--speedup", type=positive_float("speedup"), default=1.0,
                    help="run X times faster than the emulated engine (every sleep is divided by X)")
+    # --time-scale was an alias of --speedup here, where it meant the inverse of simulate's
+    # --time-scale (which multiplies times): one name, one meaning, so it is refused here.
+    p.add_argument("--time-scale", dest="time_scale_given", default=None, help=argparse.SUPPRESS)
     p.add_argument("--anchor", type=Path, help="anchor JSON whose fitted step-time parameters to use")
     p.add_argument("--params-json", help="explicit step-time parameters as JSON, e.g. '{\"t_fixed\": 0.005}' "
                                          "(unset fields keep the defaults); overrides --anchor")
@@ -43,9 +47,12 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[typ
     p.add_argument("--kv-cache-dtype", default=None, help="KV-cache dtype (default: fp8 for fp8/fp4 weights)")
     p.add_argument("--engine-version", default="", help="engine version the emulated server claims")
     p.add_argument("--served-model-name", default=None, help="model name clients must send (default: --model)")
-    p.add_argument("--max-num-seqs", type=positive_int("max-num-seqs"), default=None)
-    p.add_argument("--max-num-batched-tokens", type=positive_int("max-num-batched-tokens"), default=None)
-    p.add_argument("--max-model-len", type=positive_int("max-model-len"), default=None)
+    p.add_argument("--max-num-seqs", type=positive_int("max-num-seqs"), default=None,
+                   help="running requests (default: the engine's)")
+    p.add_argument("--max-num-batched-tokens", type=positive_int("max-num-batched-tokens"), default=None,
+                   help="tokens per engine step (default: the engine's)")
+    p.add_argument("--max-model-len", type=positive_int("max-model-len"), default=None,
+                   help="longest prompt + output accepted (default: the model's context)")
     p.add_argument("--natural-output-mean", type=positive_int("natural-output-mean"),
                    default=DEFAULT_NATURAL_OUTPUT_MEAN,
                    help="mean output length of requests without ignore_eos (geometric, seeded)")
@@ -59,6 +66,12 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[typ
 def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
     from inferasim.catalog.engines import default_port, normalize_engine
 
+    if getattr(args, "time_scale_given", None) is not None:
+        from inferasim.cli.usage import UsageError
+
+        raise UsageError(f"emulate has no --time-scale (in simulate it multiplies arrival times); to run "
+                         f"{args.time_scale_given} times faster than the engine, pass --speedup "
+                         f"{args.time_scale_given}")
     engine = normalize_engine(args.engine)
     params = None
     if args.params_json:
@@ -110,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(["emulate", *(sys.argv[1:] if argv is None else argv)])
     try:
         return int(args.func(args))
-    except ValueError as exc:
+    except (ValueError, InferasimError) as exc:  # bad input: one line naming the flag, no traceback
         print(f"error: {exc}", file=sys.stderr)
         return 2
 

@@ -61,7 +61,8 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[typ
     run.add_argument("--max-rms-log-error", type=positive_float("max-rms-log-error"),
                      default=DEFAULT_MAX_RMS_LOG_ERROR,
                      help="refuse to write an anchor whose fit is worse (default %(default)s)")
-    run.add_argument("--request-timeout-s", type=positive_float("request-timeout-s"), default=600.0)
+    run.add_argument("--request-timeout-s", type=positive_float("request-timeout-s"), default=600.0,
+                     help="give up on one request after this many seconds (default 600)")
     run.add_argument("--no-warmup", action="store_true", help="skip the warm-up request")
     run.add_argument("--timing", choices=("client", "server"), default="client",
                      help="fit the client's TTFT/TPOT (as vllm bench serve measures them; default) or the "

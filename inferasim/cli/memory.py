@@ -64,7 +64,8 @@ def add_cli(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--model", required=True, help="Hugging Face id or config.json path")
     p.add_argument("--gpu", required=True, help="GPU name, e.g. MI355X, h200_sxm, NVIDIA-H200")
     p.add_argument("--engine", default="vllm", help=f"one of {', '.join(ENGINES)}")
-    p.add_argument("--precision", choices=PRECISIONS, default="auto")
+    p.add_argument("--precision", choices=PRECISIONS, default="auto",
+                   help="weight precision (default: the checkpoint's)")
     p.add_argument("--kv-cache-dtype", default=None,
                    help="auto, bf16 or fp8 (default: fp8 for fp8/fp4 precision, as predict and tune price)")
     p.add_argument("--memory-fraction", type=fraction("memory-fraction"), default=None,

@@ -72,6 +72,7 @@ def add_cli(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """`inferasim mix`."""
     p = sub.add_parser("mix", help="mix planner: models x latency tiers under one GPU budget")
     p.add_argument("plan", help="PLAN.yaml: hardware, engines, precision, tiers (name, models, requestRate, slo)")
-    p.add_argument("--anchors", action="append", default=None)
+    p.add_argument("--anchors", action="append", default=None, metavar="FOLDER",
+                   help="anchor folder; repeat for several (default: anchors/)")
     add_output(p)
     p.set_defaults(func=cmd_mix)

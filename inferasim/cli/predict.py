@@ -169,7 +169,7 @@ def add_cli(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """`inferasim predict`."""
     p = sub.add_parser("predict", help="TTFT, TPOT and throughput of one deployment")
     add_deployment(p)
-    p.add_argument("--engine-version", default="")
+    p.add_argument("--engine-version", default="", help="engine version, e.g. 0.10.1 (default: any)")
     p.add_argument("--precision", type=precision_name, default="auto", help=f"one of {', '.join(PRECISIONS)}")
     p.add_argument("--kv-cache-dtype", default=None,
                    help="auto, bf16 or fp8 (default: fp8 for fp8/fp4 precision, as in the public benchmarks)")
@@ -178,7 +178,8 @@ def add_cli(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--concurrency", type=_positive("concurrency"), default=None, help="closed-loop clients")
     p.add_argument("--request-rate", type=_positive_float("request-rate"), default=None,
                    help="Poisson arrivals, requests/s")
-    p.add_argument("--replicas", type=_positive("replicas"), default=1)
+    p.add_argument("--replicas", type=_positive("replicas"), default=1,
+                   help="copies of the layout behind one router (default 1)")
     p.add_argument("--anchor", default=None, help="an anchor JSON file to use")
     p.add_argument("--anchors", action="append", default=None, help="anchor folder(s) (default: anchors/)")
     p.add_argument("--require-anchor", action="store_true", help="fail instead of predicting unanchored")

@@ -199,12 +199,16 @@ def add_cli(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="weights as priced; fp8 of a 16-bit checkpoint adds the engine's online quantization")
     p.add_argument("--kv-cache-dtype", default=None,
                    help="auto, bf16 or fp8 (default: fp8 for fp8/fp4 precision, as predict and tune price)")
-    p.add_argument("--replicas", type=_positive("replicas"), default=1)
-    p.add_argument("--max-num-seqs", type=_positive("max-num-seqs"), default=None)
-    p.add_argument("--max-num-batched-tokens", type=_positive("max-num-batched-tokens"), default=None)
+    p.add_argument("--replicas", type=_positive("replicas"), default=1,
+                   help="copies of the layout behind one Service (default 1)")
+    p.add_argument("--max-num-seqs", type=_positive("max-num-seqs"), default=None,
+                   help="running requests per engine (default: the engine's)")
+    p.add_argument("--max-num-batched-tokens", type=_positive("max-num-batched-tokens"), default=None,
+                   help="tokens per engine step (default: the engine's)")
     p.add_argument("--memory-fraction", type=fraction("memory-fraction"), default=None,
                    help="gpu_memory_utilization / mem_fraction_static (default: the engine's own)")
-    p.add_argument("--max-model-len", type=_positive("max-model-len"), default=None)
+    p.add_argument("--max-model-len", type=_positive("max-model-len"), default=None,
+                   help="longest prompt + output accepted (default: the model's context)")
     p.add_argument("--image", default=None, help="engine image (default: the engine's release image for the GPU)")
     p.add_argument("--engine-version", default="", help="image tag version, when --image is not given")
     p.add_argument("--disagg-role", choices=("prefill", "decode"), default=None,
@@ -240,7 +244,7 @@ def add_cli(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     b.add_argument("--bench-requests", type=_positive("bench-requests"), default=None,
                    help="requests in all (default 1000)")
     p.add_argument("--name", default="llm", help="Deployment and Service name (with --pd: the router's Service)")
-    p.add_argument("--namespace", default="default")
+    p.add_argument("--namespace", default="default", help="namespace of the rendered objects (default: default)")
     p.add_argument("--out", default=None, help="write the YAML to this file (default, or -: stdout)")
     add_layout(p)
     p.set_defaults(func=cmd_render)

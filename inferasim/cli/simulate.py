@@ -56,7 +56,7 @@ def add_cli(subparsers: Any) -> None:
     p.add_argument("--model", required=True, help="Hugging Face id or config.json path")
     p.add_argument("--gpu", required=True, help="GPU name, e.g. H100, h200_sxm, MI355X")
     p.add_argument("--engine", required=True, help="vllm, sglang or atom")
-    p.add_argument("--engine-version", default="")
+    p.add_argument("--engine-version", default="", help="engine version, e.g. 0.10.1 (default: any)")
     p.add_argument("--precision", type=precision_name, default="auto",
                    help="auto (the checkpoint's), bf16, fp8, fp4 ...")
     p.add_argument("--kv-cache-dtype", default=None, help="auto, bf16, fp8 (default: fp8 for fp8/fp4 precision)")
@@ -69,8 +69,12 @@ def add_cli(subparsers: Any) -> None:
                    help="round robin, least outstanding tokens, or prefix-cache aware")
     p.add_argument("--disagg", default=None, metavar="P:D",
                    help="prefill and decode pools of P and D replicas instead of --replicas colocated ones")
-    p.add_argument("--max-num-seqs", type=_positive("max-num-seqs"), default=None)
-    p.add_argument("--max-batched-tokens", type=_positive("max-batched-tokens"), default=None)
+    p.add_argument("--max-num-seqs", type=_positive("max-num-seqs"), default=None,
+                   help="running requests per engine (default: the engine's)")
+    # One flag name across commands (the engines' own); --max-batched-tokens, its old name here, still works.
+    p.add_argument("--max-num-batched-tokens", "--max-batched-tokens", dest="max_batched_tokens",
+                   type=_positive("max-num-batched-tokens"), default=None,
+                   help="tokens per engine step (default: the engine's)")
     p.add_argument("--mixed", action=argparse.BooleanOptionalAction, default=None,
                    help="prefill chunks in decode steps (default: the engine's; SGLang: --enable-mixed-chunk)")
     p.add_argument("--no-prefix-caching", action="store_true", help="turn the engine's prefix cache off")
@@ -89,7 +93,7 @@ def add_cli(subparsers: Any) -> None:
     p.add_argument("--slo-ttft-ms", type=_positive_float("slo-ttft-ms"), default=None, help="goodput: TTFT limit")
     p.add_argument("--slo-itl-ms", type=_positive_float("slo-itl-ms"), default=None,
                    help="goodput: limit on a request's mean inter-token latency")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="random seed of the workload's sampling (default 0)")
     p.add_argument("--no-series", action="store_true", help="leave the time series out of the JSON")
     p.add_argument("--requests-out", default=None, metavar="FILE.jsonl",
                    help="also write one JSON line per request (TTFT, TPOT, E2E, largest gap, prefix hit)")
@@ -249,7 +253,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             f"{source}; anchor {anchor_id}")
     # The run is done: a file that cannot be written is reported after the result, not instead of it.
     failures: list[str] = []
-    plotted = bool(args.plot) and draw_plot(lambda: plot_report(report, args.plot), args.plot, failures)
+    plotted = bool(args.plot) and draw_plot(lambda: plot_report(report, args.plot, args.slo_ttft_ms, args.slo_itl_ms),
+                                           args.plot, failures)
     if args.requests_out:
         import json
 
@@ -285,8 +290,9 @@ def check_plotting() -> None:
         raise ValueError("--plot needs matplotlib, which is not installed (pip install matplotlib)") from None
 
 
-def plot_report(report: Any, path: str) -> None:
-    """TTFT and ITL percentiles by arrival window, KV usage and prefix hit rate over time."""
+def plot_report(report: Any, path: str, slo_ttft_ms: float | None = None, slo_itl_ms: float | None = None) -> None:
+    """TTFT and ITL percentiles by arrival window (with the SLO's limits, if given), KV usage and
+    prefix hit rate over time."""
     check_plotting()
     import matplotlib
 
@@ -317,6 +323,9 @@ def plot_report(report: Any, path: str) -> None:
             ax1.plot(mids, cols[f"ttft{q}"], style, color="C0", label=f"TTFT p{q}")
         for q, style in ((50, "-"), (99, ":")):
             ax1.plot(mids, cols[f"tpot{q}"], style, color="C1", label=f"TPOT p{q}")
+        for limit, col, name in ((slo_ttft_ms, "C0", "TTFT"), (slo_itl_ms, "C1", "ITL")):
+            if limit:
+                ax1.axhline(limit, color=col, lw=0.8, alpha=0.7, label=f"{name} SLO {limit:g} ms")
         ax1.set_yscale("log")
     ax1.set_ylabel("ms (by arrival time)")
     ax1.legend(loc="upper left", fontsize=8)

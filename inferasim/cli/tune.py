@@ -200,6 +200,19 @@ def plot_pareto(result: Any, path: str) -> None:
     xs = [p.tokens_per_user for p in result.pareto]
     ys = [p.throughput_per_gpu for p in result.pareto]
     ax.plot(xs, ys, "k-", lw=1.5, label="Pareto front")
+    # The SLO's inter-token limit as the interactivity it asks for: candidates left of it miss it.
+    itl = result.spec.objective.slo.itl_p90_ms
+    axes = [ax] if cost_ax is None else [ax, cost_ax]
+    if itl:
+        for a in axes:
+            a.axvline(1e3 / itl, color="firebrick", lw=1.0, ls="--", label=f"SLO: ITL p90 {itl:g} ms")
+    # Axes from the front, the SLO and the recommendation: every candidate's curve runs out to its
+    # lightest load (one request, the highest tokens/s per user), far beyond any choice.
+    if xs:
+        x_hi = 1.15 * max([*xs, *([1e3 / itl] if itl else [])])
+        for a in axes:
+            a.set_xlim(0.0, x_hi)
+        ax.set_ylim(0.0, 1.15 * max([*ys, rec.per_gpu_at_slo(osl) if rec is not None and rec.slo_tpot > 0 else 0.0]))
     for eng, col in colors.items():
         ax.plot([], [], ".", color=col, label=eng)
     ax.set_xlabel("tokens/s per user (1 / TPOT)")
@@ -330,7 +343,8 @@ def add_cli(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="write a benchmark Job per short-listed configuration here (the engine's own client against "
                         "Service --name, at the workload's lengths and rate)")
     p.add_argument("--name", default="llm", help="name of the rendered Deployment (with P/D: the router's Service)")
-    p.add_argument("--namespace", default="default")
+    p.add_argument("--namespace", default="default",
+                   help="namespace of the --manifest and --bench-jobs objects (default: default)")
     p.add_argument("--propose-endpoint", default=None,
                    help="OpenAI-compatible endpoint of an LLM that proposes candidates (off by default)")
     p.add_argument("--propose-model", default="default", help="model name to ask at --propose-endpoint")

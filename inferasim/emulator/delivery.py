@@ -17,8 +17,9 @@ import numpy as np
 
 from inferasim.emulator.metrics import EngineMetrics
 from inferasim.emulator.request import EmuRequest
-from inferasim.sim.running import Request, RunningSet
-from inferasim.sim.scheduler import Scheduler, SglangScheduler
+from inferasim.sim.core import Core
+from inferasim.sim.engines import SglangCore
+from inferasim.sim.request import SimRequest
 
 
 class TokenDelivery:
@@ -39,7 +40,7 @@ class TokenDelivery:
         # SGLang: first tokens the last prefill batch sampled, held until the next step says when
         # they leave (slot -> the scheduler's request), and first tokens whose time is known but
         # has not come yet (emulated time, serial, slot).
-        self._held: dict[int, Request] = {}
+        self._held: dict[int, SimRequest] = {}
         self._releases: list[tuple[float, int, int]] = []
         # Late first tokens whose time has come: delivered on their own at a wake inside the step
         # in progress, whose own tokens (in _dirty) must wait for its end.
@@ -49,9 +50,9 @@ class TokenDelivery:
         """Stop a request whose sink failed (the engine loop's abort)."""
         raise NotImplementedError
 
-    def _deliver_held_first(self, i: int, rank: Scheduler, now_v: float) -> None:
+    def _deliver_held_first(self, i: int, rank: Core, now_v: float) -> None:
         """Deliver a rank's held first tokens at their on-time stamp (the next step is a decode)."""
-        if not isinstance(rank, SglangScheduler):
+        if not isinstance(rank, SglangCore):
             return
         held = [sim for sim in rank.held_first_tokens if self._held.get(sim.rid) is sim]
         if not held:
@@ -129,13 +130,13 @@ class TokenDelivery:
             elif not delivered:
                 self._dirty.add(rid)
 
-    def _account(self, i: int, r: RunningSet, finished: list[Request], end: float, release: dict[int, float],
+    def _account(self, i: int, rank: Core, finished: list[SimRequest], end: float, release: dict[int, float],
                  now_v: float | None) -> None:
         """Token accounting of one committed step: new tokens per request (held first tokens
         excluded), first-token stamps (a released one at its own time), gaps, finishes."""
-        n = r.n
-        rids = r.rid[:n]
-        gens = r.gen[:n]
+        reqs, counts = rank.running()
+        rids = np.array([req.rid for req in reqs], dtype=np.int64)
+        gens = np.array(counts, dtype=np.int64)
         if finished:
             rids = np.concatenate([rids, np.array([f.rid for f in finished], dtype=np.int64)])
             gens = np.concatenate([gens, np.array([f.generated for f in finished], dtype=np.int64)])

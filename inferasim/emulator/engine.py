@@ -1,10 +1,11 @@
 """The emulated engine: a real-time continuous-batching loop driven by the step-time model.
 
-It reuses the discrete-event simulator's schedulers (`inferasim.sim.scheduler`: vLLM V1 mixed
-chunked prefill, SGLang separate prefill batches), one per attention-dp rank, stepping in
-lockstep as `inferasim.sim.des.Simulator` does. What differs is the clock: instead of jumping to
-the next event, the loop waits until the emulated time of each step's end has come in real time
-(`VirtualClock`: emulated = real x speedup), then delivers that step's tokens.
+It runs the engine schedulers every simulator runs (`inferasim.sim.engines`: vLLM V1 mixed
+chunked prefill, SGLang separate prefill batches, ATOM prefill first), one per attention-dp rank,
+without prefix cache, stepping in lockstep as `inferasim.sim.des.Simulator` does. What differs is
+the clock: instead of jumping to the next event, the loop waits until the emulated time of each
+step's end has come in real time (`VirtualClock`: emulated = real x speedup), then delivers that
+step's tokens.
 
 Why the emulated schedule never drifts: every step starts at the emulated end of the previous
 one, not at the real time the loop happened to wake. When the loop wakes late (a busy CPU, many
@@ -24,11 +25,11 @@ serial front end (`StepParams.t_front`: SGLang's TokenizerManager and scheduler 
 API server process) then passes requests one at a time, t_front + t_front_token x prompt each, in
 order of arrival, as `inferasim.sim.des` models it: a burst of C equal requests reaches the
 schedulers one service time apart. Token
-counts are read back from the scheduler's running set after every step.
+counts are read back from the scheduler's admitted requests after every step (`Core.running`).
 
 SGLang's late first tokens: its overlap scheduler hands a prefill batch's first tokens out only
 after launching the next batch, and when that batch is another prefill they leave part-way into
-it (`sim.scheduler.hand_out_late`, which the schedulers apply at the next commit). So the loop
+it (`sim.engines.hand_out_late`, which SGLang's scheduler applies at the next commit). So the loop
 holds a prefill batch's first tokens back until the next step is committed, then delivers each at
 the time the scheduler gives it, waking for it if that time lies inside the step in progress.
 """
@@ -48,8 +49,9 @@ from inferasim.errors import InferasimError, UserError
 from inferasim.model.layoutcost import LayoutCost
 from inferasim.model.steady import EngineSched
 from inferasim.model.steptime import StepParams, step_time
-from inferasim.sim.running import Batch, Request
-from inferasim.sim.scheduler import Scheduler, SglangScheduler, make_scheduler
+from inferasim.sim.core import Core
+from inferasim.sim.engines import SglangCore, make_core
+from inferasim.sim.request import Batch, SimRequest
 
 # Real seconds between wakes: a floor, plus a share per open stream (one write each per wake),
 # capped so that delivery is never more than a few ms late in real time.
@@ -84,7 +86,7 @@ class EngineLoop(TokenDelivery):
         self.dp = cost.layout.dp
         # KV pool as the simulator sizes it: the memory model's tokens x the fitted kv_scale.
         self.kv_capacity = int(sched.kv_tokens * params.kv_scale)
-        self.ranks: list[Scheduler] = [make_scheduler(sched, self.kv_capacity) for _ in range(self.dp)]
+        self.ranks: list[Core] = [make_core(sched, self.kv_capacity) for _ in range(self.dp)]
         self.v = 0.0  # emulated time the engine is free (end of the last committed step)
         self._pending: list[tuple[float, int, EmuRequest]] = []  # (enq_v, serial, req) heap
         self._slots: list[EmuRequest | None] = []
@@ -132,7 +134,7 @@ class EngineLoop(TokenDelivery):
         req = EmuRequest(rid=rid, serial=self._serial, rank=rank, prompt=prompt, output=output,
                          max_tokens=max_tokens, finish_reason=finish_reason, recv_v=now,
                          enq_v=enq, sink=sink)
-        req.sim = Request(rid=rid, arrival=req.enq_v, prompt=prompt, output=output, rank=rank)
+        req.sim = SimRequest(rid, req.enq_v, prompt, output, rank=rank)
         self._slots[rid] = req
         self._emitted[rid] = 0
         self._last[rid] = 0.0
@@ -161,7 +163,7 @@ class EngineLoop(TokenDelivery):
     def stats(self) -> dict[str, float | int]:
         return {
             "emulated_now_s": self.clock.now(), "engine_free_at_s": self.v, "steps": self.steps,
-            "open_requests": self.open, "running": sum(r.run.n_alive for r in self.ranks),
+            "open_requests": self.open, "running": sum(r.n_alive for r in self.ranks),
             "waiting": sum(len(r.waiting) for r in self.ranks) + len(self._pending),
             "max_lag_real_s": self.max_lag_real, "clock_slips": self.clock_slips, "wakes": self.wakes,
             "speedup": self.clock.speedup, "kv_capacity_tokens_per_rank": self.kv_capacity,
@@ -222,7 +224,7 @@ class EngineLoop(TokenDelivery):
             await self._sleep(loop, delay, wake_on_submit=not self._busy())
 
     def _busy(self) -> bool:
-        return any(r.run.n or r.waiting for r in self.ranks)
+        return any(r.n_alive or r.waiting for r in self.ranks)
 
     def _min_tick(self) -> float:
         return min(MIN_TICK_BASE + MIN_TICK_PER_STREAM * self.open, MIN_TICK_CAP)
@@ -340,8 +342,10 @@ class EngineLoop(TokenDelivery):
         gaps_tail = times[1:k_due]
         for i, n in states:
             rank = self.ranks[i]
-            rids = rank.run.rid[:n].copy()
-            finished = rank.advance_decode(k_due, end)
+            # Every admitted request decodes in a decode run (decode_run_limit made sure).
+            rids = np.array([req.rid for req in rank.running()[0]], dtype=np.int64)
+            finished = rank.advance_decode(k_due, ends[:k_due].tolist())
+            rank.drop_records()
             first_gaps = ends[0] - self._last[rids]
             self._emitted[rids] += k_due
             self._last[rids] = end
@@ -356,19 +360,19 @@ class EngineLoop(TokenDelivery):
         self.steps += k_due
         return end
 
-    def _commit_step(self, i: int, rank: Scheduler, batch: Batch, start: float, end: float,
+    def _commit_step(self, i: int, rank: Core, batch: Batch, start: float, end: float,
                      now_v: float | None = None) -> None:
-        r = rank.run
         pre_before = rank.preemptions
-        if batch.pre_rows:
-            for row, s in zip(batch.pre_rows, batch.pre_starts, strict=True):
+        if batch.pre:
+            for row, _, s in batch.pre:
                 if s == 0:
-                    req = self._slots[int(r.rid[row])]
+                    req = self._slots[row.req.rid]
                     if req is not None and req.first_sched_v is None:
                         req.first_sched_v = start
                         self.metrics.on_admitted(i, req.prompt)
-        previous = list(rank.held_first_tokens) if isinstance(rank, SglangScheduler) else []
-        finished = rank.commit(batch, end)
+        previous = rank.held_first_tokens if isinstance(rank, SglangCore) else []
+        finished = rank.commit(end)
+        rank.drop_records()
         self.metrics.on_preempted(i, rank.preemptions - pre_before)
         # The previous prefill batch's first tokens: this commit has set when they leave.
         release: dict[int, float] = {}
@@ -376,10 +380,10 @@ class EngineLoop(TokenDelivery):
             if self._held.get(sim.rid) is sim:
                 del self._held[sim.rid]
                 release[sim.rid] = (sim.first_token if sim.first_token is not None else end) - rank.delay
-        if isinstance(rank, SglangScheduler):
+        if isinstance(rank, SglangCore):
             for sim in rank.held_first_tokens:
                 self._held[sim.rid] = sim
-        self._account(i, r, finished, end, release, now_v)
+        self._account(i, rank, finished, end, release, now_v)
         # A released request that this step retracted is neither running nor finished, so the
         # accounting above did not see it; its first token was sampled all the same.
         missed = {rid: t for rid, t in release.items() if self._emitted[rid] == 0 and self._slots[rid] is not None}
@@ -404,7 +408,7 @@ class EngineLoop(TokenDelivery):
         for _, _, req in self._pending:
             loads[req.rank] += 1
         for i, r in enumerate(self.ranks):
-            loads[i] += r.run.n_alive + len(r.waiting)
+            loads[i] += r.n_alive + len(r.waiting)
         best = min(loads)
         for j in range(self.dp):
             cand = (self._rr + j) % self.dp
@@ -445,26 +449,20 @@ class EngineLoop(TokenDelivery):
             rank = self.ranks[req.rank]
             if req.sim in rank.waiting:
                 rank.waiting.remove(req.sim)
-                rank.reqs.pop(req.rid, None)
                 self._drop_unstarted(req)
                 continue
-            r = rank.run
-            rows = np.flatnonzero(r.rid[: r.n] == req.rid)
-            if rows.size:
-                # Finish at its next sampled token: the schedulers own the KV bookkeeping, and a
-                # request that stops producing tokens is released the ordinary way.
-                row = int(rows[0])
-                r.out[row] = min(int(r.out[row]), int(r.gen[row]) + 1)
-            # else: still pending (tokenising); dropped when it reaches the head of the heap.
+            # Finish at its next sampled token: the scheduler owns the KV bookkeeping, and a
+            # request that stops producing tokens is released the ordinary way. Not admitted:
+            # still pending (tokenising); dropped when it reaches the head of the heap.
+            rank.cut_short(req.sim)
 
     def _reject_stuck(self) -> bool:
         """Nothing can be scheduled although requests wait and nothing runs: fail the head of
         each such queue (submit() checks sizes, so this only guards against a parameter change)."""
         any_rejected = False
         for rank in self.ranks:
-            if rank.waiting and rank.run.n == 0:
+            if rank.waiting and rank.n_alive == 0:
                 sim = rank.waiting.popleft()
-                rank.reqs.pop(sim.rid, None)
                 req = self._slots[sim.rid]
                 if req is not None:
                     req.error = "the request does not fit the emulated KV cache"
@@ -481,7 +479,7 @@ class EngineLoop(TokenDelivery):
         for i, rank in enumerate(self.ranks):
             # Waiting = the engine core's queue (requests still in the API server are not counted,
             # as in vLLM's scheduler stats).
-            self.metrics.set_state(i, rank.run.n_alive, len(rank.waiting), rank.kv.used_blocks * rank.kv.block_size,
+            self.metrics.set_state(i, rank.n_alive, len(rank.waiting), rank.kv.in_use * rank.kv.block_size,
                                    self._gen_tput)
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from inferasim.sim.running import Request
+from inferasim.sim.request import SimRequest
 
 # A sink delivers a request's new tokens (and its finish) to the client. It returns False when
 # it chose to hold intermediate tokens back (stream interval); the engine offers them again at
@@ -29,7 +29,7 @@ class EmuRequest:
     recv_v: float  # reached the API server
     enq_v: float  # reaches the engine core (recv + t_ttft, then the serial front end's t_front)
     sink: Sink  # called on delivery (tokens, finish)
-    sim: Request = field(repr=False, default=None)  # type: ignore[assignment]
+    sim: SimRequest = field(repr=False, default=None)  # type: ignore[assignment]
     first_sched_v: float | None = None
     first_tok_v: float | None = None
     finish_v: float | None = None

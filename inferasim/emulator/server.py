@@ -190,6 +190,9 @@ class Emulator:
             "/version": {"GET": self._version},
             "/v1/models": {"GET": self._models},
             "/metrics": {"GET": self._metrics},
+            # How the engine was launched, where each engine says it (harvest's layout check).
+            **({"/get_server_info": {"GET": self._server_info}} if self.resolved.engine == "sglang" else
+               {"/server_info": {"GET": self._server_info}} if self.resolved.engine == "vllm" else {}),
             "/v1/completions": {"POST": self._completions},
             "/v1/chat/completions": {"POST": self._chat},
             "/_inferasim/params": {"GET": self._get_params, "POST": self._post_params},
@@ -238,6 +241,20 @@ class Emulator:
         card = {"id": self.served_name, "object": "model", "created": self.created, "owned_by": owner,
                 "root": self.resolved.model.name, "parent": None, "max_model_len": self.resolved.max_model_len}
         return 200, json.dumps({"object": "list", "data": [card]}).encode(), "application/json"
+
+    async def _server_info(self) -> tuple[int, bytes, str]:
+        """SGLang's GET /get_server_info (its ServerArgs) or vLLM's GET /server_info (dev mode: the
+        text of its VllmConfig), with the emulated layout's widths under the engines' own names."""
+        c = self.resolved.config
+        if self.resolved.engine == "sglang":
+            info: dict[str, Any] = {"model_path": self.resolved.model.name, "tp_size": c.tp, "dp_size": c.dp,
+                                    "ep_size": c.ep, "pp_size": c.pp, "enable_dp_attention": c.dp > 1,
+                                    "version": c.engine_version or "emulated"}
+        else:
+            info = {"vllm_config": f"model='{self.resolved.model.name}', tensor_parallel_size={c.tp}, "
+                                   f"pipeline_parallel_size={c.pp}, data_parallel_size={c.dp}, "
+                                   f"enable_expert_parallel={c.ep > 1}"}
+        return 200, json.dumps(info).encode(), "application/json"
 
     async def _metrics(self) -> tuple[int, bytes, str]:
         return 200, generate_latest(self.metrics.registry), CONTENT_TYPE_LATEST

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -129,6 +130,55 @@ async def served_models(client: httpx.AsyncClient, endpoint: str, timeout: float
         return [m["id"] for m in r.json().get("data", [])]
     except (ValueError, KeyError, TypeError, AttributeError):
         raise HarvestError(f"{endpoint}/v1/models did not return an OpenAI model list") from None
+
+
+# Where an engine says how it was launched, and the names of its parallel widths there: SGLang's
+# GET /get_server_info returns its ServerArgs (tp_size, dp_size, ep_size, pp_size; sgl-project
+# docs, "SGLang Native APIs"); vLLM's GET /server_info (served when VLLM_SERVER_DEV_MODE=1) the
+# text of its VllmConfig, which spells tensor_parallel_size=N and the like. ATOM says nothing.
+_SERVER_INFO = {"sglang": ("/get_server_info", {"tp": "tp_size", "dp": "dp_size", "ep": "ep_size", "pp": "pp_size"}),
+                "vllm": ("/server_info", {"tp": "tensor_parallel_size", "dp": "data_parallel_size",
+                                          "pp": "pipeline_parallel_size"})}
+
+
+async def served_layout(client: httpx.AsyncClient, endpoint: str, engine: str,
+                        timeout: float = CONTROL_TIMEOUT_S) -> dict[str, int] | None:
+    """The parallel widths the endpoint says it runs (tp, dp, ep, pp; those it names), or None
+    where it does not say (a vLLM without dev mode, ATOM, an unreachable route)."""
+    route = _SERVER_INFO.get(engine)
+    if route is None:
+        return None
+    path, names = route
+    try:
+        r = await client.get(f"{base_url(endpoint)}{path}", timeout=timeout)
+        if r.status_code != 200:
+            return None
+        body = r.json()
+    except (httpx.HTTPError, ValueError):
+        return None
+    out: dict[str, int] = {}
+    if engine == "vllm":
+        text = str(body.get("vllm_config", "")) if isinstance(body, dict) else ""
+        for key, name in names.items():
+            m = re.search(rf"\b{name}=(\d+)", text)
+            if m:
+                out[key] = int(m.group(1))
+    elif isinstance(body, dict):
+        for key, name in names.items():
+            value = body.get(name)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                out[key] = value
+    return out or None
+
+
+def layout_mismatch(said: dict[str, int] | None, given: dict[str, int]) -> str | None:
+    """A sentence naming each width the endpoint reports unlike the harvest's flags; None when they
+    agree or it reports nothing."""
+    if not said:
+        return None
+    diffs = [f"--{k} {given[k]} but the endpoint runs {k} {v}" for k, v in said.items() if k in given and
+             given[k] != v]
+    return "; ".join(diffs) or None
 
 
 # Metric name prefixes of each engine's /metrics (engine-facts notes 1.1, 2).

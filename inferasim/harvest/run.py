@@ -37,10 +37,12 @@ from inferasim.harvest.client import (
     HarvestError,
     PointResult,
     base_url,
+    layout_mismatch,
     run_point,
     scrape_counters,
     scrape_latency,
     served_engine,
+    served_layout,
     served_models,
     server_means,
     warm_up,
@@ -112,6 +114,7 @@ class HarvestReport:
     anchor: Anchor | None = None
     exit_code: int = EXIT_OK
     message: str = ""
+    warnings: list[str] = field(default_factory=list)  # also kept in the anchor's provenance notes
 
     @property
     def emulated_s(self) -> float:
@@ -153,6 +156,7 @@ async def harvest_async(cfg: HarvestConfig, progress: Callable[[str], None] | No
     deadline = t_start + cfg.budget_s
     points: list[PointResult] = []
     skipped: list[str] = []
+    warnings: list[str] = []
     biggest = max(p.concurrency for p in cfg.plan)
     limits = httpx.Limits(max_connections=biggest + 8, max_keepalive_connections=biggest + 8)
     timeout = httpx.Timeout(cfg.request_timeout_s, connect=30.0)
@@ -168,6 +172,15 @@ async def harvest_async(cfg: HarvestConfig, progress: Callable[[str], None] | No
         if serving is not None and serving != engine:
             raise HarvestError(f"{endpoint} is a {serving} server (its /metrics series and model list say so), not "
                                f"--engine {engine}: pass --engine {serving}")
+        # An anchor records the layout given on the command line: one the endpoint contradicts would
+        # price every transfer from the wrong layout. Warned, not refused: --tp names the replica an
+        # operator deployed, and a server's own report can lag a relaunch.
+        mismatch = layout_mismatch(await served_layout(client, endpoint, engine, control()),
+                                   {"tp": cfg.tp, "dp": cfg.dp, "ep": cfg.ep, "pp": cfg.pp})
+        if mismatch:
+            _log(progress, f"warning: {mismatch}; the anchor records the layout given (--tp {cfg.tp} --dp {cfg.dp} "
+                           f"--ep {cfg.ep} --pp {cfg.pp}): rerun with the endpoint's if it is right")
+            warnings.append(f"layout: {mismatch}")
         name = cfg.served_model_name or cfg.model
         if name not in names:
             if cfg.served_model_name is None and len(names) == 1:
@@ -219,7 +232,7 @@ async def harvest_async(cfg: HarvestConfig, progress: Callable[[str], None] | No
     client_tokens = {"prompt_tokens": sum(r.prompt_tokens for p in points for r in p.requests),
                      "generation_tokens": sum(r.output_tokens for p in points for r in p.requests)}
     report = HarvestReport(config=cfg, points=points, skipped=skipped, counters=counters,
-                           client_tokens=client_tokens, wall_s=wall)
+                           client_tokens=client_tokens, wall_s=wall, warnings=warnings)
     if not points:
         report.exit_code = EXIT_FAILED
         report.message = "no point was measured: " + "; ".join(skipped or ["empty plan"])
@@ -270,6 +283,7 @@ def _anchor(cfg: HarvestConfig, engine: str, precision: str, kv_dtype: str, layo
             f"{p.tpot_s() * 1e3:.2f}/{p.server[1] * 1e3:.2f}" for p in both))  # type: ignore[index]
     if report.skipped:
         notes.append("not measured: " + "; ".join(report.skipped))
+    notes += [f"warning: {w}" for w in report.warnings]
     if report.counters is not None:
         notes.append("server counters: prompt tokens +{:.0f} (client {}), generation tokens +{:.0f} (client {})".format(
             report.counters["prompt_tokens"], report.client_tokens["prompt_tokens"],

@@ -18,7 +18,7 @@ import numpy as np
 from inferasim.catalog.engines import decode_reads_per_query_head, prefill_attention_dtype, sparse_mla_kernel
 from inferasim.catalog.gpus import GPU
 from inferasim.catalog.models import WEIGHT_FORMAT_BYTES, ModelSpec
-from inferasim.catalog.precision import normalize_precision
+from inferasim.catalog.precision import WEIGHT_FORMATS, normalize_precision
 from inferasim.core.layout import Layout
 from inferasim.model.memory import kv_dtype_bytes, weight_bytes_per_gpu
 
@@ -63,9 +63,8 @@ SPARSE_MLA_EFFICIENCY = 0.64
 def compute_dtype(precision: str, part: str, model: ModelSpec) -> str:
     """Tensor-core dtype a GEMM runs in. Weight-only int4 runs in bf16; fp4 MoE checkpoints keep
     attention at 8/16 bits (see ModelSpec.weight_formats)."""
-    fmt = model.weight_formats(precision)[part]
-    return {"nvfp4": "fp4", "mxfp4": "fp4", "int4": "bf16", "int8": "int8", "fp8": "fp8",
-            "fp16": "fp16"}.get(fmt, "bf16")
+    fmt = WEIGHT_FORMATS.get(model.weight_formats(precision)[part])
+    return fmt.compute if fmt is not None else "bf16"
 
 
 def collective_time(nbytes: ArrayLike, ranks: int, gpu: GPU) -> ArrayLike:

@@ -17,7 +17,7 @@ from inferasim.catalog.checkpoints import priced_precision
 from inferasim.catalog.engines import UnknownEngineError, normalize_engine
 from inferasim.catalog.gpus import GPU, UnknownGPUError, get_gpu, siblings
 from inferasim.catalog.models import ModelConfigError, ModelSpec, UnknownModelError, get_model
-from inferasim.catalog.precision import normalize_precision
+from inferasim.catalog.precision import benchmark_kv_dtype as precision_benchmark_kv
 from inferasim.core.layout import Layout, LayoutError
 from inferasim.core.runs import BenchRow, RowPrediction, recorded_clients
 from inferasim.core.runs import Layout as RowLayout
@@ -137,12 +137,9 @@ def benchmark_kv_dtype(precision: str) -> str:
     Quantized (fp8 / fp4) runs use an fp8 KV cache: with it, the concurrency at which the dev
     data's TTFT explodes (the KV pool filling up) matches the memory model on H100 and B200
     alike; with a 16-bit cache it would saturate at half the concurrency it does. Any spelling of
-    those precisions counts (fp8_block, fp8_e4m3fn, nvfp4 ...)."""
-    try:
-        p = normalize_precision(precision)
-    except ValueError:
-        p = (precision or "").strip().lower()
-    return "fp8" if p in ("fp8", "fp4", "nvfp4", "mxfp4") else "auto"
+    those precisions counts (fp8_block, fp8_e4m3fn, nvfp4 ...): catalog.precision's table says
+    which precisions the benchmarks pair with which cache."""
+    return precision_benchmark_kv(precision)
 
 
 def _priced(precision: str, model_id: str, model: ModelSpec) -> str:

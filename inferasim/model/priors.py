@@ -29,6 +29,7 @@ import numpy as np
 
 from inferasim.catalog.gpus import GPU
 from inferasim.catalog.models import ModelSpec
+from inferasim.catalog.precision import precision_family
 from inferasim.model.steptime import PARAM_BOUNDS, StepParams, default_params
 
 # The parameters the population carries: the terms of the engine step, GPU and host. The request-
@@ -47,15 +48,9 @@ _FLOOR = {"t_seq": 1e-7, "burst": 1e-3, "t_ttft": 1e-4, "t_front": 1e-4}
 
 
 def precision_class(precision: str) -> str:
-    """Weight precisions that run the same GEMM kinds: 16-bit floats, 8-bit, 4-bit, or as written."""
-    p = precision.lower()
-    if p in ("bf16", "fp16", "auto", ""):
-        return "16bit"
-    if p in ("fp8", "int8", "w8a8"):
-        return "8bit"
-    if p in ("fp4", "nvfp4", "mxfp4", "int4", "w4a16", "awq", "gptq"):
-        return "4bit"
-    return p
+    """Weight precisions that run the same GEMM kinds: 16-bit floats, 8-bit, 4-bit, or as written
+    (catalog.precision.precision_family)."""
+    return precision_family(precision)
 
 
 @dataclass(frozen=True)

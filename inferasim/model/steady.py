@@ -164,9 +164,38 @@ class BenchResult:
         return self.ttft + (np.asarray(osl, dtype=float) - 1.0) * self.tpot
 
 
+# Share of its output a running request holds in KV on average over its life (written uniformly).
+MEAN_OUTPUT_HELD = 0.5
+
+
 def _capacity(sched: EngineSched, isl: np.ndarray, osl: np.ndarray, kv_scale: float = 1.0) -> np.ndarray:
     blocks = np.ceil((isl + osl) / sched.block_size) * sched.block_size
     return np.maximum(np.floor(sched.kv_tokens * kv_scale / blocks), 1.0)
+
+
+def _preemption_wait(p: StepParams, c: LayoutCost, sched: EngineSched, isl: np.ndarray, osl: np.ndarray,
+                     b: np.ndarray, full: np.ndarray, t_dec: np.ndarray, grid: int = 16) -> np.ndarray:
+    """Mean time per request lost to preemptions when `b` requests run on a rank whose pool holds
+    `full` of them at full length. A closed loop of fixed lengths runs in step, so its KV grows
+    from b x isl to b x (isl + osl) each cycle; once b x (isl + g) passes the pool at g tokens
+    written, the engine preempts the newest request (vLLM V1 recompute, vllm/v1/core/sched/
+    scheduler.py; SGLang retract_decode), one more each time the pool fills again. A request
+    preempted at g waits while the others write their remaining osl - g tokens, then recomputes
+    its isl + g tokens and writes its own rest: (osl - g) decode steps and one prefill later than
+    it would have. A pool just short of the last request's tail (70B fp8 on one B200 at 64 x
+    (1024 + 8192) tokens, 0.6% over) loses almost nothing; one short by whole requests loses
+    nearly a cycle per preempted request, as a client waiting for a slot would. Charged to TTFT,
+    as the wait for a slot is (the preempted requests' clients send their next request late)."""
+    kv = sched.kv_tokens * p.kv_scale
+    over = np.maximum(b - full, 0.0)
+    total = np.zeros_like(np.asarray(b, dtype=float))
+    for k in range(grid):
+        n = b - over * (k + 0.5) / grid  # running count as the k-th slice of the overflow is preempted
+        g = np.clip(kv / np.maximum(n, 1.0) - isl, 0.0, osl)
+        tokens = isl + g
+        t_pf = step_time(p, c, 0.0, 0.0, tokens, tokens / 2.0)
+        total = total + ((osl - g) * t_dec + t_pf) * over / grid
+    return total / np.maximum(b, 1.0)
 
 
 def front_end_wait(t_front: np.ndarray | float, rate: np.ndarray | float,
@@ -320,7 +349,12 @@ def closed_loop(p: StepParams, c: LayoutCost, sched: EngineSched, isl: np.ndarra
     osl = np.asarray(osl, dtype=float)
     conc = np.asarray(concurrency, dtype=float)
     dp = c.layout.dp
-    kv_cap = _capacity(sched, isl, osl, p.kv_scale) * dp
+    # Engines allocate KV as tokens are computed and preempt (vLLM: recompute) or retract (SGLang)
+    # when the pool runs short, so the pool bounds the running set by what requests hold on
+    # average, half their output written (MEAN_OUTPUT_HELD), not by their full length; running
+    # beyond what fits at full length pays preemptions near the end of each cycle (_preemption_wait).
+    kv_full = _capacity(sched, isl, osl, p.kv_scale) * dp
+    kv_cap = _capacity(sched, isl, MEAN_OUTPUT_HELD * osl, p.kv_scale) * dp
     cap = np.minimum(kv_cap, sched.max_num_seqs * dp)
     if p.client_cap > 0:
         # The client holds requests beyond its connection limit back; they wait as the KV queue's do.
@@ -417,6 +451,7 @@ def closed_loop(p: StepParams, c: LayoutCost, sched: EngineSched, isl: np.ndarra
     # requests per second, cycle = everything a request spends once admitted; closed-loop Little's
     # law over the clients, C = X x (wait + cycle), gives the wait. Past the cap the throughput stays
     # that of the running set however many clients queue.
+    ttft_running = ttft_running + _preemption_wait(p, c, sched, isl, osl, b, kv_full / dp, t_dec)
     cycle = ttft_running + (osl - 1.0) * tpot
     admission_wait = np.maximum(conc / running - 1.0, 0.0) * cycle
     ttft_mean = ttft_running + admission_wait

@@ -191,7 +191,10 @@ GEMM_N0 = 384.0
 # from a batch sweep), vLLM V0's host time per sequence (T_SEQ_V0) and per tp step (t_tp), RCCL's
 # all-reduce latency where vLLM reduced through it (t_hop), the generic ROCm decode kernel's reads
 # per query head over MI300X's XCDs (kv_read_amp), and first-run points left out of a fit.
-STEP_MODEL_REVISION = "2026-12-04"
+# 2026-12-05: the closed loop's KV admission: running requests hold their prompt and half their
+# output, those beyond what fits at full length pay preemptions (model.steady._preemption_wait);
+# moves burst, t_ttft and t_fixed of anchors whose sweeps ran the pool short.
+STEP_MODEL_REVISION = "2026-12-05"
 
 # vLLM V0's host time per running sequence per step (see default_params).
 T_SEQ_V0 = 1e-4

@@ -1,6 +1,7 @@
-"""What every engine scheduler of the trace simulator shares (:class:`Core`, one per attention-dp
-rank; the policies are in :mod:`inferasim.sim.engines`): the queue, admission of a row with its
-prefix match and KV blocks, prefix and host-tier KV, decode runs, finishes and preemption.
+"""What every engine scheduler shares (:class:`Core`, one per attention-dp rank; the policies are
+in :mod:`inferasim.sim.engines`, run by the trace simulator, the closed-loop simulator and the
+emulator): the queue, admission of a row with its prefix match and KV blocks, prefix and host-tier
+KV, decode runs, finishes and preemption.
 
 Speed. Running requests that decode are not touched per step: each rank keeps a decode counter G
 and every decoding row stores its context and output counts relative to it, so a decode step is
@@ -453,6 +454,57 @@ class Core:
 
     def _tidy(self) -> None:
         self.order = [r for r in self.order if r.alive]
+
+    # -- for drivers that follow requests token by token (the emulator) -------------------------
+    def running(self) -> tuple[list[SimRequest], list[int]]:
+        """The admitted requests in admission order and the tokens each has sampled (a decoding
+        row's count lives in the counter G until it leaves; see the module docstring)."""
+        G = self.G
+        reqs, gens = [], []
+        for row in self.order:
+            if row.alive:
+                reqs.append(row.req)
+                gens.append(row.gb + G if row.in_d else row.gen)
+        return reqs, gens
+
+    def cut_short(self, req: SimRequest) -> bool:
+        """Make an admitted request finish at its next sampled token (a client that went away:
+        its KV is released the ordinary way). False when it is not admitted here."""
+        for row in self.order:
+            if row.alive and row.req is req:
+                break
+        else:
+            return False
+        if not row.in_d:
+            row.out = min(row.out, row.gen + 1)
+            return True
+        # A decoding row's finish is keyed in the heap (and SGLang's clipped outputs) by `out`:
+        # leave those aggregates, change it, and enter them again under a new join stamp.
+        self._on_leave(row)
+        row.out = min(row.out, row.gb + self.G + 1)
+        row.fin = row.out - row.gb
+        self._jt += 1
+        row.jt = self._jt
+        heapq.heappush(self.fin_heap, (row.fin, row.seq, row.jt, row))
+        self._on_join(row)
+        return True
+
+    def drop_records(self, keep: int = 4096) -> None:
+        """Forget the token-timing records only the trace simulator's report reads (decode-step
+        end times, gaps, finished requests), so that a driver that never reports (the emulator,
+        running for days) does not grow them without end. The last step end stays: a preempted
+        row's last token time may be read from it."""
+        E = self.E
+        if len(E) <= keep and len(self.finished) <= keep:
+            return
+        self.e_off += len(E) - 1
+        del E[:-1]
+        self.cont.clear()
+        self.gaps.clear()
+        self.finished.clear()
+        for req in self.open_segs:
+            req.segs = None
+        self.open_segs.clear()
 
     # -- policy ----------------------------------------------------------------------------------
     def schedule(self, now: float) -> Batch:

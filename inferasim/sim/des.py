@@ -6,7 +6,8 @@ trace simulator's: `inferasim.sim.api.simulate_workload`.)
 The request-by-request counterpart of the steady-state estimator in `inferasim.model.steady`:
 the same benchmarks (closed loop at fixed concurrency, offline batch), the same step-time model
 (`inferasim.model.steptime.step_time`), but every request is admitted, chunked, preempted and finished
-by an engine scheduler (`inferasim.sim.scheduler`), so start-up waves, KV pressure, preemption
+by the engine's scheduler (`inferasim.sim.engines`, the one the trace simulator and the emulator
+run too), so start-up waves, KV pressure, preemption
 and the tail are what the policy makes of them rather than a closed-form average.
 
 One clock per replica. The replica has `layout.dp` attention-dp ranks, each with its own
@@ -46,9 +47,13 @@ import numpy as np
 from inferasim.model.layoutcost import LayoutCost
 from inferasim.model.steady import EngineSched
 from inferasim.model.steptime import StepParams, step_time
+from inferasim.sim.core import Core
+from inferasim.sim.engines import make_core
 from inferasim.sim.front import FrontEnd
-from inferasim.sim.running import Request
-from inferasim.sim.scheduler import Scheduler, make_scheduler
+from inferasim.sim.request import SimRequest
+
+# The closed loop's requests are the schedulers' own (no prefix identity, no prefill pool).
+Request = SimRequest
 
 __all__ = ["Request", "SimResult", "Simulator", "simulate_closed_loop", "simulate_offline"]
 
@@ -106,8 +111,7 @@ class Simulator:
         self.p, self.c, self.sched = p, c, sched
         self.jump = jump  # False steps one iteration at a time (the reference the tests compare to)
         capacity = int(sched.kv_tokens * p.kv_scale)
-        self.ranks: list[Scheduler] = [make_scheduler(sched, capacity, delivery_delay)
-                                       for _ in range(c.layout.dp)]
+        self.ranks: list[Core] = [make_core(sched, capacity, delivery_delay) for _ in range(c.layout.dp)]
         self._pending: list[list[tuple[float, int, Request]]] = [[] for _ in self.ranks]
         self.front: FrontEnd[Request] = FrontEnd(p)
         self.now = 0.0
@@ -178,9 +182,10 @@ class Simulator:
                 if not math.isinf(t_arr):
                     # An arrival joins the first step that starts at or after it.
                     k = max(1, min(k, int(np.searchsorted(now + cum - times, t_arr, side="left"))))
-                self.now = now + float(cum[k - 1])
+                ends = (now + cum[:k]).tolist()  # the steps' end times (the cores time tokens by them)
+                self.now = ends[-1]
                 for i in busy:
-                    finished += ranks[i].advance_decode(k, self.now)
+                    finished += ranks[i].advance_decode(k, ends)
                 self.steps += k
             else:
                 batches = [rank.schedule(now) for rank in ranks]
@@ -197,7 +202,7 @@ class Simulator:
                 self.now = now + dt
                 for rank, b in zip(ranks, batches, strict=True):
                     if not b.empty:
-                        finished += rank.commit(b, self.now)
+                        finished += rank.commit(self.now)
                 self.steps += 1
             for req in finished:
                 self.outstanding -= 1
@@ -215,7 +220,7 @@ class Simulator:
             requests=requests, duration=duration, ttft_mean=float((first - arrival).mean()),
             tpot_mean=float(tpot.mean()) if tpot.size else 0.0,
             throughput=float(out.sum() / duration) if duration > 0 else 0.0,
-            kv_peak_tokens=max(r.kv.peak_tokens for r in self.ranks),
+            kv_peak_tokens=max(r.kv.peak for r in self.ranks) * self.ranks[0].kv.block_size,
             kv_capacity_tokens=self.ranks[0].kv.capacity_tokens, steps=self.steps,
             preemptions=sum(r.preemptions for r in self.ranks),
         )
@@ -262,7 +267,7 @@ def simulate_closed_loop(p: StepParams, c: LayoutCost, sched: EngineSched, isl: 
 
     def issue(client: int, t: float) -> None:
         rid = len(requests)
-        req = Request(rid=rid, arrival=t, prompt=int(prompts[rid]), output=int(outputs[rid]), rank=client % dp)
+        req = Request(rid, t, int(prompts[rid]), int(outputs[rid]), rank=client % dp)
         requests.append(req)
         client_of.append(client)
         if connections is not None and in_flight >= connections:
@@ -296,7 +301,7 @@ def simulate_offline(p: StepParams, c: LayoutCost, sched: EngineSched, isl: int,
     # Token ids in, nothing tokenised: the front end's per-token part does not apply offline.
     sim = Simulator(replace(p, t_front_token=0.0), c, sched, delivery_delay=0.0, jump=jump)
     dp = len(sim.ranks)
-    requests = [Request(rid=i, arrival=0.0, prompt=int(isl), output=int(osl), rank=i % dp)
+    requests = [Request(i, 0.0, int(isl), int(osl), rank=i % dp)
                 for i in range(int(batch))]
     for req in requests:
         sim.submit(req, 0.0)

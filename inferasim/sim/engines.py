@@ -1,10 +1,11 @@
-"""Engine schedulers of the trace simulator, one per attention-dp rank (DESIGN.md section 4).
-
-The same policies as `inferasim.sim.scheduler` (whose numpy `RunningSet` form the closed-loop
-simulator and the emulator keep using), rebuilt for speed and extended with what real traffic
-needs: a prefix cache, a host KV tier, KV that arrives from a prefill pool, and ATOM's policy.
-With no prefix identities the vLLM and SGLang policies here make the same decisions step for step
-as those of `scheduler.py` (a test replays closed loops through both).
+"""Engine schedulers, one per attention-dp rank (DESIGN.md section 4): each engine's policy,
+written once, for every discrete-event user: the trace simulator (`inferasim.sim.replica`), the
+closed-loop benchmark simulator (`inferasim.sim.des`) and the emulator
+(`inferasim.emulator.engine`). They add what real traffic needs on top of the policies: a prefix
+cache, a host KV tier and KV that arrives from a prefill pool (the closed loop and the emulator
+run without them, `make_core(..., caching=False)`). The closed form of the same policies is
+`inferasim.model.steady`, the fast path of predict and tune; tests/unit/test_des.py checks it
+against these schedulers run request by request.
 
 - `VllmCore` (vLLM V1, mixed batches): running requests first (decodes one token each, partial
   prefills their next chunk, oldest first), then the leftover of `max_num_batched_tokens` to
@@ -40,23 +41,36 @@ from collections import deque
 
 import numpy as np
 
-from inferasim.model.steady import EngineSched
+from inferasim.model.steady import SGLANG_CONSECUTIVE_PREFILL_DELAY, EngineSched
 from inferasim.sim.core import Core
 from inferasim.sim.prefix import Match
 from inferasim.sim.request import EMPTY, Batch, Row, SimRequest
 
-# SGLang scheduler constants: the reference scheduler's (python/sglang/global_config.py,
-# srt/managers/scheduler.py and schedule_policy.py).
-from inferasim.sim.scheduler import (
-    SGLANG_CLIP_MAX_NEW_TOKENS,
-    SGLANG_INIT_NEW_TOKEN_RATIO,
-    SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR,
-    SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS,
-    SGLANG_RETRACT_DECODE_STEPS,
-    hand_out_late,
-)
-
+# SGLang scheduler constants (python/sglang/global_config.py, srt/managers/scheduler.py and
+# schedule_policy.py): new_token_ratio starts at 0.7 and decays linearly over 600 decode steps to
+# 0.7 x 0.14; max_new_tokens estimates are clipped at 4096; a retraction frees room for 20 decode
+# steps of the remaining requests. --max-prefill-tokens comes with the deployment
+# (EngineSched.max_prefill_tokens).
+SGLANG_INIT_NEW_TOKEN_RATIO = 0.7
+SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR = 0.14
+SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS = 600
+SGLANG_CLIP_MAX_NEW_TOKENS = 4096
+SGLANG_RETRACT_DECODE_STEPS = 20
 SGLANG_LPM_MAX_QUEUE = 128  # schedule_policy.py: longer queues fall back to fcfs
+
+
+def hand_out_late(late: list[SimRequest], t_prev: float, t_start: float, t_end: float, delivery: float) -> None:
+    """SGLang's late first tokens (SGLANG_CONSECUTIVE_PREFILL_DELAY): the overlap scheduler reads
+    a prefill batch's results only after launching the next batch. `late` are the requests whose
+    first token the prefill batch that ended at `t_prev` sampled; when the batch that ran next was
+    another prefill and started right away (`t_start` == `t_prev`), their first token leaves that
+    share of it late (never after it ends, so before any second token)."""
+    if not late or t_start > t_prev + 1e-12:
+        return
+    t_tok = t_prev + SGLANG_CONSECUTIVE_PREFILL_DELAY * (t_end - t_prev)
+    for req in late:
+        req.first_token = t_tok + delivery
+        req.t_last = t_tok
 
 
 class VllmCore(Core):
@@ -330,8 +344,8 @@ class SglangCore(Core):
         return b
 
     def commit(self, t_end: float) -> list[SimRequest]:
-        """As the base, then the overlap scheduler's late first tokens (as
-        scheduler.SglangScheduler.commit, through scheduler.hand_out_late)."""
+        """As the base, then the overlap scheduler's late first tokens (hand_out_late): those of
+        the previous prefill batch move into this one when this one is a prefill batch too."""
         pre = self.batch.pre
         if not pre:
             self._late = []
@@ -346,6 +360,18 @@ class SglangCore(Core):
         self._late = [row for row in fresh if row.req.first_token is not None and row.req.finish is None]
         self._late_end = t_end
         return done
+
+    @property
+    def held_first_tokens(self) -> list[SimRequest]:
+        """Requests whose first token the last prefill batch sampled: when it leaves depends on
+        the next step (late if that is a prefill batch launched back to back; see commit). The
+        emulator holds their delivery until it knows."""
+        return [row.req for row in self._late]
+
+    def release_on_time(self) -> None:
+        """A decode step follows (the emulator's decode runs): the held first tokens keep their
+        on-time stamp."""
+        self._late = []
 
     def _retract(self) -> None:
         """SGLang retract_decode: drop the requests with the fewest outputs (then the longest
@@ -485,3 +511,14 @@ def core_class(engine: str, mixed: bool) -> type[Core]:
     if engine == "atom":
         return AtomCore
     return VllmCore if mixed else AtomCore
+
+
+def make_core(sched: EngineSched, kv_capacity_tokens: int, delivery_delay: float = 0.0, *,
+              caching: bool = False) -> Core:
+    """The scheduler `sched` describes, as the closed-loop simulator and the emulator run it: the
+    engine's own policy (`sched.engine`, and `sched.mixed` for vLLM V1 or V0 and SGLang's
+    --enable-mixed-chunk), no prefix cache unless asked (their prompts share nothing), no host
+    tier, no KV from a prefill pool."""
+    mixed = bool(sched.mixed)
+    return core_class(sched.engine, mixed)(sched, kv_capacity_tokens, delivery_delay, caching=caching,
+                                           mixed_chunk=mixed and sched.engine == "sglang")

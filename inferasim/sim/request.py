@@ -1,4 +1,4 @@
-"""What the trace simulator's schedulers (:mod:`inferasim.sim.engines`) move around: a request and
+"""What the engine schedulers (:mod:`inferasim.sim.engines`) move around: a request and
 its timings (:class:`SimRequest`), its row in a rank while it is admitted (:class:`Row`), and the
 work of one step (:class:`Batch`).
 """
@@ -22,7 +22,7 @@ class SimRequest:
                  "_m_epoch", "_m_known", "_m")
 
     def __init__(self, rid: int, arrival: float, prompt: int, output: int, ids: tuple[int, ...] | None = None,
-                 unit: int = 512, id_tokens: int | None = None, session: int = -1) -> None:
+                 unit: int = 512, id_tokens: int | None = None, session: int = -1, rank: int = 0) -> None:
         self.rid = rid
         self.arrival = arrival
         self.prompt = int(prompt)
@@ -30,7 +30,7 @@ class SimRequest:
         self.ids = ids
         self.unit = int(unit)
         self.id_tokens = int(id_tokens) if id_tokens is not None else (len(ids) * self.unit if ids else 0)
-        self.rank = 0
+        self.rank = rank  # attention-dp rank (the trace simulator's router sets it)
         self.replica = -1
         self.first_token: float | None = None
         self.finish: float | None = None
@@ -112,7 +112,8 @@ class Batch:
         self.ctx_dec = ctx_dec
         self.pre = pre
         if pre:
-            # Token-weighted mean context of a prefill token (as scheduler.Batch.ctx_pref).
+            # Token-weighted mean context of a prefill token: a chunk of L tokens from position s
+            # sees s + L/2 on average (the closed form's isl/2 for a whole prompt).
             tot = 0
             acc = 0.0
             longest = 0

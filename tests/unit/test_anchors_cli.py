@@ -149,16 +149,19 @@ def test_build_writes_where_asked_and_never_replaces_a_different_fit_unasked(tmp
     assert {p: p.stat().st_mtime_ns for p in files} == stamps
     r = run("build", str(data), "--out", str(out), "--replace")
     assert r.returncode == 0 and "replaced" in r.stdout
-    # A flag of another action is refused, not ignored.
+    # A flag of another action is refused, not ignored (nor taken as an abbreviation of --output).
     r = run("list", "--out", str(out))
-    assert r.returncode == 2 and "--out does not apply to `anchors list`" in r.stderr
+    assert r.returncode == 2 and "unrecognized arguments: --out" in r.stderr
     r = run("build", str(data), "--threshold", "0.1", "--out", str(out))
     assert r.returncode == 2 and "--threshold" in r.stderr
     # --dir names the destination as well, a new folder included
     r = run("build", str(data), "--dir", str(tmp_path / "new"))
     assert r.returncode == 0 and sorted(p.name for p in (tmp_path / "new").glob("*.json")) == [p.name for p in files]
     r = run("fit-live", "--dir", str(out), "--prometheus", "http://127.0.0.1:1")
-    assert r.returncode == 2 and "--dir does not apply to `anchors fit-live`" in r.stderr
+    assert r.returncode == 2 and "unrecognized arguments: --dir" in r.stderr
+    # build reports for programs too
+    r = run("build", str(data), "--out", str(out), "-o", "json")
+    assert r.returncode == 0 and json.loads(r.stdout)["unchanged"] == sorted(p.name for p in files)
 
 
 def test_build_from_rows_that_make_no_anchor_fails_and_says_why(tmp_path: Path) -> None:

@@ -46,7 +46,8 @@ def test_kv_pool_limits_running_requests_and_queues_clients() -> None:
     small = replace(sched, kv_tokens=40_000)
     r = closed_loop(StepParams(), cost, small, np.array([8192.0]), np.array([1024.0]), np.array([64.0]))
     assert bool(r.kv_limited[0])
-    assert r.running[0] * 9216 <= 40_000 + 9216
+    # The pool holds what the running requests hold on average: the prompt and half the output.
+    assert r.running[0] * (8192 + 512) <= 40_000 + 8704
     free = closed_loop(StepParams(), cost, sched, np.array([8192.0]), np.array([1024.0]), np.array([4.0]))
     assert r.ttft[0] > 5 * free.ttft[0]
 
@@ -246,6 +247,27 @@ def test_throughput_is_flat_once_the_kv_pool_is_full() -> None:
     assert np.all(np.diff(r.ttft[full]) > 0)  # the queue is in TTFT
 
 
+def test_a_pool_just_short_of_full_length_costs_little_and_one_far_short_costs_a_cycle() -> None:
+    """KV admission when the pool is short (issue 26, class 4): engines allocate KV as tokens are
+    written and preempt when it runs out, so a pool 1% short of every request at full length
+    loses a little near the end of each cycle, not a whole cycle for the client left out (70B
+    fp8 on one B200 at 64 clients of 1024 + 8192 tokens: 4.2 s predicted, 0.38 s measured)."""
+    cost, sched = setup(tp=2)
+    isl, osl, conc = 1024.0, 8192.0, 64.0
+    roomy = closed_loop(StepParams(), cost, replace(sched, kv_tokens=int(2 * conc * (isl + osl))),
+                        np.array([isl]), np.array([osl]), np.array([conc]))
+    just = closed_loop(StepParams(), cost, replace(sched, kv_tokens=int(0.99 * conc * (isl + osl))),
+                       np.array([isl]), np.array([osl]), np.array([conc]))
+    assert just.running[0] == conc and not just.kv_limited[0]
+    assert just.ttft[0] < 1.2 * roomy.ttft[0]
+    # Short by a third of the pool: the preempted requests lose most of a cycle each.
+    short = closed_loop(StepParams(), cost, replace(sched, kv_tokens=int(0.66 * conc * (isl + osl))),
+                        np.array([isl]), np.array([osl]), np.array([conc]))
+    cycle = roomy.ttft[0] + (osl - 1) * roomy.tpot[0]
+    assert short.ttft[0] > roomy.ttft[0] + 0.05 * cycle
+    assert short.throughput[0] < roomy.throughput[0]
+
+
 def test_sglang_batches_short_prompts_that_arrive_together() -> None:
     """At a high arrival rate SGLang prefills the prompts waiting at a step boundary in one batch,
     sharing its host cost and weight read; priced as a batch per prompt, DeepSeek-R1 on B200 at
@@ -322,7 +344,10 @@ def test_a_prefill_bound_mixed_loop_queues_in_ttft_not_in_tpot() -> None:
     full = float(sched.max_batched_tokens)
     n = min(full * 127.0 / (8192.0 + 127.0), 512.0)
     assert np.all(r.tpot <= step_time(p, cost, n, 8192.0 + 64.0, full - n, 4096.0) * (1 + 1e-9))
-    assert np.all(np.diff(r.ttft) > 0) and np.all(np.diff(r.tpot) >= -1e-12) and np.all(np.diff(r.throughput) >= -1e-6)
+    assert np.all(np.diff(r.ttft) > 0) and np.all(np.diff(r.tpot) >= -1e-12)
+    # Flat past saturation; 512 clients run more requests than fit at full length, and the
+    # preemptions' recompute costs a little (0.01% here).
+    assert np.all(np.diff(r.throughput) >= -1e-3 * r.throughput[:-1])
     des = simulate_closed_loop(p, cost, sched, 8192, 128, 512, num_requests=2048)
     assert r.tpot[3] == pytest.approx(des.tpot_mean, rel=0.25)
     assert r.ttft[3] == pytest.approx(des.ttft_mean, rel=0.25)

@@ -26,13 +26,13 @@ from inferasim.model.layoutcost import LayoutCost, layout_cost
 from inferasim.model.steady import EngineSched, closed_loop, engine_sched, offline_batch
 from inferasim.model.steptime import StepParams, roofline_floor
 from inferasim.sim.des import SimResult, simulate_closed_loop, simulate_offline
-from inferasim.sim.kvcache import KVCache, KVCacheFull
-from inferasim.sim.running import Request
-from inferasim.sim.scheduler import make_scheduler
+from inferasim.sim.engines import make_core
+from inferasim.sim.prefix import KVPool, KVPoolFull
+from inferasim.sim.request import SimRequest
 
 MODEL = get_model("meta-llama/Meta-Llama-3.1-8B")
 GPU = get_gpu("H100")
-ENGINES = ("vllm", "sglang")
+ENGINES = ("vllm", "sglang", "atom")
 
 
 def _setup(engine: str, layout: Layout | None = None) -> tuple[LayoutCost, EngineSched]:
@@ -79,18 +79,30 @@ def test_small_kv_preempts_and_never_overflows(engine: str) -> None:
     assert sum(r.preemptions for r in res.requests) == res.preemptions
 
 
-def test_kv_cache_refuses_overflow_and_counts_decode_blocks() -> None:
-    kv = KVCache(100, 16)
-    assert kv.total_blocks == 6 and kv.capacity_tokens == 96
-    kv.allocate(6)
-    with pytest.raises(KVCacheFull):
-        kv.allocate(1)
-    kv.free(6)
-    held = np.array([0, 1, 15, 16, 17, 31, 32, 100])
-    steps = np.arange(1, 60)
-    brute = np.array([int(np.sum(kv.blocks_needed(held, j))) for j in steps])
-    np.testing.assert_array_equal(kv.decode_blocks(held, steps), brute)
-    np.testing.assert_array_equal(KVCache(100, 1).decode_blocks(held, steps), held.size * steps)
+def test_kv_pool_refuses_overflow_and_the_core_counts_decode_blocks() -> None:
+    kv = KVPool(100, 16, caching=False)
+    assert kv.total == 6 and kv.capacity_tokens == 96
+    kv.alloc(6)
+    with pytest.raises(KVPoolFull):
+        kv.alloc(1)
+    kv.release(6)
+    # Blocks that k decode steps of every running request open, from the core's aggregates,
+    # against counting them request by request.
+    _, s = _setup("vllm")
+    prompts = [1, 2, 15, 16, 17, 31, 32, 100]
+    for block in (16, 1):
+        core = make_core(dataclasses.replace(s, block_size=block), 100_000)
+        for rid, n in enumerate(prompts):
+            core.enqueue(SimRequest(rid, 0.0, n, 1000))
+        t = 0.0
+        while core.prows or core.waiting:
+            core.schedule(t)
+            t += 0.01
+            core.commit(t)
+        held = np.array(prompts)  # decoding: the prompt's KV is written, the first token's not yet
+        steps = np.arange(1, 60)
+        brute = np.array([int(np.sum(-(-(held + j) // block) - -(-held // block))) for j in steps])
+        np.testing.assert_array_equal(core.blocks_upto(59), brute)
 
 
 def test_request_that_cannot_fit_is_refused() -> None:
@@ -115,19 +127,19 @@ def test_jumping_over_decode_runs_is_exact(engine: str) -> None:
 
 
 def test_schedulers_mix_or_separate_prefill_and_decode() -> None:
-    """vLLM V1 rides prefill chunks on decode steps; SGLang (no mixed chunk) never does."""
-    for engine, mixed_seen_expected in (("vllm", True), ("sglang", False)):
+    """vLLM V1 rides prefill chunks on decode steps; SGLang (no mixed chunk) and ATOM never do."""
+    for engine, mixed_seen_expected in (("vllm", True), ("sglang", False), ("atom", False)):
         _, s = _setup(engine)
-        sch = make_scheduler(s, 100_000)
+        sch = make_core(s, 100_000)
         mixed_seen = False
         now = 0.0
         for rid in range(6):
-            sch.enqueue(Request(rid=rid, arrival=0.0, prompt=600, output=40))
+            sch.enqueue(SimRequest(rid, 0.0, 600, 40))
             for _ in range(3):
                 b = sch.schedule(now)
                 mixed_seen |= b.n_dec > 0 and b.n_pref > 0
                 now += 0.01
-                sch.commit(b, now)
+                sch.commit(now)
         assert mixed_seen is mixed_seen_expected, engine
 
 
@@ -179,6 +191,39 @@ def test_closed_loop_matches_analytic_steady_state(engine: str, isl: int, osl: i
     assert res.throughput == pytest.approx(a.throughput[0], rel=0.15)
     # TTFT after the start-up wave (the analytic one without its burst term).
     assert res.means(first_rid=conc)["ttft"] == pytest.approx(a.ttft[0], rel=0.35)
+
+
+# The closed form (the fast path of predict, validate and tune) against each engine's scheduler
+# (the one the trace simulator and the emulator run) replayed request by request, one rank, the KV
+# pool not binding, random lengths (range 0.5). Measured 2026-12-05 for vLLM, SGLang and ATOM on
+# Llama-3.1-8B bf16 tp1 and Llama-3.1-70B fp8 tp4 (H100) at 1-256 clients: TPOT within 4.4% and
+# throughput within 4.9% at this test's points (5.8% at 8B's 128/1024 x 128 of POINTS).
+# Throughput sits 2-6% low at every concurrency above 1 for a known reason: a replay counts its
+# start-up wave and its drain tail, when fewer clients are busy, as `vllm bench serve` does, while
+# the closed form is the steady state. The tolerances, 6% and 8%, are those worst cases with about
+# a third more room; a policy change that moves either by more is one the two must be reconciled
+# over. Not dp > 1: ranks step in lockstep, so with random lengths a step lasts as long as its
+# slowest rank, which the closed form does not price (TPOT up to 24% higher in the replay at 64
+# clients over 2 ranks); test_attention_dp_ranks_step_in_lockstep uses fixed lengths.
+CLOSED_FORM_TPOT_TOL = 0.06
+CLOSED_FORM_THROUGHPUT_TOL = 0.08
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize(("name", "tp", "precision"), [("meta-llama/Meta-Llama-3.1-8B", 1, "bf16"),
+                                                       ("meta-llama/Llama-3.1-70B", 4, "fp8")])
+def test_closed_form_tracks_the_engine_scheduler(engine: str, name: str, tp: int, precision: str) -> None:
+    model, lay = get_model(name), Layout(tp=tp)
+    c = layout_cost(model, GPU, lay, precision, precision)
+    s = engine_sched(engine, model, GPU, lay, precision, "", precision)
+    p = StepParams(burst=0.0)
+    for isl, osl, conc in ((1024, 512, 1), (1024, 512, 16), (2048, 256, 64), (512, 512, 256)):
+        a = closed_loop(p, c, s, np.array([isl]), np.array([osl]), np.array([conc]))
+        assert not a.kv_limited[0]
+        res = simulate_closed_loop(p, c, s, isl, osl, conc, range_ratio=0.5)
+        assert res.preemptions == 0
+        assert res.tpot_mean == pytest.approx(a.tpot[0], rel=CLOSED_FORM_TPOT_TOL), (isl, osl, conc)
+        assert res.throughput == pytest.approx(a.throughput[0], rel=CLOSED_FORM_THROUGHPUT_TOL), (isl, osl, conc)
 
 
 @pytest.mark.parametrize("engine", ENGINES)

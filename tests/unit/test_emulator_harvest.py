@@ -194,3 +194,36 @@ def test_unwritable_out_is_refused_before_any_traffic(tmp_path: Path) -> None:
                 "--out", str(a_file / "x.json"))
     assert r.returncode == 2 and "--out" in r.stderr and "is a file, not a folder" in r.stderr, r.stderr
     assert "cannot reach" not in r.stderr and "Traceback" not in r.stderr
+
+
+def test_harvest_warns_when_the_endpoint_reports_another_layout(emu: EmulatorProcess) -> None:
+    """The emulator runs tp2 and says so at vLLM's /server_info: a harvest told --tp 4 warns
+    (and keeps the warning in the anchor), one told --tp 2 does not."""
+    import httpx
+
+    info = httpx.get(f"{emu.url}/server_info", timeout=10).json()
+    assert "tensor_parallel_size=2" in info["vllm_config"]
+    said: list[str] = []
+    for tp in (2, 4):
+        cfg = HarvestConfig(endpoint=emu.url, model=MODEL, gpu="H100", engine="vllm", tp=tp, speedup=SPEEDUP,
+                            plan=parse_plan("256x8@1", min_requests=2), max_rms_log_error=5.0)
+        report = harvest(cfg, progress=said.append)
+        assert report.anchor is not None, report.message
+        warned = [w for w in report.warnings if "--tp 4 but the endpoint runs tp 2" in w]
+        assert bool(warned) == (tp == 4)
+        assert ("--tp 4 but the endpoint runs tp 2" in report.anchor.provenance.notes) == (tp == 4)
+    assert any(line.startswith("warning: --tp 4 but the endpoint runs tp 2") for line in said)
+
+
+def test_sglang_server_info_names_its_widths() -> None:
+    from inferasim.harvest.client import layout_mismatch
+
+    with spawn_emulator(EmulatorConfig(model=MODEL, gpu="H100", engine="sglang", tp=1, dp=2, speedup=SPEEDUP,
+                                       params=PARAMS)) as h:
+        import httpx
+
+        info = httpx.get(f"{h.url}/get_server_info", timeout=10).json()
+    assert (info["tp_size"], info["dp_size"], info["enable_dp_attention"]) == (1, 2, True)
+    assert layout_mismatch({"tp": 1, "dp": 2}, {"tp": 1, "dp": 1, "ep": 1, "pp": 1}) == \
+        "--dp 1 but the endpoint runs dp 2"
+    assert layout_mismatch(None, {"tp": 1}) is None and layout_mismatch({"tp": 2}, {"tp": 2}) is None

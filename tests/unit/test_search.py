@@ -213,6 +213,14 @@ def test_tune_plot_adds_a_cost_panel_with_a_price(tmp_path: Path, price: float |
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     axes = figs[0].axes
     assert len(axes) == (1 if price is None else 2)
+    # The SLO's ITL (40 ms) drawn as the interactivity it asks for, inside axes scaled to the front.
+    for ax in axes:
+        slo = [ln for ln in ax.get_lines() if ln.get_label() == "SLO: ITL p90 40 ms"]
+        assert slo and slo[0].get_xdata()[0] == pytest.approx(25.0)
+        assert ax.get_xlim()[1] >= max(25.0, *(p.tokens_per_user for p in result.pareto))
+    front_max = max(p.throughput_per_gpu for p in result.pareto)
+    assert front_max <= axes[0].get_ylim()[1] <= 1.2 * max(front_max, result.recommendation.per_gpu_at_slo(
+        result.workload.osl))
     if price is not None:
         cost = axes[1]
         assert cost.get_ylabel() == "$ per million output tokens"

@@ -1,7 +1,7 @@
-"""SGLang's prefill batches in both discrete-event schedulers (`sim.scheduler.SglangScheduler`
-and `sim.engines.SglangCore`): PrefillAdder's two budgets (--chunked-prefill-size and
---max-prefill-tokens) and the overlap scheduler's late first tokens after a prefill batch that
-another prefill batch follows (`benchmark.SGLANG_CONSECUTIVE_PREFILL_DELAY`)."""
+"""SGLang's prefill batches in its engine scheduler (`sim.engines.SglangCore`, which the trace
+simulator, the closed-loop simulator and the emulator all run): PrefillAdder's two budgets
+(--chunked-prefill-size and --max-prefill-tokens) and the overlap scheduler's late first tokens
+after a prefill batch that another prefill batch follows (`steady.SGLANG_CONSECUTIVE_PREFILL_DELAY`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import dataclasses
 
 import pytest
 
-import inferasim.sim.scheduler as scheduler
+import inferasim.sim.engines as engines
 from inferasim.catalog.gpus import get_gpu
 from inferasim.catalog.models import get_model
 from inferasim.core.layout import Layout
@@ -20,8 +20,6 @@ from inferasim.sim.des import simulate_closed_loop
 from inferasim.sim.engines import SglangCore
 from inferasim.sim.replica import Replica
 from inferasim.sim.request import SimRequest
-from inferasim.sim.running import Request
-from inferasim.sim.scheduler import SglangScheduler, make_scheduler
 
 MODEL = get_model("meta-llama/Meta-Llama-3.1-8B")
 GPU = get_gpu("H100")
@@ -34,39 +32,8 @@ def _sched(chunk: int, max_prefill: int = 16384) -> EngineSched:
                        block_size=1, max_prefill_tokens=max_prefill)
 
 
-class _Ref:
-    """scheduler.SglangScheduler driven step by step: batches as lists of prefill chunk sizes."""
-
-    def __init__(self, s: EngineSched, prompts: list[int], output: int = 4) -> None:
-        self.core = make_scheduler(s, KV, DELIVERY)
-        assert isinstance(self.core, SglangScheduler)
-        self.reqs = [Request(rid=i, arrival=0.0, prompt=n, output=output) for i, n in enumerate(prompts)]
-        for r in self.reqs:
-            self.core.enqueue(r)
-        self._b: scheduler.Batch | None = None
-
-    def step(self, now: float) -> list[int]:
-        self._b = self.core.schedule(now)
-        assert not self._b.n_dec
-        return list(self._b.pre_chunks)
-
-    def commit(self, t_end: float) -> None:
-        assert self._b is not None
-        self.core.commit(self._b, t_end)
-
-    def decode(self, now: float, t_end: float) -> None:
-        b = self.core.schedule(now)
-        assert b.n_dec and not b.pre_rows
-        self.core.commit(b, t_end)
-
-    def add(self, prompt: int, arrival: float) -> None:
-        r = Request(rid=len(self.reqs), arrival=arrival, prompt=prompt, output=4)
-        self.reqs.append(r)
-        self.core.enqueue(r)
-
-
-class _Fast:
-    """engines.SglangCore driven step by step, the same way."""
+class _Driver:
+    """engines.SglangCore driven step by step: batches as lists of prefill chunk sizes."""
 
     def __init__(self, s: EngineSched, prompts: list[int], output: int = 4) -> None:
         self.core = SglangCore(s, KV, DELIVERY)
@@ -93,37 +60,31 @@ class _Fast:
         self.core.enqueue(r)
 
 
-DRIVERS = pytest.mark.parametrize("drv", [_Ref, _Fast], ids=["scheduler", "engines"])
-
-
 # -- PrefillAdder's budgets -------------------------------------------------------------------------
 
-@DRIVERS
-def test_max_prefill_tokens_refuses_the_16th_1024_token_prompt(drv) -> None:  # noqa: ANN001
+def test_max_prefill_tokens_refuses_the_16th_1024_token_prompt() -> None:
     """16 x 1024 = 16384 would fill --max-prefill-tokens exactly; SGLang refuses the 16th prompt
     (1024 >= the 1024 tokens left) instead of taking it: 15 + 1."""
-    d = drv(_sched(16384), [1024] * 16)
+    d = _Driver(_sched(16384), [1024] * 16)
     assert d.step(0.0) == [1024] * 15
     d.commit(1.0)
     assert d.step(1.0) == [1024]
 
 
-@DRIVERS
-def test_8192_token_prompts_go_one_per_batch(drv) -> None:  # noqa: ANN001
-    d = drv(_sched(16384), [8192, 8192])
+def test_8192_token_prompts_go_one_per_batch() -> None:
+    d = _Driver(_sched(16384), [8192, 8192])
     assert d.step(0.0) == [8192]
     d.commit(1.0)
     assert d.step(1.0) == [8192]
 
 
-@DRIVERS
-def test_a_smaller_chunk_binds_first_and_chunks_the_last_request(drv) -> None:  # noqa: ANN001
-    d = drv(_sched(8192), [1024] * 10)
+def test_a_smaller_chunk_binds_first_and_chunks_the_last_request() -> None:
+    d = _Driver(_sched(8192), [1024] * 10)
     assert d.step(0.0) == [1024] * 8
     d.commit(1.0)
     assert d.step(1.0) == [1024, 1024]
 
-    d = drv(_sched(8192), [3000] * 6)
+    d = _Driver(_sched(8192), [3000] * 6)
     assert d.step(0.0) == [3000, 3000, 2192]  # the third is chunked to what the chunk has left
     d.commit(1.0)
     assert d.step(1.0) == [808, 3000, 3000, 1384]  # its rest first, then the queue, chunked again
@@ -132,29 +93,27 @@ def test_a_smaller_chunk_binds_first_and_chunks_the_last_request(drv) -> None:  
 
     # --max-prefill-tokens still binds behind a first entry: 20000 >= 16384 - 1000 is refused, not
     # chunked into the short prompt's batch; it starts the next batch, chunked.
-    d = drv(_sched(8192), [1000, 20000])
+    d = _Driver(_sched(8192), [1000, 20000])
     assert d.step(0.0) == [1000]
     d.commit(1.0)
     assert d.step(1.0) == [8192]
 
 
-@DRIVERS
-def test_the_first_entry_is_taken_whole_up_to_the_chunk(drv) -> None:  # noqa: ANN001
+def test_the_first_entry_is_taken_whole_up_to_the_chunk() -> None:
     """--max-prefill-tokens never refuses a batch's first request: with a chunk larger than it, a
     prompt between the two runs whole (and alone), not cut at --max-prefill-tokens."""
-    d = drv(_sched(32768), [20000, 1000])
+    d = _Driver(_sched(32768), [20000, 1000])
     assert d.step(0.0) == [20000]
     d.commit(1.0)
     assert d.step(1.0) == [1000]
-    d = drv(_sched(32768), [40000])
+    d = _Driver(_sched(32768), [40000])
     assert d.step(0.0) == [32768]
 
 
 # -- late first tokens after consecutive prefill batches ---------------------------------------------
 
-@DRIVERS
-def test_first_tokens_of_a_prefill_batch_followed_by_a_prefill_leave_late(drv) -> None:  # noqa: ANN001
-    d = drv(_sched(16384), [1024] * 16)
+def test_first_tokens_of_a_prefill_batch_followed_by_a_prefill_leave_late() -> None:
+    d = _Driver(_sched(16384), [1024] * 16)
     assert len(d.step(2.0)) == 15
     d.commit(2.8)
     assert [r.first_token for r in d.reqs[:15]] == [2.8 + DELIVERY] * 15  # until the next batch shows
@@ -168,9 +127,8 @@ def test_first_tokens_of_a_prefill_batch_followed_by_a_prefill_leave_late(drv) -
     assert d.reqs[15].first_token == 3.0 + DELIVERY
 
 
-@DRIVERS
-def test_a_chunked_request_going_on_makes_the_next_batch_a_prefill(drv) -> None:  # noqa: ANN001
-    d = drv(_sched(8192), [3000] * 3)
+def test_a_chunked_request_going_on_makes_the_next_batch_a_prefill() -> None:
+    d = _Driver(_sched(8192), [3000] * 3)
     d.step(0.0)
     d.commit(1.0)
     assert d.step(1.0) == [808]
@@ -180,9 +138,8 @@ def test_a_chunked_request_going_on_makes_the_next_batch_a_prefill(drv) -> None:
     assert d.reqs[2].first_token == 1.5 + DELIVERY
 
 
-@DRIVERS
-def test_a_one_token_request_is_handed_back_on_time(drv) -> None:  # noqa: ANN001
-    d = drv(_sched(16384), [1024] * 16, output=1)
+def test_a_one_token_request_is_handed_back_on_time() -> None:
+    d = _Driver(_sched(16384), [1024] * 16, output=1)
     d.step(0.0)
     d.commit(1.0)
     d.step(1.0)
@@ -191,10 +148,9 @@ def test_a_one_token_request_is_handed_back_on_time(drv) -> None:  # noqa: ANN00
         assert r.first_token == r.finish == 1.0 + DELIVERY
 
 
-@DRIVERS
-def test_a_prefill_after_an_idle_gap_delays_nothing(drv) -> None:  # noqa: ANN001
+def test_a_prefill_after_an_idle_gap_delays_nothing() -> None:
     # The overlap scheduler reads a batch's results at once when nothing else is launched.
-    d = drv(_sched(16384), [1024] * 15)
+    d = _Driver(_sched(16384), [1024] * 15)
     d.step(0.0)
     d.commit(1.0)
     d.add(1024, 2.0)
@@ -203,10 +159,9 @@ def test_a_prefill_after_an_idle_gap_delays_nothing(drv) -> None:  # noqa: ANN00
     assert [r.first_token for r in d.reqs[:15]] == [1.0 + DELIVERY] * 15
 
 
-@DRIVERS
-def test_without_the_delay_first_tokens_are_batch_end_plus_delivery(drv, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
-    monkeypatch.setattr(scheduler, "SGLANG_CONSECUTIVE_PREFILL_DELAY", 0.0)  # both simulators use it there
-    d = drv(_sched(16384), [1024] * 16)
+def test_without_the_delay_first_tokens_are_batch_end_plus_delivery(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(engines, "SGLANG_CONSECUTIVE_PREFILL_DELAY", 0.0)  # every simulator uses it there
+    d = _Driver(_sched(16384), [1024] * 16)
     d.step(2.0)
     d.commit(2.8)
     d.step(2.8)
@@ -217,7 +172,7 @@ def test_without_the_delay_first_tokens_are_batch_end_plus_delivery(drv, monkeyp
 
 # -- through the simulators ---------------------------------------------------------------------------
 
-def test_both_simulators_price_the_late_wave_of_16_prompts() -> None:
+def test_both_event_loops_price_the_late_wave_of_16_prompts() -> None:
     """16 x 1024 prompts at t = 0 (B200-style chunk = --max-prefill-tokens = 16384): a batch of
     15 ends at t1, the 16th runs alone for t2 right after it, and the 15 first tokens leave 0.3 t2
     late; the 16th is on time."""

@@ -1,6 +1,6 @@
-"""The trace simulator's schedulers (`inferasim.sim.engines`) against the reference schedulers of
-the closed-loop simulator, against themselves stepping one iteration at a time, and against the
-policies' defining behaviours."""
+"""The engine schedulers (`inferasim.sim.engines`) under the two event loops that run them (the
+trace simulator's `Replica`, the closed-loop `des.Simulator`), against themselves stepping one
+iteration at a time, and against the policies' defining behaviours."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from inferasim.sim.workload import Driver, load_trace
 
 
 def _closed_new(p, c, s, isl, osl, conc, num, seed, rr, think):  # noqa: ANN001, ANN202
-    """`simulate_closed_loop` on the fast schedulers (same draws, same ranks)."""
+    """`simulate_closed_loop` through the trace simulator's event loop (same draws, same ranks)."""
     rng = np.random.default_rng(seed)
     prompts, outputs = _lengths(rng, isl, num, rr), _lengths(rng, osl, num, rr)
     rep = Replica(p, c, s, delivery_delay=p.t_ttft)
@@ -51,10 +51,11 @@ def _closed_new(p, c, s, isl, osl, conc, num, seed, rr, think):  # noqa: ANN001,
     return reqs, rep
 
 
-@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+@pytest.mark.parametrize("engine", ["vllm", "sglang", "atom"])
 @pytest.mark.parametrize("dp,kv", [(1, None), (2, None), (1, 12000)])
-def test_fast_schedulers_make_the_reference_decisions(engine: str, dp: int, kv: int | None) -> None:
-    """Without prefix identities the fast schedulers are the reference ones, step for step
+def test_both_event_loops_make_the_same_decisions(engine: str, dp: int, kv: int | None) -> None:
+    """Without prefix identities the trace simulator's event loop (prefix cache on, step-time
+    table) and the closed-loop one drive the engine's scheduler through the same steps
     (preemptions, retractions, dp lockstep included)."""
     lay = Layout(tp=1, dp=dp)
     p, c = StepParams(), layout_cost(MODEL, GPU, lay)
@@ -84,17 +85,15 @@ def test_step_model_is_step_time() -> None:
 
 
 def test_batches_carry_their_longest_prefill_sequence() -> None:
-    """Both schedulers' batches give the longest prefill sequence (cached prefix included), which
-    decides a DSA model's dense or sparse prefill; no prefill, no length."""
-    from inferasim.sim.request import Batch as CoreBatch
-    from inferasim.sim.running import Batch as SchedBatch
+    """A batch gives the longest prefill sequence (cached prefix included), which decides a DSA
+    model's dense or sparse prefill, and the token-weighted mean context of its prefill tokens (a
+    chunk of L tokens from position s sees s + L/2); no prefill, no length."""
+    from inferasim.sim.request import Batch
 
-    b = CoreBatch(2, 100.0, [(None, 300, 1500), (None, 1000, 0)])  # type: ignore[list-item]
+    b = Batch(2, 100.0, [(None, 300, 1500), (None, 1000, 0)])  # type: ignore[list-item]
     assert (b.n_pref, b.seq_pref) == (1300, 1800.0)
-    assert CoreBatch(2, 100.0, []).seq_pref is None
-    sb = SchedBatch(pre_rows=[0, 1], pre_chunks=[300, 1000], pre_starts=[1500, 0])
-    assert sb.seq_pref == 1800.0 and sb.ctx_pref == pytest.approx(b.ctx_pref)
-    assert SchedBatch().seq_pref is None
+    assert b.ctx_pref == pytest.approx((300 * 1650.0 + 1000 * 500.0) / 1300)
+    assert Batch(2, 100.0, []).seq_pref is None
 
 
 @pytest.mark.parametrize("engine", ["sglang", "vllm"])
@@ -314,3 +313,41 @@ def test_batches_keep_to_the_sequence_and_token_limits(engine: str, mixed: bool 
     assert len(rep.completed) == 80
     assert seen["steps"] > 100 and seen["full"] > 10  # the limit was reached, not just respected
     assert bool(seen["mixed"]) is (engine == "vllm" or bool(mixed))
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang", "atom"])
+def test_a_request_cut_short_finishes_at_its_next_token(engine: str) -> None:
+    """The emulator's abort (Core.cut_short): a decoding request finishes at its next sampled
+    token, a prefilling one with its first, and the policy's aggregates stay those of the rows
+    (SGLang's clipped remaining outputs, the finish heap)."""
+    core = {"vllm": VllmCore, "sglang": SglangCore, "atom": AtomCore}[engine](_sched(engine), 200_000)
+    reqs = [SimRequest(i, 0.0, 300, 5000) for i in range(3)]
+    for r in reqs:
+        core.enqueue(r)
+    t = 0.0
+    while core.prows or core.waiting:
+        core.schedule(t)
+        t += 0.01
+        core.commit(t)
+    for _ in range(3):
+        core.schedule(t)
+        t += 0.01
+        core.commit(t)
+    assert core.cut_short(reqs[1]) and not core.cut_short(SimRequest(9, 0.0, 10, 10))
+    core.schedule(t)
+    t += 0.01
+    assert core.commit(t) == [reqs[1]] and reqs[1].generated == 5
+    if engine == "sglang":
+        rem = sum(min(r.out - (r.gb + core.G), 4096) for r in core.drows)
+        assert core._clipped_rem_d() == rem
+    late = SimRequest(3, t, 300, 50)
+    core.enqueue(late)
+    core.schedule(t)
+    assert core.cut_short(late)
+    t += 0.01
+    done = core.commit(t)
+    while late not in done:
+        core.schedule(t)
+        t += 0.01
+        done = core.commit(t)
+    assert late.generated == 1 and late.first_token == late.finish

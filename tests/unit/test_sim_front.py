@@ -31,7 +31,7 @@ from inferasim.sim.api import simulate_workload
 from inferasim.sim.des import Simulator, simulate_closed_loop, simulate_offline
 from inferasim.sim.replica import Replica
 from inferasim.sim.request import SimRequest
-from inferasim.sim.running import Request
+from inferasim.sim.request import SimRequest as Request
 from inferasim.sim.workload import ClosedLoop, Driver, load_trace, poisson_requests
 
 ENGINES = ("vllm", "sglang")
@@ -306,7 +306,7 @@ def test_emulator_hands_out_sglang_first_tokens_late_as_the_simulator_does() -> 
     """SGLang's overlap scheduler releases a prefill batch's first tokens only after launching the
     next batch: in a wave of consecutive prefill batches they leave part-way into the next one.
     The emulator must stamp and deliver them then, at the same times as the DES, and not sooner."""
-    from inferasim.sim import scheduler as sched_mod
+    from inferasim.sim import engines as sched_mod
 
     c, s = _setup("sglang")
     p = StepParams(t_ttft=0.0)
@@ -403,16 +403,16 @@ def test_emulator_keeps_the_first_token_of_a_request_retracted_right_after_its_p
     """A request retracted (KV full) in the step right after its prefill batch has still sampled
     its first token: the emulator stamps it then, as the DES does (the old emulator lost it and
     stamped the token of the request's second prefill instead)."""
-    from inferasim.sim import scheduler as sched_mod
+    from inferasim.sim.engines import SglangCore
 
     retracted_held = [0]
-    preempt = sched_mod.SglangScheduler._preempt
+    preempt = SglangCore._preempt
 
-    def spy(self, row: int, to_head: bool = True) -> None:  # noqa: ANN001
-        req = self.reqs[int(self.run.rid[row])]
-        retracted_held[0] += int(self.run.gen[row]) == 1 and any(x is req for x in self.held_first_tokens)
+    def spy(self, row, to_head: bool = True) -> None:  # noqa: ANN001
+        gen = row.gb + self.G if row.in_d else row.gen
+        retracted_held[0] += gen == 1 and any(x is row.req for x in self.held_first_tokens)
         preempt(self, row, to_head)
-    monkeypatch.setattr(sched_mod.SglangScheduler, "_preempt", spy)
+    monkeypatch.setattr(SglangCore, "_preempt", spy)
 
     rng = np.random.default_rng(0)
     lay = Layout(tp=1)
@@ -473,3 +473,22 @@ def test_a_client_that_breaks_on_its_late_first_token_is_aborted_not_kept() -> N
     assert a.error.startswith("delivery failed") and a.aborted  # at that wake, not a step later
     _drive(loop, clock, [b])
     assert b.finished and not b.error
+
+
+def test_a_long_running_emulator_keeps_no_token_records() -> None:
+    """The shared schedulers keep per-step token times for the trace simulator's report; the
+    emulator, which may run for days, drops them as it goes (Core.drop_records), and what it
+    delivers is unchanged by that."""
+    c, s = _setup("vllm")
+    clock = _FrozenClock(0.0)
+    loop = EngineLoop(StepParams(t_ttft=0.0), c, s, EngineMetrics("vllm", "m", 1, 4096, s.block_size, s.kv_tokens),
+                      clock)  # type: ignore[arg-type]
+    reqs = []
+    for _ in range(12):  # one at a time: about 12 x 800 decode steps
+        reqs.append(loop.submit(64, 800, 800, "length", lambda r: True))
+        _drive(loop, clock, reqs)
+    clock.t += 1.0
+    loop._advance(clock.t)  # the last finish is delivered at the next wake
+    core = loop.ranks[0]
+    assert core.e_off > 0 and len(core.E) <= 4096 + 512 and len(core.finished) <= 4096
+    assert [(r.emitted, r.finished) for r in reqs] == [(800, True)] * 12

@@ -38,9 +38,9 @@ def _step_model_of_the_pinned_numbers(monkeypatch: pytest.MonkeyPatch) -> None:
     its GEMM shape factor and before SGLang's consecutive-prefill delay, so both are off here (the
     delay has tests of its own in test_sglang_prefill_batches.py)."""
     import inferasim.model.steptime as steptime
-    import inferasim.sim.scheduler as scheduler
+    import inferasim.sim.engines as engines
 
-    monkeypatch.setattr(scheduler, "SGLANG_CONSECUTIVE_PREFILL_DELAY", 0.0)  # (engines uses scheduler's)
+    monkeypatch.setattr(engines, "SGLANG_CONSECUTIVE_PREFILL_DELAY", 0.0)  # (every simulator reads it there)
 
     monkeypatch.setattr(steptime, "GEMM_M0", 0.0)
     monkeypatch.setattr(steptime, "GEMM_N0", 0.0)
