@@ -41,3 +41,17 @@ def merge_params(current: StepParams, values: dict[str, Any]) -> StepParams:
             raise ApiError(400, error, name)
         clean[name] = float(value)
     return replace(current, **clean)
+
+
+def server_info(engine: str, model: str, config: Any) -> dict[str, Any]:
+    """How the emulated engine was launched, as the engine itself says it: SGLang's GET
+    /get_server_info (its ServerArgs) or vLLM's GET /server_info (dev mode: the text of its
+    VllmConfig), with the emulated layout's widths under the engines' own names (`config`: the
+    EmulatorConfig)."""
+    if engine == "sglang":
+        return {"model_path": model, "tp_size": config.tp, "dp_size": config.dp, "ep_size": config.ep,
+                "pp_size": config.pp, "enable_dp_attention": config.dp > 1,
+                "version": config.engine_version or "emulated"}
+    return {"vllm_config": f"model='{model}', tensor_parallel_size={config.tp}, "
+                           f"pipeline_parallel_size={config.pp}, data_parallel_size={config.dp}, "
+                           f"enable_expert_parallel={config.ep > 1}"}

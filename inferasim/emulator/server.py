@@ -33,7 +33,7 @@ from urllib.parse import urlsplit
 import numpy as np
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from inferasim.emulator.api import ApiError, merge_params
+from inferasim.emulator.api import ApiError, merge_params, server_info
 from inferasim.emulator.config import EmulatorConfig, Resolved, resolve
 from inferasim.emulator.engine import EngineLoop, EngineUnavailable, RequestRejected, emulated_capacity_note
 from inferasim.emulator.metrics import EngineMetrics
@@ -243,17 +243,7 @@ class Emulator:
         return 200, json.dumps({"object": "list", "data": [card]}).encode(), "application/json"
 
     async def _server_info(self) -> tuple[int, bytes, str]:
-        """SGLang's GET /get_server_info (its ServerArgs) or vLLM's GET /server_info (dev mode: the
-        text of its VllmConfig), with the emulated layout's widths under the engines' own names."""
-        c = self.resolved.config
-        if self.resolved.engine == "sglang":
-            info: dict[str, Any] = {"model_path": self.resolved.model.name, "tp_size": c.tp, "dp_size": c.dp,
-                                    "ep_size": c.ep, "pp_size": c.pp, "enable_dp_attention": c.dp > 1,
-                                    "version": c.engine_version or "emulated"}
-        else:
-            info = {"vllm_config": f"model='{self.resolved.model.name}', tensor_parallel_size={c.tp}, "
-                                   f"pipeline_parallel_size={c.pp}, data_parallel_size={c.dp}, "
-                                   f"enable_expert_parallel={c.ep > 1}"}
+        info = server_info(self.resolved.engine, self.resolved.model.name, self.resolved.config)
         return 200, json.dumps(info).encode(), "application/json"
 
     async def _metrics(self) -> tuple[int, bytes, str]:

@@ -11,9 +11,9 @@ points, so it can sit inside a fit and a search. The discrete-event simulator in
 tolerances its tests state.
 
 Scheduling follows the engine:
-- vLLM V1 and ATOM-style *mixed* batches: decodes first, the leftover `max_num_batched_tokens`
+- vLLM V1's *mixed* batches: decodes first, the leftover `max_num_batched_tokens`
   goes to prefill chunks in the same step; a prefill adds its marginal compute to decode steps.
-- SGLang-style *separate* prefill batches (and vLLM V0): a prefill batch stops the decodes for
+- *separate* prefill batches (SGLang, ATOM, vLLM V0): a prefill batch stops the decodes for
   its whole duration, host cost and weight read included.
 In both, the extra wall time that prefills take out of each request's decode phase stretches
 TPOT to T_decode / (1 - u), u = the share of time spent on prefill work.
@@ -40,7 +40,7 @@ from inferasim.model.steptime import StepParams, step_time
 
 # How fast the persisting share of a closed-loop arrival wave falls as the wave grows against the
 # steady-state TTFT: share = burst x (1 + wave excess / steady TTFT)^-gamma. Mixed chunked steps
-# (vLLM V1, ATOM) hand out a long wave's first tokens chunk by chunk over many steps, so its clients
+# (vLLM V1) hand out a long wave's first tokens chunk by chunk over many steps, so its clients
 # come back spread out and the wave does not survive its own length; separate prefill batches
 # (SGLang) release a batch's first tokens together and keep the wave. On shared/data/aic-silicon
 # (min-gpus rule) the vLLM rows' implied share falls from about 0.6 to 0.2 as the wave grows
@@ -88,7 +88,7 @@ class EngineSched:
     """The scheduler limits that shape a benchmark, per attention-dp rank."""
 
     engine: str
-    mixed: bool  # prefill chunks ride in decode steps (vLLM V1, ATOM) or run apart (SGLang, vLLM V0)
+    mixed: bool  # prefill chunks ride in decode steps (vLLM V1) or run apart (SGLang, ATOM, vLLM V0)
     max_num_seqs: int  # (an array of limits when the search evaluates many at once)
     max_batched_tokens: int  # per-step token budget (vLLM) / chunked prefill size (SGLang)
     kv_tokens: int  # KV pool of one dp rank, in tokens

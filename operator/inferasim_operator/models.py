@@ -113,6 +113,11 @@ class AnchorsStatus(_Wire):
     gpu_hours_budgeted: float = Field(0.0, ge=0, description="GPU-hours committed to harvest Jobs so far.")
 
 
+# A candidate's `carries`: at most this many reasons of at most CARRY_CHARS characters each.
+CARRIES_MAX = 8
+CARRY_CHARS = 300
+
+
 class Predicted(_Wire):
     throughput_per_gpu: float | None = Field(None, description="Output tokens/s per GPU at the SLO.")
     max_request_rate_per_replica: float | None = None
@@ -138,6 +143,13 @@ class Candidate(_Wire):
     predicted: Predicted = Field(default_factory=Predicted)
     meets_slo: bool = False
     extrapolated: bool = False
+    measurement_free: bool = Field(
+        False, description="Priced without an anchor of its own kernel set, from the population of the other kernel "
+                           "sets' anchors; its interval is that population's leave-one-out error.")
+    carries: list[str] = Field(
+        default_factory=list, max_length=CARRIES_MAX,
+        description="What the prediction carries from its anchor (another layout, lengths, concurrency, a "
+                    "parameter its anchor leaves to priors): what its interval is wide for.")
     anchor: str | None = None
     confirm_gpu_hours: float | None = Field(None, ge=0, description="GPU-hours a canary of it would cost.")
 

@@ -11,6 +11,8 @@ import yaml
 from inferasim.core.spec import TuningSpec
 from inferasim_operator import kube as kube_mod
 from inferasim_operator.models import (
+    CARRIES_MAX,
+    CARRY_CHARS,
     LABEL_KIND,
     LABEL_MANAGED,
     LABEL_TUNING,
@@ -49,6 +51,8 @@ def candidate_of(entry: dict[str, Any], confirm_hours: float | None = None) -> C
         max_num_seqs=entry.get("max_num_seqs"), max_num_batched_tokens=entry.get("max_num_batched_tokens"),
         chunked_prefill=entry.get("chunked_prefill"), predicted=_predicted(entry.get("predicted") or {}),
         meets_slo=bool(entry.get("meets_slo")), extrapolated=bool(entry.get("extrapolated")),
+        measurement_free=entry.get("anchor") is None,
+        carries=[str(c)[:CARRY_CHARS] for c in (entry.get("carries") or [])][:CARRIES_MAX],
         anchor=entry.get("anchor"), confirm_gpu_hours=confirm_hours)
 
 

@@ -158,8 +158,11 @@ def test_status_pieces(payload: dict[str, Any]) -> None:
     assert rec.predicted.throughput_per_gpu and rec.predicted.throughput_per_gpu > 0 and rec.extrapolated
     short = shortlist_of(payload, 1800)
     assert short[0].confirm_gpu_hours == pytest.approx(short[0].gpus / short[0].replicas * 0.5, rel=1e-3)
+    # An empty anchor folder: every prediction is measurement-free, and says what it is wide for.
+    assert rec.measurement_free and rec.carries and rec.carries[0].startswith("no measurement")
     status = TuningStatus(phase="Recommended", recommendation=rec, shortlist=short)  # validates the wire model
     assert dump(status)["recommendation"]["layoutLabel"] == rec.layout_label
+    assert dump(status)["recommendation"]["measurementFree"] is True
     cm = config_map_for(BODY, rec, payload)
     assert cm["metadata"]["name"] == "chat-recommendation" and cm["data"]["manifest.yaml"] == payload["manifest"]
     assert cm["metadata"]["ownerReferences"][0]["uid"] == "u-1"
@@ -301,3 +304,14 @@ def test_a_failed_timer_pass_is_retried_by_the_timer(monkeypatch: pytest.MonkeyP
     body = {**BODY, "status": {"phase": "Recommended", "retries": 2, "lastTuneTime": now_iso()}}
     assert asyncio.run(timer.run_tick(body, "u-1", "Recommended", object(), Settings())) == "Recommended"  # type: ignore[arg-type]
     assert calls == ["retry"]
+
+
+def test_a_candidates_carries_are_bounded_and_an_anchor_is_not_measurement_free() -> None:
+    from inferasim_operator.models import CARRIES_MAX, CARRY_CHARS
+    from inferasim_operator.results import candidate_of
+
+    entry = {"engine": "vllm", "precision": "fp8", "layout": {"tp": 2}, "layout_label": "tp2", "replicas": 1,
+             "gpus": 2, "anchor": "abc-tp2", "carries": ["x" * 1000] * 20}
+    c = candidate_of(entry)
+    assert not c.measurement_free and len(c.carries) == CARRIES_MAX
+    assert all(len(r) == CARRY_CHARS for r in c.carries)
