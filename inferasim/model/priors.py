@@ -123,16 +123,25 @@ class PriorBook:
 
     def __init__(self, members: Iterable[Member]) -> None:
         self.members = list(members)
+        # A group's statistics are computed when a prior first reads them: a leave-one-out book
+        # (`without`) is asked for one kernel set's groups only, and the population builds one
+        # book per member (most of `inferasim tune`'s start when it was eager).
         self._stats: dict[tuple[str, ...], dict[str, tuple[float, float, int]]] = {}
-        groups: dict[tuple[str, ...], list[Member]] = {}
+        self._groups: dict[tuple[str, ...], list[Member]] = {}
         for m in self.members:
             for level in m.traits.levels():
-                groups.setdefault(level, []).append(m)
-        for level, ms in groups.items():
-            self._stats[level] = {}
-            for name in LEARNED:
-                v = np.array([m.log_ratio[name] for m in ms], dtype=float)
-                self._stats[level][name] = (float(np.median(v)), _robust_sd(v), int(v.size))
+                self._groups.setdefault(level, []).append(m)
+
+    def _group_stats(self, level: tuple[str, ...]) -> dict[str, tuple[float, float, int]]:
+        got = self._stats.get(level)
+        if got is None:
+            got = self._stats[level] = {}
+            ms = self._groups.get(level, ())
+            if ms:
+                for name in LEARNED:
+                    v = np.array([m.log_ratio[name] for m in ms], dtype=float)
+                    got[name] = (float(np.median(v)), _robust_sd(v), int(v.size))
+        return got
 
     def __len__(self) -> int:
         return len(self.members)
@@ -144,7 +153,7 @@ class PriorBook:
     def _centre(self, traits: Traits, name: str) -> tuple[float, float, int]:
         centre, spread, support = 0.0, float("nan"), 0
         for level in traits.levels():
-            stats = self._stats.get(level, {}).get(name)
+            stats = self._group_stats(level).get(name)
             if stats is None:
                 break
             med, sd, n = stats
