@@ -189,6 +189,8 @@ def run_stage2(top: list[Estimate], w: WorkloadShape, workers: int, progress: Pr
         import multiprocessing as mp
         from concurrent.futures import ProcessPoolExecutor
 
+        import inferasim.sim.api  # noqa: F401 - once, before the fork, not once in every worker
+
         _JOBS = (top, w)
         # Forked once for every round: the workers inherit the loaded catalogs, caches and _JOBS.
         pool = ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("fork"))
