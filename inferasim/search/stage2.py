@@ -203,13 +203,13 @@ def run_stage2(top: list[Estimate], w: WorkloadShape, workers: int, progress: Pr
         mine = best_of.get(shape_of[i])
         return shapes >= shortlist_n and mine is not None and (mine[0] > bound or (mine[0] == bound and mine[1] < i))
 
-    def next_round() -> list[int]:
+    def next_round(size: int) -> list[int]:
         nonlocal todo
         if prune:
             todo = [i for i in todo if not decided(i)]
         batch: list[int] = []
         for i in todo:
-            if len(batch) == ROUND:
+            if len(batch) == size:
                 break
             if prune and shape_of[i] in flying:
                 continue  # a replay of its shape is in flight: it may decide this one
@@ -219,8 +219,13 @@ def run_stage2(top: list[Estimate], w: WorkloadShape, workers: int, progress: Pr
         return batch
 
     def start(batch: list[int]) -> list[Any]:
-        # One task per candidate, handed out as workers free up (run times differ by 3x).
-        return [pool.submit(_worker_job, i) for i in batch] if pool is not None else list(batch)
+        # One task per candidate, handed out as workers free up, the costliest first (a replay's
+        # time grows with its replicas' GPUs: the longest ones last would leave a worker idle);
+        # results are read in the round's order whatever the order they finish in.
+        if pool is None:
+            return list(batch)
+        futures = {i: pool.submit(_worker_job, i) for i in sorted(batch, key=lambda i: -top[i].gpus)}
+        return [futures[i] for i in batch]
 
     def results(jobs: list[Any]) -> list[tuple[int, dict[str, Any] | None]]:
         if pool is not None:
@@ -244,10 +249,11 @@ def run_stage2(top: list[Estimate], w: WorkloadShape, workers: int, progress: Pr
             progress("stage 2", done, len(top))
 
     try:
-        # Two rounds in flight: round k + 2 is decided once round k is in, so the workers never
-        # wait at a round's end, and the decisions (on rounds 0..k only) are the same whatever
-        # the number of workers, in process or not.
-        flight = [start(next_round()), start(next_round())]
+        # The first round holds the first `shortlist_n` shapes (the short list, if the replays
+        # confirm stage 1); then two rounds in flight: round k + 2 is decided once round k is in,
+        # so the workers never wait at a round's end. The decisions (on the rounds already in
+        # only) are the same whatever the number of workers, in process or not.
+        flight = [start(next_round(shortlist_n if prune else ROUND))]
         while flight:
             jobs = flight.pop(0)
             for i, d in results(jobs):
@@ -258,10 +264,11 @@ def run_stage2(top: list[Estimate], w: WorkloadShape, workers: int, progress: Pr
                 for j in shared:
                     settle(j, d)
                 todo = [j for j in todo if j not in shared]
-            batch = next_round()
-            if batch:
+            while len(flight) < 2:
+                batch = next_round(ROUND)
+                if not batch:
+                    break
                 flight.append(start(batch))
-            flight = [f for f in flight if f]
     finally:
         if pool is not None:
             pool.shutdown()
