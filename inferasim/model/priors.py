@@ -98,10 +98,23 @@ def member(key: tuple[str, ...], engine: str, engine_version: str, model: ModelS
                   log_ratio={n: _safe_log(getattr(params, n), n) - _safe_log(getattr(base, n), n) for n in LEARNED})
 
 
-def _robust_sd(values: np.ndarray) -> float:
-    if values.size < 2:
+def _median(values: list[float]) -> float:
+    """np.median of a short list, without numpy's per-call cost (the population takes thousands of
+    them): the middle value, or the mean of the two middle ones, computed as numpy does ((a + b) / 2)."""
+    s = sorted(values)
+    n = len(s)
+    if n == 0:
+        return math.nan
+    h = n // 2
+    return s[h] if n % 2 else (s[h - 1] + s[h]) / 2.0
+
+
+def _robust_sd(values: np.ndarray | list[float]) -> float:
+    if len(values) < 2:
         return 0.0
-    mad = float(np.median(np.abs(values - np.median(values))))
+    v = [float(x) for x in values]
+    m = _median(v)
+    mad = _median([abs(x - m) for x in v])
     return 1.4826 * mad  # the MAD of a normal sample, as its standard deviation
 
 
@@ -139,8 +152,8 @@ class PriorBook:
             ms = self._groups.get(level, ())
             if ms:
                 for name in LEARNED:
-                    v = np.array([m.log_ratio[name] for m in ms], dtype=float)
-                    got[name] = (float(np.median(v)), _robust_sd(v), int(v.size))
+                    v = [float(m.log_ratio[name]) for m in ms]
+                    got[name] = (_median(v), _robust_sd(v), len(v))
         return got
 
     def __len__(self) -> int:
