@@ -22,6 +22,7 @@ from collections.abc import Callable, Hashable
 from typing import Any
 
 from inferasim.search.estimate import Estimate
+from inferasim.search.select import shortlist
 from inferasim.search.workload import WorkloadShape
 
 ROUND = 2  # candidates replayed between two pruning decisions
@@ -284,3 +285,40 @@ def copy_estimate(e: Estimate) -> Estimate:
     return out
 
 
+def with_shapes(top: list[Estimate], rest: list[Estimate], n: int) -> tuple[list[Estimate], list[Estimate]]:
+    """`top` and the first candidate of each further shape of `rest` until `top` holds `n` shapes;
+    and what is left of `rest`, in its order."""
+    shapes = {e.candidate.shape for e in top}
+    extra = []
+    for e in rest:
+        if len(shapes) >= n:
+            break
+        if e.candidate.shape not in shapes:
+            shapes.add(e.candidate.shape)
+            extra.append(e)
+    taken = set(map(id, extra))
+    return top + extra, [e for e in rest if id(e) not in taken]
+
+
+def replay_the_shortlist(replayed: list[Estimate], rest: list[Estimate], score: Callable[[Estimate], Any],
+                          finish: Callable[[Estimate, Estimate], None], retry: Callable[[Estimate], Estimate],
+                          replays: Replays, limit: int = 50) -> list[Estimate]:
+    """The ranking: stage 2's candidates by score, then the rest in stage-1 order; a candidate of
+    the rest that reaches the short list (stage 2's top held fewer than five shapes) is replayed
+    (`finish`, then `retry` with more replicas if it missed), and placed again, until every
+    short-listed candidate was replayed (`limit` replays at most): the honesty rule holds past
+    stage 2's top too."""
+    rest = list(rest)
+    tried: set[int] = set()
+    while True:
+        ranked = sorted(replayed, key=score, reverse=True) + rest
+        todo = [e for e in shortlist(ranked, 5) if e.stage == 1 and id(e) not in tried and
+                any(e is r for r in rest)]
+        if not todo or len(tried) >= limit:
+            return ranked
+        for e in todo:
+            tried.add(id(e))
+            rest = [r for r in rest if r is not e]
+            after = apply_replay(copy_estimate(e), replays.get(e))
+            finish(e, after)
+            replayed.append(retry(after))

@@ -33,7 +33,14 @@ from inferasim.search.estimate import (
 )
 from inferasim.search.select import ParetoPoint, cost_per_million_tokens, objective_value, pareto_front, shortlist
 from inferasim.search.space import Candidate, Space, build_space
-from inferasim.search.stage2 import Replays, apply_replay, copy_estimate, run_stage2
+from inferasim.search.stage2 import (
+    Replays,
+    apply_replay,
+    copy_estimate,
+    replay_the_shortlist,
+    run_stage2,
+    with_shapes,
+)
 from inferasim.search.workload import WorkloadShape, shape_of
 
 STAGE2_TOP = 50
@@ -505,15 +512,18 @@ def tune(spec: TuningSpec, anchor_dirs: list[Path] | None = None, progress: Prog
         return score(best)
 
     replays = Replays(w)
-    top = run_stage2(ranked[:stage2_top], w, workers, progress, finish=finish,
+    # The short list takes five shapes: where the top holds fewer, the first candidates of the
+    # next shapes join stage 2 (replayed in its first round, not one by one after it).
+    head, rest = with_shapes(ranked[:stage2_top], ranked[stage2_top:], 5 if stage2_prune else 0)
+    top = run_stage2(head, w, workers, progress, finish=finish,
                      final=final if stage2_prune else None, upper=upper, replays=replays,
                      shapes=len({e.candidate.shape for e in ranked}))
     # Replayed candidates come back as refined copies; the ones left out as they were.
-    timings["stage2_replays"] = sum(a is not b for a, b in zip(ranked[:stage2_top], top, strict=True))
+    timings["stage2_replays"] = sum(a is not b for a, b in zip(head, top, strict=True))
     top = _add_replicas(top, w, slo, spec.hardware.max_gpus, replays)
-    ranked = _replay_the_shortlist(top, ranked[stage2_top:], score, finish,
+    ranked = replay_the_shortlist(top, rest, score, finish,
                                    lambda e: _add_replicas([e], w, slo, spec.hardware.max_gpus, replays)[0],
-                                   replays)
+                                   replays, limit=STAGE2_TOP)
     timings["stage2_simulations"] = replays.simulations
     timings["stage2"] = time.perf_counter() - t2
     front = pareto_front(estimates, w.osl)
@@ -522,29 +532,6 @@ def tune(spec: TuningSpec, anchor_dirs: list[Path] | None = None, progress: Prog
     result = TuneResult(spec, model, gpu, w, space, ranked, front, missing, timings, anchors_used, proposals)
     rank_harvests(result)
     return result
-
-
-def _replay_the_shortlist(replayed: list[Estimate], rest: list[Estimate], score: Callable[[Estimate], Any],
-                          finish: Callable[[Estimate, Estimate], None], retry: Callable[[Estimate], Estimate],
-                          replays: Replays) -> list[Estimate]:
-    """The ranking: stage 2's candidates by score, then the rest in stage-1 order; a candidate of
-    the rest that reaches the short list (stage 2's top held fewer than five shapes) is replayed
-    (`finish`, then `retry` with more replicas if it missed), and placed again, until every
-    short-listed candidate was replayed: the honesty rule holds past stage 2's top too."""
-    rest = list(rest)
-    tried: set[int] = set()
-    while True:
-        ranked = sorted(replayed, key=score, reverse=True) + rest
-        todo = [e for e in shortlist(ranked, 5) if e.stage == 1 and id(e) not in tried and
-                any(e is r for r in rest)]
-        if not todo or len(tried) >= STAGE2_TOP:
-            return ranked
-        for e in todo:
-            tried.add(id(e))
-            rest = [r for r in rest if r is not e]
-            after = apply_replay(copy_estimate(e), replays.get(e))
-            finish(e, after)
-            replayed.append(retry(after))
 
 
 # Ranked candidates whose bands a harvest is credited for narrowing (the short list and the
