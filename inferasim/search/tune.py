@@ -513,8 +513,10 @@ def tune(spec: TuningSpec, anchor_dirs: list[Path] | None = None, progress: Prog
 
     replays = Replays(w)
     # The short list takes five shapes: where the top holds fewer, the first candidates of the
-    # next shapes join stage 2 (replayed in its first round, not one by one after it).
-    head, rest = with_shapes(ranked[:stage2_top], ranked[stage2_top:], 5 if stage2_prune else 0)
+    # next shapes join stage 2 (replayed in its first round, not one by one after it). No stage 2
+    # (stage2_top 0) replays nothing.
+    honest = 5 if stage2_top > 0 else 0
+    head, rest = with_shapes(ranked[:stage2_top], ranked[stage2_top:], honest)
     top = run_stage2(head, w, workers, progress, finish=finish,
                      final=final if stage2_prune else None, upper=upper, replays=replays,
                      shapes=len({e.candidate.shape for e in ranked}))
@@ -523,7 +525,7 @@ def tune(spec: TuningSpec, anchor_dirs: list[Path] | None = None, progress: Prog
     top = _add_replicas(top, w, slo, spec.hardware.max_gpus, replays)
     ranked = replay_the_shortlist(top, rest, score, finish,
                                    lambda e: _add_replicas([e], w, slo, spec.hardware.max_gpus, replays)[0],
-                                   replays, limit=STAGE2_TOP)
+                                   replays, limit=STAGE2_TOP if honest else 0)
     timings["stage2_simulations"] = replays.simulations
     timings["stage2"] = time.perf_counter() - t2
     front = pareto_front(estimates, w.osl)

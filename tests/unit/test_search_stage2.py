@@ -97,3 +97,6 @@ def test_every_short_listed_candidate_is_replayed_past_stage2s_top() -> None:
     r = tune(spec, stage2_top=1, workers=1)
     assert len({e.candidate.shape for e in r.shortlist()}) == 5
     assert all(e.stage == 2 for e in r.shortlist())
+    # No stage 2 asked for: nothing replayed.
+    none = tune(spec, stage2_top=0, workers=1)
+    assert none.timings["stage2_simulations"] == 0 and all(e.stage == 1 for e in none.ranked)
