@@ -8,7 +8,9 @@
 - the vectorised step-time model against a per-step Python loop of the same model;
 - tune (issue 5): >= 5,000 candidates, the simulator on the best 50 with a 2,000-request multi-turn
   workload: wall time against the 10 s budget, stage times and stage-1 candidates/s;
-- the bundled example's tune (`inferasim tune examples/llama70b-mi355x.yaml`) against its 2 s target;
+- the bundled example's tune (`inferasim tune examples/llama70b-mi355x.yaml`) against its 2 s target,
+  in process and as the command (start-up and output included);
+- start-up: `inferasim --help` against a bare interpreter;
 - the accuracy figures of `inferasim validate` on the dev files;
 - the step model against isolated H200 step timings (benchmarks/h200_steps.py): held-out steps,
   tp slices, other models;
@@ -190,7 +192,8 @@ def bench_tune() -> None:
     t = r.timings
     print(f"tune: {len(r.space.candidates):,} candidates ({len(r.space.pruned)} pruned) in {wall:.2f} s = "
           f"{wall / 10.0:.2f} x the 10 s budget, {wall / 1.5:.2f} x the 1.5 s target; stage 1 {t['stage1']:.2f} s "
-          f"({t['candidates_per_s']:,.0f} candidates/s), stage 2 (simulator, best 50) {t['stage2']:.2f} s")
+          f"({t['candidates_per_s']:,.0f} candidates/s), stage 2 (simulator, best 50) {t['stage2']:.2f} s: "
+          f"{t['stage2_simulations']:.0f} simulations for {t['stage2_replays']:.0f} replayed candidates")
 
 
 def bench_tune_example() -> None:
@@ -204,11 +207,35 @@ def bench_tune_example() -> None:
     t = r.timings
     rec = r.recommendation
     print(f"tune of the bundled example: {len(r.space.candidates):,} candidates in {wall:.2f} s = {wall / 2.0:.2f} x "
-          f"the 2 s target; stage 1 {t['stage1']:.2f} s, stage 2 {t['stage2']:.2f} s; recommends "
-          f"{rec.candidate.label() if rec else None}")
+          f"the 2 s target; stage 1 {t['stage1']:.2f} s, stage 2 {t['stage2']:.2f} s "
+          f"({t['stage2_simulations']:.0f} simulations); recommends {rec.candidate.label() if rec else None}")
+    cli = _median_wall([sys.executable, "-m", "inferasim.cli", "tune", str(REPO / "examples" / "llama70b-mi355x.yaml")])
+    print(f"  `inferasim tune examples/llama70b-mi355x.yaml` (start-up and output included): {cli:.2f} s wall, "
+          f"median of 3 = {cli / 2.0:.2f} x the 2 s target")
+
+
+def _median_wall(argv: list[str], runs: int = 3) -> float:
+    import subprocess
+
+    walls = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        subprocess.run(argv, check=True, capture_output=True, cwd=REPO)
+        walls.append(time.perf_counter() - t0)
+    return float(np.median(walls))
+
+
+def bench_startup() -> None:
+    """Issue 29: `inferasim --help` against a bare interpreter's start (the baseline, in the same
+    run): what the command's imports add."""
+    bare = _median_wall([sys.executable, "-c", "pass"])
+    helped = _median_wall([sys.executable, "-m", "inferasim.cli", "--help"])
+    print(f"start-up: `inferasim --help` {helped:.2f} s wall (median of 3), {helped / bare:.1f} x a bare interpreter "
+          f"({bare:.2f} s), {helped - bare:.2f} s for the CLI's imports")
 
 
 def main() -> int:
+    bench_startup()
     bench_steptime()
     bench_tune()
     bench_tune_example()

@@ -93,10 +93,23 @@ def member(key: tuple[str, ...], engine: str, engine_version: str, model: ModelS
                   log_ratio={n: _safe_log(getattr(params, n), n) - _safe_log(getattr(base, n), n) for n in LEARNED})
 
 
-def _robust_sd(values: np.ndarray) -> float:
-    if values.size < 2:
+def _median(values: list[float]) -> float:
+    """np.median of a short list, without numpy's per-call cost (the population takes thousands of
+    them): the middle value, or the mean of the two middle ones, computed as numpy does ((a + b) / 2)."""
+    s = sorted(values)
+    n = len(s)
+    if n == 0:
+        return math.nan
+    h = n // 2
+    return s[h] if n % 2 else (s[h - 1] + s[h]) / 2.0
+
+
+def _robust_sd(values: np.ndarray | list[float]) -> float:
+    if len(values) < 2:
         return 0.0
-    mad = float(np.median(np.abs(values - np.median(values))))
+    v = [float(x) for x in values]
+    m = _median(v)
+    mad = _median([abs(x - m) for x in v])
     return 1.4826 * mad  # the MAD of a normal sample, as its standard deviation
 
 
@@ -118,16 +131,25 @@ class PriorBook:
 
     def __init__(self, members: Iterable[Member]) -> None:
         self.members = list(members)
+        # A group's statistics are computed when a prior first reads them: a leave-one-out book
+        # (`without`) is asked for one kernel set's groups only, and the population builds one
+        # book per member (most of `inferasim tune`'s start when it was eager).
         self._stats: dict[tuple[str, ...], dict[str, tuple[float, float, int]]] = {}
-        groups: dict[tuple[str, ...], list[Member]] = {}
+        self._groups: dict[tuple[str, ...], list[Member]] = {}
         for m in self.members:
             for level in m.traits.levels():
-                groups.setdefault(level, []).append(m)
-        for level, ms in groups.items():
-            self._stats[level] = {}
-            for name in LEARNED:
-                v = np.array([m.log_ratio[name] for m in ms], dtype=float)
-                self._stats[level][name] = (float(np.median(v)), _robust_sd(v), int(v.size))
+                self._groups.setdefault(level, []).append(m)
+
+    def _group_stats(self, level: tuple[str, ...]) -> dict[str, tuple[float, float, int]]:
+        got = self._stats.get(level)
+        if got is None:
+            got = self._stats[level] = {}
+            ms = self._groups.get(level, ())
+            if ms:
+                for name in LEARNED:
+                    v = [float(m.log_ratio[name]) for m in ms]
+                    got[name] = (_median(v), _robust_sd(v), len(v))
+        return got
 
     def __len__(self) -> int:
         return len(self.members)
@@ -139,7 +161,7 @@ class PriorBook:
     def _centre(self, traits: Traits, name: str) -> tuple[float, float, int]:
         centre, spread, support = 0.0, float("nan"), 0
         for level in traits.levels():
-            stats = self._stats.get(level, {}).get(name)
+            stats = self._group_stats(level).get(name)
             if stats is None:
                 break
             med, sd, n = stats

@@ -33,7 +33,14 @@ from inferasim.search.estimate import (
 )
 from inferasim.search.select import ParetoPoint, cost_per_million_tokens, objective_value, pareto_front, shortlist
 from inferasim.search.space import Candidate, Space, build_space
-from inferasim.search.stage2 import apply_replay, copy_estimate, run_stage2, simulate_one
+from inferasim.search.stage2 import (
+    Replays,
+    apply_replay,
+    copy_estimate,
+    replay_the_shortlist,
+    run_stage2,
+    with_shapes,
+)
 from inferasim.search.workload import WorkloadShape, shape_of
 
 STAGE2_TOP = 50
@@ -228,7 +235,8 @@ def _simulated_slo_ok(e: Estimate, slo: SLO) -> bool:
     return _replay_within_slo(e, slo) and not blocked(e, ("dropped",))
 
 
-def _add_replicas(top: list[Estimate], w: WorkloadShape, slo: SLO, max_gpus: int) -> list[Estimate]:
+def _add_replicas(top: list[Estimate], w: WorkloadShape, slo: SLO, max_gpus: int,
+                  replays: Replays | None = None) -> list[Estimate]:
     """Stage 1 sizes replicas from mean-based percentiles; where the simulation then misses the
     SLO at a request rate (ITL spikes of chunked prefill, TTFT tails), the SLO capacity per
     replica is below the rate each replica got: it is capped there, and the candidate is simulated
@@ -237,6 +245,7 @@ def _add_replicas(top: list[Estimate], w: WorkloadShape, slo: SLO, max_gpus: int
     3-GPU budget was reported as meeting no SLO while three tp1 replicas met it."""
     if w.rate is None:
         return top
+    replays = replays if replays is not None else Replays(w)
     out, retried = [], 0
     for e in top:
         fixable = e.stage == 2 and not e.meets_slo and e.candidate.disagg is None and \
@@ -254,7 +263,7 @@ def _add_replicas(top: list[Estimate], w: WorkloadShape, slo: SLO, max_gpus: int
         for replicas in range(e.replicas + 1, min(budget, e.replicas + STAGE2_RETRY_REPLICAS) + 1):
             more = copy_estimate(e)
             more.replicas = replicas
-            more = apply_replay(more, simulate_one(more, w))
+            more = apply_replay(more, replays.get(more))
             more.meets_slo = _simulated_slo_ok(more, slo)
             best = more
             if more.meets_slo:
@@ -502,12 +511,22 @@ def tune(spec: TuningSpec, anchor_dirs: list[Path] | None = None, progress: Prog
             best.max_rate_slo = max(best.max_rate_slo, w.rate / best.replicas)
         return score(best)
 
-    top = run_stage2(ranked[:stage2_top], w, workers, progress, finish=finish,
-                     final=final if stage2_prune else None, upper=upper)
+    replays = Replays(w)
+    # The short list takes five shapes: where the top holds fewer, the first candidates of the
+    # next shapes join stage 2 (replayed in its first round, not one by one after it). No stage 2
+    # (stage2_top 0) replays nothing.
+    honest = 5 if stage2_top > 0 else 0
+    head, rest = with_shapes(ranked[:stage2_top], ranked[stage2_top:], honest)
+    top = run_stage2(head, w, workers, progress, finish=finish,
+                     final=final if stage2_prune else None, upper=upper, replays=replays,
+                     shapes=len({e.candidate.shape for e in ranked}))
     # Replayed candidates come back as refined copies; the ones left out as they were.
-    timings["stage2_replays"] = sum(a is not b for a, b in zip(ranked[:stage2_top], top, strict=True))
-    top = _add_replicas(top, w, slo, spec.hardware.max_gpus)
-    ranked = sorted(top, key=score, reverse=True) + ranked[stage2_top:]
+    timings["stage2_replays"] = sum(a is not b for a, b in zip(head, top, strict=True))
+    top = _add_replicas(top, w, slo, spec.hardware.max_gpus, replays)
+    ranked = replay_the_shortlist(top, rest, score, finish,
+                                   lambda e: _add_replicas([e], w, slo, spec.hardware.max_gpus, replays)[0],
+                                   replays, limit=STAGE2_TOP if honest else 0)
+    timings["stage2_simulations"] = replays.simulations
     timings["stage2"] = time.perf_counter() - t2
     front = pareto_front(estimates, w.osl)
     timings["total"] = time.perf_counter() - t0

@@ -80,6 +80,28 @@ def simulate_workload(fitted: FittedAnchor, layout: Layout,
                          sample_dt, progress, records)
 
 
+def same_replay_under(limits: dict[str, int], max_num_seqs: int) -> bool:
+    """True when a run whose report carries `limits` (SimReport.limits) is, step for step, the run
+    of the same deployment and workload with `max_num_seqs` instead (when the scheduler limits
+    differ in that alone: see `differ_in_max_num_seqs_only`). Every sequence-limit check compares
+    the requests a rank holds with the limit; a run whose peak stayed below its own limit never
+    saw a check fail, and a limit above that peak fails none either."""
+    peak, own = limits.get("peak_running_per_rank"), limits.get("max_num_seqs_per_rank")
+    return peak is not None and own is not None and peak < own and peak < max_num_seqs
+
+
+def differ_in_max_num_seqs_only(fitted: FittedAnchor, layout: Layout, a: int, b: int,
+                                max_batched_tokens: int | None) -> bool:
+    """The engine's scheduler limits and KV pool under `max_num_seqs` a and b are the same but for
+    that limit (the KV rule may reserve memory per sequence)."""
+    def sched(n: int) -> Any:
+        return replace(engine_sched(fitted.engine, fitted.model, fitted.gpu, layout, fitted.precision,
+                                    fitted.engine_version, fitted.kv_dtype, max_num_seqs=n,
+                                    max_batched_tokens=max_batched_tokens), max_num_seqs=0)
+
+    return a == b or sched(a) == sched(b)
+
+
 def _simulate(fitted: FittedAnchor, layout: Layout,
               workload: StaticWorkload | TraceWorkload | Driver | list[SimRequest], replicas: int,
               max_num_seqs: int | None, max_batched_tokens: int | None, mixed: bool | None, seed: int, router: str,

@@ -205,28 +205,43 @@ class Cluster:
         heap = self._heap
         on_finish = self._on_finish
         lockstep = driver.closed or self.disaggregated
+        # A replica's next activity and event bound change only when it runs or is routed a
+        # request: kept per replica (by position) until then, not recomputed for every replica at
+        # every turn of the lockstep (which ran one replica per turn and asked all of them).
+        n = len(reps)
+        act: list[float | None] = [None] * n
+        lbs: list[float | None] = [None] * n
+        order = list(range(n))
         while True:
             t = heap[0][0] if heap else math.inf
-            busy = [rep for rep in reps if rep.outstanding]
             if not lockstep:
-                for rep in busy:
-                    rep.run_until(t, on_finish)
-            elif busy:
+                for rep in reps:
+                    if rep.outstanding:
+                        rep.run_until(t, on_finish)
+            else:
                 # The replica that acts first (ties to the lowest index, then the first listed):
                 # a loop, not min() over tuples with a key, on the hottest path of a lockstep run.
-                first = busy[0]
-                a = first.next_activity()
-                for rep in busy[1:]:
-                    x = rep.next_activity()
-                    if x < a or (x == a and rep.index < first.index):
-                        a, first = x, rep
-                if a < t:
+                k = -1
+                a = math.inf
+                for i in order:
+                    rep = reps[i]
+                    if not rep.outstanding:
+                        continue
+                    x = act[i]
+                    if x is None:
+                        x = act[i] = rep.next_activity()
+                    if k < 0 or x < a or (x == a and rep.index < reps[k].index):
+                        a, k = x, i
+                if k >= 0 and a < t:
+                    first = reps[k]
                     # Run it up to the earliest time another replica could cause a request,
                     # and stop when it causes one itself.
                     horizon = t
-                    for r in busy:
-                        if r is not first:
-                            lb = r.event_lb()
+                    for i in order:
+                        if i != k and reps[i].outstanding:
+                            lb = lbs[i]
+                            if lb is None:
+                                lb = lbs[i] = reps[i].event_lb()
                             if lb < horizon:
                                 horizon = lb
                     if a > first.now:
@@ -235,7 +250,9 @@ class Cluster:
                     first.run_until(horizon, on_finish, at_least_one=True, stop_on_finish=True)
                     if (first.now, first.steps, first.outstanding) == before:
                         first.blocked()
+                    act[k] = lbs[k] = None
                     continue
+            busy = [rep for rep in reps if rep.outstanding]
             if not heap:
                 if any(rep.outstanding for rep in reps):
                     if lockstep and not busy:
@@ -248,3 +265,5 @@ class Cluster:
                 continue  # a finish caused an earlier arrival: route it first
             t, _, stage, req = heapq.heappop(heap)
             self._route(req, t, stage)
+            act = [None] * n  # the request went to one of them
+            lbs = [None] * n

@@ -74,6 +74,10 @@ class Core:
         self._seq = 0
         self._stamp = 0
         self.preemptions = 0
+        # The most rows alive at once (n_alive, which every max_num_seqs check compares): a replay
+        # whose peak stayed below the limit is the same replay under any limit above the peak
+        # (search.stage2 shares it across candidates that differ only in max_num_seqs).
+        self.peak_alive = 0
         self.batch: Batch = EMPTY
         # Token timing (see the module docstring).
         self.E: list[float] = []
@@ -141,6 +145,7 @@ class Core:
         kv.alloc(kv.blocks_for(req.prompt))
         row = Row(req, 0, req.prompt, 1, 0, [])
         self.n_loading_rows += 1
+        self.peak_alive = max(self.peak_alive, self.n_alive)
         self._lseq += 1
         heapq.heappush(self.loading, (now + req.load_s, self._lseq, 2, row))
 
@@ -186,6 +191,7 @@ class Core:
         self._count_first(req, m.gpu, 0)
         self.prows.append(row)
         self.order.append(row)
+        self.peak_alive = max(self.peak_alive, self.n_alive)
         return row
 
     # -- decoding rows ---------------------------------------------------------------------------

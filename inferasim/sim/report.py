@@ -77,6 +77,9 @@ class SimReport:
     wall_s: float = 0.0
     counts: dict[str, int] = field(default_factory=dict)  # issued, completed, dropped (records or not)
     reasons: dict[str, int] = field(default_factory=dict)  # dropped requests by cause
+    # The sequence limit each rank ran under (vLLM's capped at the token budget) and the most
+    # requests any rank held at once: below the limit, the limit never bound.
+    limits: dict[str, int] = field(default_factory=dict)
 
     @property
     def completed(self) -> list[SimRequest]:
@@ -134,6 +137,7 @@ class SimReport:
             "preemptions": self.preemptions,
             "steps": self.steps,
             "config": self.config,
+            "limits": self.limits,
             "wall_s": self.wall_s,
             "sim_s_per_wall_s": self.duration / self.wall_s if self.wall_s > 0 else None,
         }
@@ -210,4 +214,6 @@ def build_report(tally: Tally, requests: list[SimRequest], cores: list[Core], *,
         kv=kv, preemptions=preemptions, steps=steps, series=series, config=config or {},
         counts={"issued": tally.issued, "completed": tally.completed, "dropped": tally.dropped},
         reasons=dict(tally.reasons),
+        limits={"max_num_seqs_per_rank": min((c.max_seqs for c in cores), default=0),
+                "peak_running_per_rank": max((c.peak_alive for c in cores), default=0)},
     )

@@ -6,7 +6,7 @@ from __future__ import annotations
 from test_search import small_spec
 
 from inferasim.core.spec import parse_spec
-from inferasim.search.stage2 import can_skip
+from inferasim.search.stage2 import can_skip, copy_estimate
 from inferasim.search.tune import tune
 
 
@@ -48,3 +48,55 @@ def test_pruning_does_not_depend_on_the_worker_count() -> None:
         d.pop("timings_s")
     assert a == b
     assert one.timings["stage2_replays"] == two.timings["stage2_replays"]
+
+
+def test_a_replay_stands_for_a_sibling_only_where_the_sibling_would_replay_the_same() -> None:
+    """SGLang's KV pool does not depend on max_num_seqs: a replay whose peak stayed below a
+    sibling's limit is the sibling's replay (checked against the sibling's own), one whose peak
+    reached it is not."""
+    from inferasim.search.stage2 import Replays, simulate_one
+    from inferasim.search.stage2 import _summary_fields as fields
+
+    spec = parse_spec(small_spec(
+        engines=["sglang"], precision=["fp8"], hardware={"gpu": "H100", "gpusPerNode": 8, "maxGPUs": 1},
+        search={"maxNumSeqs": [8, 48, 256], "maxNumBatchedTokens": [8192], "chunkedPrefill": [True],
+                "disaggregation": False},
+        workload={"static": {"kind": "poisson", "requestRate": 6, "inputTokens": 512, "outputTokens": 128,
+                             "numRequests": 200}}))
+    r = tune(spec, stage2_top=0, workers=1)
+    by = {e.candidate.max_num_seqs: e for e in r.ranked}
+    replays = Replays(r.workload)
+    d = replays.get(by[256])
+    assert d is not None and replays.simulations == 1
+    assert 8 <= d["limits"]["peak_running_per_rank"] < 48  # the test's premise: 8 binds, 48 does not
+    own = fields(simulate_one(by[48], r.workload))
+    assert replays.find(by[48]) is d
+    assert {k: v for k, v in own.items() if k != "limits"} == {k: v for k, v in d.items() if k != "limits"}
+    assert replays.find(by[8]) is None
+    assert fields(simulate_one(by[8], r.workload))["ttft"] != d["ttft"]  # and it would have been wrong
+    # Different replica counts never share.
+    more = copy_estimate(by[48])
+    more.replicas += 1
+    assert replays.find(more) is None
+
+
+def test_siblings_of_a_decided_shape_are_not_replayed_and_the_answer_holds() -> None:
+    """Candidates that differ only in batching limits are one shape: once the first is final,
+    those whose bound does not beat it are decided without a replay; recommendation and short
+    list as with every replay, all of them replayed."""
+    spec = _spec()
+    pruned, full = tune(spec, stage2_top=24, workers=1), tune(spec, stage2_top=24, workers=1, stage2_prune=False)
+    assert pruned.timings["stage2_simulations"] <= 6 < full.timings["stage2_simulations"]
+    assert pruned.as_dict()["shortlist"] == full.as_dict()["shortlist"]
+    shapes = [e.candidate.shape for e in pruned.ranked[:24]]
+    assert len(set(shapes)) < len(shapes)  # the premise: siblings among the top
+
+
+def test_every_short_listed_candidate_is_replayed_past_stage2s_top() -> None:
+    spec = _spec()
+    r = tune(spec, stage2_top=1, workers=1)
+    assert len({e.candidate.shape for e in r.shortlist()}) == 5
+    assert all(e.stage == 2 for e in r.shortlist())
+    # No stage 2 asked for: nothing replayed.
+    none = tune(spec, stage2_top=0, workers=1)
+    assert none.timings["stage2_simulations"] == 0 and all(e.stage == 1 for e in none.ranked)
