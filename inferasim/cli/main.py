@@ -23,7 +23,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "models": ("catalog", "list known models, or `models show NAME`"),
     "gpus": ("catalog", "GPU catalog"),
     "memory": ("memory", "weights, workspace and KV capacity per GPU for a layout"),
-    "render": ("render", "the Kubernetes manifests of one configuration (Deployment, Service, PodDisruptionBudget; with --pd the P/D router and both pools)"),
+    "render": ("render", "the Kubernetes manifests of one configuration (Deployment, Service, "
+                         "PodDisruptionBudget; with --pd the P/D router and both pools)"),
     "predict": ("predict", "TTFT, TPOT and throughput of one deployment"),
     "validate": ("validate", "score the predictor on measured runs (DESIGN.md section 7)"),
     "anchors": ("anchors", "list, show, check shipped anchors; build anchors from a CSV; fit one from live traffic "
