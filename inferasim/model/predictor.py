@@ -324,8 +324,13 @@ class FittedAnchor:
         return {k: float(v[0]) for k, v in pred.items()}
 
     def _require_fit(self, layout: Layout, what: str = "") -> None:
-        """Refuse a deployment the memory model cannot hold (no KV cache left after the weights):
-        the row's layout fields then do not say how it ran, and a price would be noise."""
+        """Refuse a deployment the engine refuses at start-up (`memory.layout_problems`: tp must
+        divide the attention heads, ep the experts ...) or the memory model cannot hold (no KV
+        cache left after the weights): the row's layout fields then do not say how it ran, and a
+        price would be noise."""
+        problems = layout_problems(self.model, layout, self.engine)
+        if problems:
+            raise CannotPredict(f"{self.engine} cannot start {what}{layout.label()} as written ({'; '.join(problems)})")
         sched = engine_sched(self.engine, self.model, self.gpu, layout, self.precision, self.engine_version,
                              self.kv_dtype)
         if sched.kv_tokens <= 0:
@@ -385,6 +390,10 @@ def fit_anchor_rows(rows: list[BenchRow]) -> FittedAnchor:
     first = rows[0]
     engine, model, gpu = resolve(first)
     layout = engine_layout(engine, first.layout, gpu.gpus_per_node)
+    problems = layout_problems(model, layout, engine)
+    if problems:  # the rows did not run as written: no anchor for a layout nobody can deploy
+        raise CannotPredict(f"{engine} cannot start {layout.label()} as the rows write it ({'; '.join(problems)}): "
+                            "no anchor for a layout nobody can deploy")
     precision = row_precision(first, model)
     kv_dtype = benchmark_kv_dtype(precision)
     try:
@@ -476,13 +485,9 @@ def _row_kv_dtype(row: BenchRow) -> str:
 def anchor_from_rows(rows: list[BenchRow], source: str, notes: str = "") -> Anchor:
     """Fit a kernel set's anchor rows and package the result as an Anchor (public data). Rows whose
     layout columns name a layout the engine refuses at start-up (SGLang DeepSeek at tp 72 without DP
-    attention) did not run as written: no anchor is stored for a layout nobody can deploy."""
+    attention) did not run as written: fit_anchor_rows refuses them, no anchor is stored."""
     fitted = fit_anchor_rows(rows)
     first = rows[0]
-    problems = layout_problems(fitted.model, fitted.layout, fitted.engine)
-    if problems:
-        raise CannotPredict(f"{fitted.engine} cannot run {fitted.layout.label()} as the rows write it "
-                            f"({'; '.join(problems)}): no anchor for a layout nobody can deploy")
     points = [BenchPoint(isl=r.isl, osl=r.osl, concurrency=clients(r),
                          scenario="offline" if r.scenario == "offline" else "closed",
                          ttft_ms=r.ttft_ms, tpot_ms=r.tpot_ms, batch_latency_s=r.batch_latency_s,

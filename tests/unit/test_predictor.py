@@ -35,7 +35,11 @@ def test_round_trip_anchor_points_within_fit_residual(silicon) -> None:
     for choice in anchors.values():
         if len(choice.rows) < 5:
             continue
-        fitted = fit_anchor_rows(choice.rows)
+        try:
+            fitted = fit_anchor_rows(choice.rows)
+        except CannotPredict as exc:  # rows at a layout the engine cannot start: no anchor
+            assert "cannot start" in str(exc)
+            continue
         logs = []
         for row in choice.rows:
             pred = fitted.predict(row)
@@ -76,6 +80,23 @@ def test_unknown_model_is_unpredicted_with_reason(silicon) -> None:
     bad = [replace(r, model_path="acme/Unknown-1B") for r in rows]
     with pytest.raises(CannotPredict, match="unknown model"):
         AnchoredPredictor().fit(bad[0].kernel_key, bad)
+
+
+def test_validate_refuses_a_row_at_a_layout_the_engine_cannot_start(silicon) -> None:
+    """A row whose tp does not divide the attention heads (vLLM asserts it at start-up) did not run
+    as written: validate reports it unpredicted with the engine's reason instead of scoring it."""
+    from dataclasses import replace
+
+    from inferasim.core.runs import Layout
+
+    key = next(k for k in select_anchors(silicon) if "Llama-3.1-70B" in k[2] and k[0] == "vllm")
+    rows = [r for r in silicon if r.kernel_key == key and r.mode == "agg"]
+    bad = replace(rows[0], id="tp999-row", layout=Layout(tp=999))
+    res = run_validation([*rows, bad], AnchoredPredictor())
+    got = {r.row.id: r for r in res.results}
+    assert got["tp999-row"].status == "unpredicted"
+    assert "cannot start tp999" in got["tp999-row"].reason and "attention heads" in got["tp999-row"].reason
+    assert sum(r.status == "ok" for r in res.results) >= 1  # the rows that can run are still scored
 
 
 def test_validation_accuracy_regression_guard(silicon) -> None:
