@@ -522,6 +522,12 @@ class OperatorEnv:
 
         return client.CustomObjectsApi(self.api)
 
+    def api_groups(self) -> list[Any]:
+        """The API groups the server serves (name and versions of each)."""
+        from kubernetes import client
+
+        return list(client.ApisApi(self.api).get_api_versions().groups)
+
     @property
     def core(self) -> Any:
         from kubernetes import client

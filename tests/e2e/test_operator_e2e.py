@@ -166,8 +166,8 @@ def test_static_tuning_recommends_and_its_manifest_applies(env: Env) -> None:
     assert rec["predicted"]["costPerMillionTokens"] > 0
     assert all(c["predicted"]["costPerMillionTokens"] > 0 for c in st["shortlist"])
     assert not env.batch.list_namespaced_job(env.ns, label_selector="inferasim.io/tuning=static").items
-    cm = env.core.read_namespaced_config_map("static-recommendation", env.ns)
-    assert cm.data["manifest.yaml"] == rec["manifest"]
+    cm = wait_until(lambda: (c := env.core.read_namespaced_config_map("static-recommendation", env.ns)).data
+                    ["manifest.yaml"] == rec["manifest"] and c, 30, "the ConfigMap holding the recommendation")
     assert cm.metadata.owner_references[0].name == "static"
     server_side_dry_run(env, rec["manifest"])
     events = env.core.list_namespaced_event(env.ns, field_selector="involvedObject.name=static").items
@@ -177,10 +177,22 @@ def test_static_tuning_recommends_and_its_manifest_applies(env: Env) -> None:
 
 def server_side_dry_run(env: Env, manifest: str) -> None:
     """Apply every document with server-side apply, dryRun=All: the API server validates it fully."""
+    from kubernetes.dynamic import DynamicClient
+
     docs = [d for d in yaml.safe_load_all(manifest) if d]
-    assert {d["kind"] for d in docs} == {"Deployment", "Service"}
+    assert {d["kind"] for d in docs} == {"Deployment", "Service", "PodDisruptionBudget"}
+    dynamic = DynamicClient(env.api)
     for d in docs:
         name, ns = d["metadata"]["name"], d["metadata"]["namespace"]
+        if d["kind"] == "PodDisruptionBudget":
+            # The local control plane (v1.20) serves the budget as policy/v1beta1 only (same spec
+            # fields); the Python client's typed APIs no longer hold it: the dynamic client, dry run.
+            served = {v.version for g in env.api_groups() if g.name == "policy" for v in g.versions}
+            version = "policy/v1" if "v1" in served else "policy/v1beta1"
+            pdbs = dynamic.resources.get(api_version=version, kind="PodDisruptionBudget")
+            out = pdbs.create(body={**d, "apiVersion": version}, namespace=ns, dry_run="All")
+            assert out.metadata.name == name
+            continue
         # force: as `kubectl apply --server-side --force-conflicts` from a GitOps tool taking the target over
         kw = {"dry_run": "All", "field_manager": "inferasim-e2e", "force": True,
               "_content_type": "application/apply-patch+yaml"}
@@ -314,7 +326,10 @@ def test_end_to_end(env: Env, prometheus: Prometheus, live: dict[str, Any], gpu_
     rec = st["recommendation"]
     assert rec["predicted"]["throughputPerGpu"] > 0 and rec["image"].startswith("vllm/")
     assert st["anchors"]["used"] and not st["anchors"]["harvesting"]
-    cm = env.core.read_namespaced_config_map("chat-recommendation", env.ns)
+    # The status holding the recommendation is written first, its ConfigMap right after (tune.py:
+    # nothing is published before the status): the ConfigMap follows within moments.
+    cm = wait_until(lambda: (c := env.core.read_namespaced_config_map("chat-recommendation", env.ns)).data
+                    ["manifest.yaml"] == rec["manifest"] and c, 30, "the ConfigMap holding the recommendation")
     assert cm.data["manifest.yaml"] == rec["manifest"]
     server_side_dry_run(env, rec["manifest"])
     assert len(env.batch.list_namespaced_job(env.ns, label_selector="inferasim.io/tuning=chat").items) == 1
