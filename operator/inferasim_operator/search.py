@@ -84,6 +84,7 @@ def render_payload(parsed: Any, result: Any, anchor_dirs: list[str], name: str, 
     """What the status and the canaries need from a TuneResult, for one tuning (names, namespace,
     the target's selector): cheap, plain dicts."""
     from inferasim.render import render_deployment, to_yaml
+    from inferasim.render_pod import RenderOptions
     from inferasim.search.deploy import config_of, recommendation_manifests
 
     full = result.as_dict()
@@ -117,12 +118,16 @@ def render_payload(parsed: Any, result: Any, anchor_dirs: list[str], name: str, 
             out["manifest"] = to_yaml(manifests)
         except ValueError as exc:  # e.g. a replica larger than one node: not renderable as a Deployment
             out["render_error"] = str(exc)
+    # Canaries run as the spec's `deploy` section asks (model cache PVC and offline loading, ROCm
+    # render group, runtime class): a canary that downloads the weights where the recommendation
+    # reads them from a cache would be measured on another start-up, or never start offline.
+    options = RenderOptions.from_spec(result.spec.deploy)
     n_canaries = 0  # canaries are numbered among the renderable entries: the first is -canary-0
     for e in result.shortlist():
         try:
             cfg = config_of(result, e)
             canary = child_name(canary_base(name, tuning), f"-canary-{n_canaries}")
-            out["shortlist_deployments"].append(render_deployment(cfg, canary, namespace))
+            out["shortlist_deployments"].append(render_deployment(cfg, canary, namespace, options=options))
             n_canaries += 1
         except ValueError as exc:  # a disaggregated entry (two pools), or one a Deployment cannot hold
             out["shortlist_deployments"].append({"error": str(exc)})

@@ -29,6 +29,7 @@ SPEC: dict[str, Any] = {
     "hardware": {"gpu": "AMD_Instinct_MI300X", "gpusPerNode": 8, "maxGPUs": 8}, "engines": ["vllm"],
     "workload": {"static": {"kind": "poisson", "requestRate": 5, "inputTokens": 512, "outputTokens": 128}},
     "confirmation": {"mode": "canary", "candidates": 2, "window": "30m"},
+    "deploy": {"modelCachePVC": "models", "rocmRenderGID": 110},
 }
 BODY: dict[str, Any] = {"apiVersion": "inferasim.io/v1alpha1", "kind": "ServingTuning",
                         "metadata": {"name": "chat", "namespace": "llm", "uid": "u-1", "generation": 3}, "spec": SPEC}
@@ -169,9 +170,19 @@ def test_status_pieces(payload: dict[str, Any]) -> None:
     assert "manifest" not in yaml.safe_load(cm["data"]["recommendation.yaml"])
 
 
+def _claims(pod: dict[str, Any]) -> list[str]:
+    return [v["persistentVolumeClaim"]["claimName"] for v in pod.get("volumes", []) if "persistentVolumeClaim" in v]
+
+
 def test_canary_and_analysis_template(payload: dict[str, Any]) -> None:
     dep = confirm.canary_deployment(payload["shortlist_deployments"][0], {"app": "chat"}, "chat")
     assert dep["spec"]["replicas"] == 1
+    # The canary runs as the spec's deploy section asks, like the recommendation's manifest.
+    rec_pod = next(d for d in yaml.safe_load_all(payload["manifest"]) if d["kind"] == "Deployment")
+    rec_pod = rec_pod["spec"]["template"]["spec"]
+    pod = dep["spec"]["template"]["spec"]
+    assert _claims(pod) == _claims(rec_pod) == ["models"]
+    assert 110 in pod["securityContext"]["supplementalGroups"]
     labels = dep["spec"]["template"]["metadata"]["labels"]
     assert labels["app"] == "chat" and labels["inferasim.io/kind"] == "canary"
     assert dep["spec"]["selector"]["matchLabels"] == {"inferasim.io/canary": "chat-canary-0"}
