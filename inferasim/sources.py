@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 
 from inferasim.catalog.engines import ROCM_FORK_TAG
 from inferasim.catalog.gpus import UnknownGPUError, get_gpu
-from inferasim.core.runs import BenchRow, Layout
+from inferasim.core.runs import BenchRow, Layout, recorded_clients
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ def _per_gcd(row: BenchRow) -> BenchRow:
     lay = row.layout
     # The package's two GCDs split the model as one more tp factor of 2. An MoE row whose expert
     # fields were written for the packages keeps them per package; written as 1 they already
-    # read as "experts over the tp ranks" (predictor.engine_layout).
+    # read as "experts over the tp ranks" (predictor.to_layout).
     moe_tp = lay.moe_tp * 2 if lay.moe_tp > 1 else lay.moe_tp
     return replace(row, layout=Layout(lay.tp * 2, lay.pp, lay.dp, moe_tp, lay.moe_ep))
 
@@ -85,7 +85,57 @@ ROCM_DEV_DOCKER_FORK = SourceRule(
     why="ROCm/vllm dev-docker rows are builds of AMD's vLLM fork: backend_version + '+rocmfork'",
 )
 
-SOURCE_RULES: tuple[SourceRule, ...] = (ARGONNE_MI250_PACKAGES, ROCM_DEV_DOCKER_FORK)
+def _aic_silicon(row: BenchRow) -> bool:
+    return "silicon_data_source" in row.raw and row.mode == "agg"
+
+
+def _squared_vllm(row: BenchRow) -> bool:
+    lay = row.layout
+    return row.backend.lower() == "vllm" and lay.tp > 1 and lay.dp == lay.tp and lay.moe_ep == lay.tp * lay.dp
+
+
+def _squared_sglang(row: BenchRow) -> bool:
+    lay = row.layout
+    try:
+        node = get_gpu(row.system).gpus_per_node
+    except UnknownGPUError:
+        return False
+    return row.backend.lower() == "sglang" and lay.dp == 1 and lay.moe_tp > 1 and lay.moe_tp == lay.moe_ep and \
+        lay.tp == lay.moe_tp * lay.moe_ep and lay.tp > node
+
+
+def _aic_squared(row: BenchRow) -> bool:
+    return _aic_silicon(row) and (_squared_vllm(row) or _squared_sglang(row))
+
+
+def _as_deployed(row: BenchRow) -> BenchRow:
+    lay = row.layout
+    if _squared_vllm(row):
+        # batch_size is per attention-DP rank in this schema (clients = batch_size x dp, or the
+        # recorded silicon_concurrency): the clients stay those that ran once dp reads as 1.
+        clients = recorded_clients(row) or row.concurrency * lay.dp
+        return replace(row, layout=Layout(lay.tp, lay.pp, 1, 1, lay.tp), concurrency=clients)
+    return replace(row, layout=Layout(lay.moe_tp, lay.pp, 1, 1, lay.moe_ep))
+
+
+# The aiconfigurator silicon data (shared/data/aic-silicon) writes 242 aggregated expert-parallel
+# runs of its dev split with a squared width; their measured TTFT and TPOT equal, within run noise,
+# those of the rows written plainly at the same client count and kernel set (several are the same
+# run, duplicated), and the squared count of GPUs is more than the engine was given:
+# - vLLM `--tensor-parallel-size T --enable-expert-parallel` appears as tp = T, attention dp = T,
+#   moe_ep = T x T, batch_size = clients / T (MiniMax-M2.5 and Kimi-K2.5 on B200/B300);
+# - SGLang `--tp T --ep T` appears as tp = T x T, moe_tp = T, moe_ep = T (DeepSeek-R1 and
+#   Qwen3.5 on B200/B300). Only squared widths beyond one node read this way: a layout such as
+#   tp 4, moe_tp 2, moe_ep 2 is a plain SGLang `--tp 4 --ep 2` and stays as written.
+# Each reads as the deployment that ran, on its T GPUs.
+AIC_SILICON_SQUARED_WIDTH = SourceRule(
+    name="aic-silicon-squared-width",
+    applies=_aic_squared,
+    read=_as_deployed,
+    why="aic-silicon writes vLLM tpT+EP as tp T x dp T x ep T^2 and SGLang --tp T --ep T as tp T^2: tp T, ep T",
+)
+
+SOURCE_RULES: tuple[SourceRule, ...] = (ARGONNE_MI250_PACKAGES, ROCM_DEV_DOCKER_FORK, AIC_SILICON_SQUARED_WIDTH)
 
 
 def read_as_run(rows: Sequence[BenchRow], rules: Sequence[SourceRule] = SOURCE_RULES,

@@ -56,9 +56,9 @@ METRICS = ("tpot", "ttft", "throughput_per_gpu", "batch_latency")
 SPLIT_KEYS: dict[str, str] = {"engine": "backend", "gpu": "system", "model": "model_path", "reach": ""}
 # How far a scored row lies from its kernel set's anchor: what the prediction had to carry.
 # Every row at the anchor's layout and length pair is itself anchor, so concurrency alone never
-# separates a scored row from its anchor: a scored row reaches "anchor" only where the predictor
-# prices it as the anchor's own deployment although its columns are written otherwise (the
-# squared-width rows of predictor.engine_layout: the same deployment, measured again).
+# separates a scored row from its anchor: a scored row reaches "anchor" only where a predictor
+# prices it as the anchor's own deployment although its columns are written otherwise
+# (`Predictor.deployment`).
 REACH_ANCHOR = "anchor"
 REACH_LENGTHS = "lengths"  # anchor layout, another (isl, osl)
 REACH_LAYOUT = "layout"  # another layout, the anchor's (isl, osl)

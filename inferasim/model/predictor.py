@@ -98,29 +98,6 @@ def to_layout(row_layout: RowLayout) -> Layout:
     return Layout(tp=row_layout.tp, pp=row_layout.pp, dp=row_layout.dp, moe_ep=ep)
 
 
-def engine_layout(engine: str, row_layout: RowLayout, gpus_per_node: int = 8) -> Layout:
-    """The deployment a row's layout columns describe, read the way the public data writes them.
-
-    The aiconfigurator silicon data (shared/data/aic-silicon) writes some expert-parallel runs with
-    a squared width; their row ids name the run, and their measured TTFT and TPOT equal, within run
-    noise, those of the rows written plainly at the same client count (several are the same run,
-    duplicated):
-    - vLLM `--tensor-parallel-size T --enable-expert-parallel` (ids "tpT_epT") appears as tp = T,
-      attention dp = T, moe_ep = T x T, batch_size = clients / T;
-    - SGLang `--tp T --ep T` (ids "tpT_epT") appears as tp = T x T, moe_tp = T, moe_ep = T. Only
-      squared widths beyond one node are read this way: a layout such as tp 4, moe_tp 2, moe_ep 2
-      is a plain SGLang `--tp 4 --ep 2` and stays as written.
-    Such a row is priced as the deployment that ran; the scoring (`inferasim.validate`) keeps the
-    row's own GPU count for both measured and predicted throughput per GPU."""
-    lay = row_layout
-    if engine == "vllm" and lay.tp > 1 and lay.dp == lay.tp and lay.moe_ep == lay.tp * lay.dp:
-        return to_layout(RowLayout(tp=lay.tp, pp=lay.pp, dp=1, moe_tp=1, moe_ep=lay.tp))
-    if engine == "sglang" and lay.dp == 1 and lay.moe_tp > 1 and lay.moe_tp == lay.moe_ep and \
-            lay.tp == lay.moe_tp * lay.moe_ep and lay.tp > gpus_per_node:
-        return to_layout(RowLayout(tp=lay.moe_tp, pp=lay.pp, dp=1, moe_tp=1, moe_ep=lay.moe_ep))
-    return to_layout(lay)
-
-
 def resolve(row: BenchRow) -> tuple[str, ModelSpec, GPU]:
     try:
         engine = normalize_engine(row.backend)
@@ -354,7 +331,7 @@ class FittedAnchor:
                 interval={"ttft": (d["ttft"] * 1e3 * math.exp(-s_ttft), d["ttft"] * 1e3 * math.exp(s_ttft)),
                           "tpot": (d["tpot"] * 1e3 * math.exp(-s_tpot), d["tpot"] * 1e3 * math.exp(s_tpot))},
                 extrapolated=True, anchor=self.anchor_id)
-        layout = engine_layout(self.engine, row.layout, self.gpu.gpus_per_node)
+        layout = to_layout(row.layout)
         self._require_fit(layout)
         pred = self.predict_layout(layout, row.isl, row.osl, clients(row), row.scenario)
 
@@ -389,7 +366,7 @@ def fit_anchor_rows(rows: list[BenchRow]) -> FittedAnchor:
         raise CannotPredict("no anchor rows")
     first = rows[0]
     engine, model, gpu = resolve(first)
-    layout = engine_layout(engine, first.layout, gpu.gpus_per_node)
+    layout = to_layout(first.layout)
     problems = layout_problems(model, layout, engine)
     if problems:  # the rows did not run as written: no anchor for a layout nobody can deploy
         raise CannotPredict(f"{engine} cannot start {layout.label()} as the rows write it ({'; '.join(problems)}): "
@@ -453,15 +430,6 @@ class AnchoredPredictor:
         except ValueError as exc:
             raise CannotPredict(str(exc)) from None
         return unanchored(engine, model, gpu, precision, Layout(), row.backend_version, kv_dtype)
-
-    def deployment(self, row: BenchRow) -> Layout | RowLayout:
-        """The layout this predictor prices for `row` (engine_layout: a squared-width row is the
-        deployment that ran); the columns as written where the row names no known engine/GPU."""
-        try:
-            engine, _, gpu = resolve(row)
-        except CannotPredict:
-            return row.layout
-        return engine_layout(engine, row.layout, gpu.gpus_per_node)
 
 
 # ------------------------------------------------------------------------------------------------

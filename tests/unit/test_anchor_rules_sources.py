@@ -7,7 +7,7 @@ import pytest
 
 from inferasim.anchor_rules import anchor_gpu_time_share, gpu_seconds, select_anchors
 from inferasim.catalog.engines import ROCM_FORK_TAG
-from inferasim.core.runs import load_rows
+from inferasim.core.runs import Layout, load_rows
 from inferasim.sources import ARGONNE_MI250_PACKAGES, SOURCE_RULES, read_as_run
 from tests.unit.test_validate import rec, rows_of, write_csv
 
@@ -124,3 +124,35 @@ def test_validate_cli_reads_source_rules_unless_as_written(tmp_path: Path) -> No
 
         written = {r["tp"] for r in csv.DictReader((out / "predictions.csv").open())}
         assert written <= tps
+
+
+DEV_FILE = DATA / "aic-silicon" / "silicon_dev.csv"
+
+
+@pytest.mark.skipif(not DEV_FILE.exists(), reason="development data not present")
+def test_aic_silicon_squared_widths_read_as_the_deployment_that_ran() -> None:
+    """vLLM tp4 + EP written as tp4 dp4 ep16 (batch per DP rank) reads as tp4 ep4 on 4 GPUs with
+    the clients that ran; SGLang --tp 4 --ep 4 written as tp16 moe_tp4 moe_ep4 reads as tp4 ep4.
+    Each then has the layout of a plainly written row of its kernel set; --as-written keeps them."""
+    from inferasim.core.runs import recorded_clients
+    from inferasim.sources import AIC_SILICON_SQUARED_WIDTH
+
+    raw = {r.id: r for r in load_rows(DEV_FILE)}
+    applied: dict[str, int] = {}
+    read = {r.id: r for r in read_as_run(list(raw.values()), applied=applied)}
+    assert applied[AIC_SILICON_SQUARED_WIDTH.name] == 242
+    vllm_id = "kimik2_5_b200_vllm_fp4_agg_1024x1024_c32_cfg635"
+    assert raw[vllm_id].layout == Layout(4, 1, 4, 1, 16) and raw[vllm_id].gpus == 16
+    assert read[vllm_id].layout == Layout(4, 1, 1, 1, 4) and read[vllm_id].gpus == 4
+    assert read[vllm_id].concurrency == (recorded_clients(raw[vllm_id]) or 32)
+    plain = [r for r in read.values() if r.kernel_key == read[vllm_id].kernel_key and r.id != vllm_id
+             and r.layout == read[vllm_id].layout and not AIC_SILICON_SQUARED_WIDTH.applies(raw[r.id])]
+    assert plain, "a plainly written row of the same deployment"
+    sglang_id = "dsr1_b200_sglang_fp4_agg_1024x1024_c4_cfg202"
+    assert raw[sglang_id].layout == Layout(16, 1, 1, 4, 4)
+    assert read[sglang_id].layout == Layout(4, 1, 1, 1, 4) and read[sglang_id].concurrency == raw[sglang_id].concurrency
+    # A plain SGLang --tp 4 --ep 2 (within a node) is not squared: it stays as written.
+    small = next(r for r in raw.values() if r.backend == "sglang" and r.layout == Layout(4, 1, 1, 2, 2))
+    assert read[small.id].layout == small.layout
+    # Every cell the file gave is kept.
+    assert read[vllm_id].raw == raw[vllm_id].raw

@@ -601,8 +601,7 @@ def test_reach_split_names_what_each_prediction_carries(tmp_path: Path) -> None:
 
 
 def test_reach_compares_layouts_as_the_predictor_prices_them(tmp_path: Path) -> None:
-    """A predictor that prices the tp2 rows as the tp1 deployment (as AnchoredPredictor does for
-    the squared-width rows of the public data) carries no layout to them: at the anchor's lengths
+    """A predictor that prices the tp2 rows as the tp1 deployment carries no layout to them: at the anchor's lengths
     they reach 'anchor', at others 'lengths', and predictions.csv agrees."""
 
     class SameDeployment(DoublePredictor):
@@ -621,19 +620,6 @@ def test_reach_compares_layouts_as_the_predictor_prices_them(tmp_path: Path) -> 
     write_outputs(result, tmp_path / "out")
     with (tmp_path / "out" / "predictions.csv").open() as fh:
         assert {ln["id"]: ln["reach"] for ln in csv.DictReader(fh)} == {r.row.id: r.reach for r in result.results}
-
-
-def test_anchored_predictor_prices_squared_width_rows_as_the_deployment_that_ran() -> None:
-    from inferasim.model.predictor import AnchoredPredictor
-
-    if not DEV_FILE.exists():
-        pytest.skip("shared data not present")
-    rows = {r.id: r for r in load_rows(DEV_FILE)}
-    squared = rows["kimik2_5_b200_vllm_fp4_agg_1024x1024_c32_cfg635"]  # tp4 dp4 ep16: tp4 ep4 that ran
-    plain = next(r for r in rows.values() if r.kernel_key == squared.kernel_key and r.layout.dp == 1
-                 and r.layout.tp == 4 and r.layout.moe_ep == 4)
-    pred = AnchoredPredictor()
-    assert squared.layout != plain.layout and pred.deployment(squared) == pred.deployment(plain)
 
 
 def test_moe_fields_that_do_not_cover_the_ranks_are_derived_for_pricing() -> None:
