@@ -18,6 +18,48 @@ def _finite_or_dash(v: float | None) -> float | str:
     return v if v is not None and math.isfinite(v) else "-"
 
 
+# What the layout column's notation means (a person reading the table meets P2xtp1+D2xtp1 first here).
+LAYOUT_NOTATION = ("layout: tpN = N GPUs in tensor parallel, ppN = pipeline stages, dpN = attention data-parallel "
+                   "ranks, epN = experts over N GPUs; P2xtp1+D2xtp1 = disaggregated: 2 prefill workers at tp1 and "
+                   "2 decode workers at tp1; repl = copies of the whole layout behind one Service")
+
+
+def _band(value: float, interval_log: Any) -> tuple[float, float] | None:
+    """The 90% band of a predicted figure: value / f .. value x f with f = exp(interval_log)."""
+    if not isinstance(interval_log, int | float) or not math.isfinite(interval_log) or not value > 0:
+        return None
+    f = math.exp(interval_log)
+    return value / f, value * f
+
+
+def _band_text(value: float, interval_log: Any) -> str:
+    b = _band(value, interval_log)
+    return "-" if b is None else f"{b[0]:,.0f}-{b[1]:,.0f}"
+
+
+def _with_band(value: float, interval_log: Any) -> str:
+    if not value > 0:
+        return "-"
+    b = _band(value, interval_log)
+    return f"{value:.0f}" if b is None else f"{value:.0f} [{b[0]:.0f}-{b[1]:.0f}]"
+
+
+def _slo_line(result: Any, rec: dict[str, Any]) -> str:
+    """The SLO asked for, beside what the recommendation is predicted to give at the workload's rate."""
+    slo = result.spec.objective.slo
+    asked = [f"{name} <= {v:g} ms" for name, v in (("TTFT p90", slo.ttft_p90_ms), ("ITL p90", slo.itl_p90_ms))
+             if v is not None]
+    p = rec["predicted"]
+    f = math.exp(p["interval_log"]) if isinstance(p.get("interval_log"), int | float) else None
+    got = []
+    for name, key in (("TTFT p90", "ttft_p90_ms"), ("ITL p90", "itl_p90_ms")):
+        v = p.get(key)
+        if isinstance(v, int | float) and math.isfinite(v):
+            got.append(f"{name} {v:.4g} ms" + (f" [{v / f:.4g}-{v * f:.4g}]" if f else ""))
+    return (f"SLO: {', '.join(asked) or 'none'}; predicted at the workload's rate: {', '.join(got) or '-'} "
+            "(90% bands)")
+
+
 def _tune_table(result: Any) -> str:
     d = result.as_dict()
     lines = [f"Tuning {d['model']} on {d['gpu']} (budget {result.spec.hardware.max_gpus} GPUs): {d['workload']}",
@@ -32,7 +74,7 @@ def _tune_table(result: Any) -> str:
         p = e["predicted"]
         at_slo = p["throughput_per_gpu_at_slo"]
         rows.append((i, e["engine"], e["precision"], e["shape"], e["replicas"], e["gpus"], e["max_num_seqs"],
-                     e["max_num_batched_tokens"], round(at_slo) if at_slo > 0 else "-", p["ttft_p90_ms"],
+                     e["max_num_batched_tokens"], _with_band(at_slo, p.get("interval_log")), p["ttft_p90_ms"],
                      p["itl_p90_ms"], "yes" if e["meets_slo"] else "no",
                      "sim" if p.get("stage") == 2 else "est", e["anchor"][:24] if e["anchor"] else "unanchored"))
         if not e["meets_slo"]:
@@ -42,7 +84,7 @@ def _tune_table(result: Any) -> str:
             term = slo_miss(est, result.spec.objective.slo)
             text = "; ".join(why) + (f" ({term})" if why and term else term)
             misses.append(f"#{i} misses the SLO: {text or 'requests dropped in the simulation'}")
-    headers = ["#", "engine", "prec", "layout", "repl", "GPUs", "max seqs", "max tokens", "out tok/s/GPU@SLO",
+    headers = ["#", "engine", "prec", "layout", "repl", "GPUs", "max seqs", "max tokens", "out tok/s/GPU@SLO [90%]",
                "TTFT p90 ms", "ITL p90 ms", "SLO", "checked", "anchor"]
     if result.spec.hardware.price_per_gpu_hour is not None:
         headers.insert(9, "$/Mtok")
@@ -54,6 +96,7 @@ def _tune_table(result: Any) -> str:
     # has not yet met the simulator's tails, so a higher estimate below a replayed row is expected.
     lines.append("checked: sim = replayed request by request, est = closed-form estimate only (the search ranks "
                  "replayed candidates first; the list shows each layout's best, then the next best)")
+    lines.append(LAYOUT_NOTATION)
     lines += misses
     rec = d["recommendation"]
     meeting = next((e for e in result.ranked if e.meets_slo), None)
@@ -72,10 +115,13 @@ def _tune_table(result: Any) -> str:
             from inferasim.search.tune import slo_miss
 
             how = f"misses {slo_miss(result.ranked[0], result.spec.objective.slo) or 'the SLO'}"
+        if rec["meets_slo"] or at_slo > 0:
+            how += f" (90%: {_band_text(at_slo, rec['predicted'].get('interval_log'))})"
         lines += ["", f"{head}: {rec['engine']} {rec['precision']} {rec['shape']} x{rec['replicas']} "
                       f"({rec['gpus']} GPUs), max_num_seqs {rec['max_num_seqs']}, "
                       f"max_num_batched_tokens {rec['max_num_batched_tokens']}: {how}"
                       + ("" if rec["anchor"] else "  [unanchored: measurement-free, rank within engine]")]
+        lines.append(_slo_line(result, rec))
         gap = _pd_router_gap(result)
         if gap:
             lines.append(f"note: P/D: {gap}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -128,12 +129,22 @@ def parse_selector(items: Sequence[str]) -> dict[str, str]:
     return selector
 
 
+_STAGE_START: dict[str, float] = {}
+
+
 def stage_progress(stage: str, done: int, total: int, unit: str = "") -> None:
+    """A bar on a terminal; piped (a log, CI), one line per stage as it ends, with its time."""
+    label = f"{stage:8s} " if stage else ""
     if not sys.stderr.isatty():
-        return  # a bar is for people watching a terminal, not for logs
+        started = _STAGE_START.setdefault(stage, time.perf_counter())
+        if done >= total:
+            sys.stderr.write(f"{(stage or 'progress')}: {done}/{total}{unit} done in "
+                             f"{time.perf_counter() - started:.2f} s\n")
+            sys.stderr.flush()
+            _STAGE_START.pop(stage, None)
+        return
     width = 30
     filled = int(width * done / max(total, 1))
-    label = f"{stage:8s} " if stage else ""
     sys.stderr.write(f"\r{label}[{'#' * filled}{'.' * (width - filled)}] {done}/{total}{unit}")
     if done >= total:
         sys.stderr.write("\n")

@@ -185,6 +185,8 @@ def run_stage2(top: list[Estimate], w: WorkloadShape, workers: int, progress: Pr
     flying: set[Hashable] = set()  # shapes with a replay in flight
     prune = final is not None and upper is not None
     done = 0
+    if progress:
+        progress("stage 2", 0, len(top))
     pool = None
     if workers > 1 and len(top) > 4:
         import multiprocessing as mp
@@ -270,6 +272,8 @@ def run_stage2(top: list[Estimate], w: WorkloadShape, workers: int, progress: Pr
                 if not batch:
                     break
                 flight.append(start(batch))
+        if progress and done < len(top):
+            progress("stage 2", len(top), len(top))  # the rest were decided without a replay of their own
     finally:
         if pool is not None:
             pool.shutdown()

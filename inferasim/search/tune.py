@@ -446,6 +446,8 @@ def tune(spec: TuningSpec, anchor_dirs: list[Path] | None = None, progress: Prog
     pending = _start_disagg(priced, fitted_by, w, slo, max_gpus) if workers > 1 and len(priced) > 8 else None
     estimates: list[Estimate] = []
     total = len(groups)
+    if progress:
+        progress("stage 1", 0, total)
     for i, ((engine, precision, _lay), cands) in enumerate(groups.items(), 1):
         for e in estimate_group(fitted_by[(engine, precision)], cands, w):
             estimates.append(operate(e, w, slo, max_gpus))

@@ -53,6 +53,27 @@ def test_demo_writes_its_files_and_prints_the_next_commands(tmp_path: Path) -> N
         in r.stdout
 
 
+def test_the_table_gives_bands_the_slo_the_notation_and_piped_progress() -> None:
+    """Issue 27 item 2: the short list's and the recommendation's throughput carry their 90% band,
+    the SLO is repeated beside what the recommendation gives, the layout notation is explained, and
+    with stderr piped (not a terminal) each stage still says when it ends."""
+    r = subprocess.run([*_cli(), "tune", str(EXAMPLE)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    data = json.loads(subprocess.run([*_cli(), "tune", str(EXAMPLE), "-o", "json"], capture_output=True, text=True,
+                                     timeout=300).stdout)
+    rec = data["recommendation"]
+    at, f = rec["predicted"]["throughput_per_gpu_at_slo"], math.exp(rec["predicted"]["interval_log"])
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("Recommendation"))
+    assert f"(90%: {at / f:,.0f}-{at * f:,.0f})" in line
+    first = next(ln for ln in r.stdout.splitlines() if ln.startswith("1 "))
+    assert f"{at:.0f} [{at / f:.0f}-{at * f:.0f}]" in first
+    slo = next(ln for ln in r.stdout.splitlines() if ln.startswith("SLO: "))
+    assert "TTFT p90 <= 2000 ms" in slo and "ITL p90 <= 50 ms" in slo and "90% bands" in slo
+    assert any(ln.startswith("layout: tpN = ") and "prefill workers" in ln for ln in r.stdout.splitlines())
+    stages = [ln for ln in r.stderr.splitlines() if ln.startswith("stage ")]
+    assert [ln.split(":")[0] for ln in stages] == ["stage 1", "stage 2"] and all(" done in " in ln for ln in stages)
+
+
 def test_a_pd_recommendation_renders_its_router(tmp_path) -> None:
     # Issue 27 item 3: the manifest of a P/D recommendation holds the engine's router, so the line that
     # said it did not is gone.
