@@ -31,7 +31,7 @@ from inferasim.catalog.engines import default_image, default_port, launch_comman
 from inferasim.catalog.gpus import GPU
 from inferasim.catalog.models import get_model
 from inferasim.core.config import ServingConfig
-from inferasim.core.engine_args import HF_HOME, engine_args, engine_env, online_fp8
+from inferasim.core.engine_args import HF_HOME, engine_args, engine_env, nodes_of, online_fp8
 from inferasim.render_pod import RenderOptions, apply_pod_options, model_cache_note, render_pdb
 
 __all__ = [
@@ -257,6 +257,7 @@ def render_deployment(
     *,
     hf_token_secret: str | None = HF_TOKEN_SECRET,
     options: RenderOptions | None = None,
+    node_role: str | None = None,
 ) -> dict[str, Any]:
     """``apps/v1`` Deployment serving ``cfg`` (one pod per replica, all GPUs of a replica in one pod).
 
@@ -264,16 +265,20 @@ def render_deployment(
     models); the pod starts without it. Raises ValueError when a replica needs more GPUs than one
     node holds (multi-node serving needs LeaderWorkerSet / Ray and is not rendered), and when the
     engine would not run the precision asked for with this checkpoint (precision_error).
+
+    ``node_role`` ("leader" | "worker"): the pod of one node of a multi-node replica, for
+    inferasim.render_lws (the engine's multi-node flags; a worker serves no HTTP, so it has no
+    port and no probes).
     """
     check_k8s_names(name, namespace)
     why = precision_error(cfg.engine, cfg.model, cfg.precision)
     if why:
         raise ValueError(why)
     gpu = cfg.gpu_spec
-    argv = engine_args(cfg)  # also checks the node fit and every flag
+    argv = engine_args(cfg, node_role)  # also checks the node fit and every flag
     n_launch = len(launch_command(cfg.engine))
     port = default_port(cfg.engine)
-    gpus = cfg.gpus_per_replica
+    gpus = cfg.gpus_per_replica if node_role is None else cfg.gpus_per_replica // nodes_of(cfg)
     shm_gib = _SHM_GIB_SINGLE_GPU if gpus == 1 else _SHM_GIB_MULTI_GPU
     all_labels = _labels(cfg, name, labels)
 
@@ -374,6 +379,13 @@ def render_deployment(
     }
     pod_spec = deployment["spec"]["template"]["spec"]
     apply_pod_options(pod_spec, pod_spec["containers"][0], gpu.vendor, opts, disaggregated=bool(cfg.disagg_role))
+    if node_role == "worker":
+        for key in ("startupProbe", "readinessProbe", "livenessProbe"):
+            del container[key]
+        container["ports"] = [p for p in container["ports"] if p["name"] != "http"]
+        if not container["ports"]:
+            del container["ports"]
+        del deployment["spec"]["template"]["metadata"]["annotations"]  # no /metrics to scrape
     if cfg.engine == "sglang" and cfg.disagg_role == "prefill":
         # sglang_router's Kubernetes discovery reads a prefill pod's bootstrap port from this annotation
         # (--bootstrap-port-annotation, default sglang.ai/bootstrap-port; sglang router docs).
@@ -382,8 +394,10 @@ def render_deployment(
     return deployment
 
 
-def render_service(cfg: ServingConfig, name: str, namespace: str = "default") -> dict[str, Any]:
-    """ClusterIP Service on the engine's HTTP port (port name ``http``, for a ServiceMonitor on /metrics)."""
+def render_service(cfg: ServingConfig, name: str, namespace: str = "default",
+                   selector: dict[str, str] | None = None) -> dict[str, Any]:
+    """ClusterIP Service on the engine's HTTP port (port name ``http``, for a ServiceMonitor on /metrics);
+    ``selector``: the pods it sends to (default: every pod named ``name``)."""
     check_k8s_names(name, namespace)
     port = default_port(cfg.engine)
     return {
@@ -396,17 +410,60 @@ def render_service(cfg: ServingConfig, name: str, namespace: str = "default") ->
         },
         "spec": {
             "type": "ClusterIP",
-            "selector": {LABEL_NAME: name},
+            "selector": selector or {LABEL_NAME: name},
             "ports": [{"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+
+
+# A multi-node replica's pods: "leader" (node rank 0, the HTTP server) or "worker".
+LABEL_NODE_ROLE = "inferasim.io/node-role"
+
+
+def render_leader_worker_set(cfg: ServingConfig, name: str, namespace: str = "default",
+                             options: RenderOptions | None = None) -> dict[str, Any]:
+    """``leaderworkerset.x-k8s.io/v1`` LeaderWorkerSet serving ``cfg`` when a replica spans nodes: one
+    group of ``nodes`` pods per replica, each pod all GPUs of its node; the leader (node rank 0)
+    serves HTTP, the workers join its engine (kubernetes-sigs/lws; needs the LWS controller)."""
+    nodes = nodes_of(cfg)
+    if nodes < 2:
+        raise ValueError(f"layout {cfg.layout.label()} fits one node: render it as a Deployment")
+    leader = render_deployment(cfg, name, namespace, options=options, node_role="leader")
+    worker = render_deployment(cfg, name, namespace, options=options, node_role="worker")
+    templates = []
+    for role, d in (("leader", leader), ("worker", worker)):
+        t = d["spec"]["template"]
+        t["metadata"]["labels"][LABEL_NODE_ROLE] = role
+        templates.append(t)
+    leader["metadata"]["annotations"]["inferasim.io/nodes-per-replica"] = str(nodes)
+    return {
+        "apiVersion": "leaderworkerset.x-k8s.io/v1",
+        "kind": "LeaderWorkerSet",
+        "metadata": leader["metadata"],
+        "spec": {
+            "replicas": cfg.replicas,
+            "leaderWorkerTemplate": {
+                "size": nodes,
+                # One engine spans the group: a pod that restarts leaves the others' ranks waiting
+                # on a peer that is gone, so the group restarts together.
+                "restartPolicy": "RecreateGroupOnPodRestart",
+                "leaderTemplate": templates[0],
+                "workerTemplate": templates[1],
+            },
         },
     }
 
 
 def render_manifests(cfg: ServingConfig, name: str, namespace: str = "default",
                      options: RenderOptions | None = None) -> list[dict[str, Any]]:
-    """``[Deployment, Service, PodDisruptionBudget]`` for ``cfg`` (the budget unless options turn it off)."""
+    """``[Deployment, Service, PodDisruptionBudget]`` for ``cfg`` (the budget unless options turn it off);
+    a replica larger than one node is a LeaderWorkerSet whose Service sends to the leaders."""
     opts = options or RenderOptions()
-    out = [render_deployment(cfg, name, namespace, options=opts), render_service(cfg, name, namespace)]
+    if nodes_of(cfg) > 1:
+        out = [render_leader_worker_set(cfg, name, namespace, opts),
+               render_service(cfg, name, namespace, {LABEL_NAME: name, LABEL_NODE_ROLE: "leader"})]
+    else:
+        out = [render_deployment(cfg, name, namespace, options=opts), render_service(cfg, name, namespace)]
     if opts.pod_disruption_budget:
         out.append(render_pdb(name, namespace, {LABEL_NAME: name}, out[1]["metadata"]["labels"]))
     return out

@@ -608,6 +608,14 @@ _VLLM_FLAGS: dict[str, Flag] = _flags(
     ("--api-server-count", True, "API server processes (multiprocess metrics when > 1)", _V),
     ("--enable-expert-parallel", False, "shard MoE experts over TPxDP instead of TP", _V),
     ("--enable-eplb", False, "expert-parallel load balancer", _V),
+    # multi-node (one replica over several nodes; docs.vllm.ai deployment/frameworks/lws: the
+    # multiprocessing executor, every pod runs `vllm serve`, the non-leader ranks --headless)
+    ("--distributed-executor-backend", True, "mp | ray | uni | external_launcher", _V),
+    ("--nnodes", True, "nodes one replica spans (multiprocessing executor)", _V_NEW),
+    ("--node-rank", True, "this node's rank among --nnodes (0: the API server)", _V_NEW),
+    ("--master-addr", True, "rank 0's address for the multi-node rendezvous", _V_NEW),
+    ("--master-port", True, "rank 0's rendezvous port", _V_NEW),
+    ("--headless", False, "run the engine ranks of this node without an API server", _V_NEW),
     # scheduler budgets
     ("--max-num-seqs", True, "max sequences per step (serve: 1024 on >= 70 GiB non-A100, else 256)", _V),
     ("--max-num-batched-tokens", True, "token budget per step (serve: 8192 / 2048)", _V),
@@ -688,6 +696,10 @@ _SGLANG_FLAGS: dict[str, Flag] = _flags(
     ("--enable-dp-lm-head", False, "DP lm_head (needs --enable-dp-attention)", _S),
     ("--ep-size", True, "expert-parallel degree (default 1)", _S),
     ("--expert-parallel-size", True, "alias of --ep-size", _S),
+    # multi-node (docs.sglang.io references/multi_node_deployment: --tp spans all nodes' GPUs)
+    ("--dist-init-addr", True, "host:port of node rank 0 for the distributed init", _S),
+    ("--nnodes", True, "nodes one server spans (1)", _S),
+    ("--node-rank", True, "this node's rank among --nnodes (0 serves HTTP)", _S),
     ("--ep", True, "alias of --ep-size", _S),
     ("--moe-a2a-backend", True, "none | deepep | mooncake | mori | ...", _S),
     # scheduler budgets
@@ -863,6 +875,13 @@ _FLAG_ROLES: dict[str, dict[str, str | None]] = {
         "sglang": "--disaggregation-mode",
         "atom": "--kv-transfer-config",
     },
+    # multi-node replicas (render_lws); ATOM's multi-node launch is not catalogued
+    "nnodes": {"vllm": "--nnodes", "sglang": "--nnodes", "atom": None},
+    "node_rank": {"vllm": "--node-rank", "sglang": "--node-rank", "atom": None},
+    "rendezvous_addr": {"vllm": "--master-addr", "sglang": "--dist-init-addr", "atom": None},
+    "rendezvous_port": {"vllm": "--master-port", "sglang": None, "atom": None},  # SGLang: host:port in one flag
+    "executor_backend": {"vllm": "--distributed-executor-backend", "sglang": None, "atom": None},
+    "headless": {"vllm": "--headless", "sglang": None, "atom": None},
 }
 
 

@@ -200,7 +200,7 @@ def check_token_budget(engine: str, gpu: GPU, layout: Layout, max_batched_tokens
 
 def note_multi_node(gpu: GPU, layout: Layout) -> None:
     """A note when one replica spans nodes: its collectives cross the NICs (priced so), and
-    `render` / `tune --manifest` do not write multi-node replicas (LeaderWorkerSet, Ray)."""
+    `render` / `tune --manifest` write it as a LeaderWorkerSet (the LWS controller must run)."""
     if layout.gpus > gpu.gpus_per_node:
         nodes = -(-layout.gpus // gpu.gpus_per_node)
         # A rack-scale NVLink domain (GB200/GB300 NVL72) spans nodes: collectives inside it stay on NVLink.
@@ -208,7 +208,8 @@ def note_multi_node(gpu: GPU, layout: Layout) -> None:
         where = (f"collectives stay on {gpu.scale_up.name}, one {domain}-GPU domain" if layout.gpus <= domain else
                  f"collectives beyond {domain} GPUs are priced over {gpu.scale_out.name}")
         print(f"note: {layout.label()} needs {layout.gpus} GPUs, {nodes} nodes of {gpu.gpus_per_node} {gpu.name}: "
-              f"{where}; render does not write multi-node replicas", file=sys.stderr)
+              f"{where}; rendered as a LeaderWorkerSet (one pod per node; the cluster needs the LWS controller, "
+              "kubernetes-sigs/lws)", file=sys.stderr)
 
 
 def draw_plot(draw: Callable[[], None], path: str, failures: list[str]) -> bool:

@@ -33,6 +33,7 @@ from inferasim.catalog.engines import (
 )
 from inferasim.catalog.gpus import GPU
 from inferasim.core.config import KV_DTYPES, SPEC_NEEDS_DRAFT, SPEC_SPELLING, ServingConfig, normalize_knob
+from inferasim.core.layout import Layout
 
 # Hugging Face cache inside the container (an emptyDir; swap for a PVC to keep weights across
 # restarts). HF_HOME is the huggingface_hub cache root.
@@ -177,10 +178,74 @@ def _check_fits_node(cfg: ServingConfig, gpu: GPU) -> None:
     if lay.gpus > gpu.gpus_per_node:
         raise ValueError(
             f"layout tp={lay.tp} x pp={lay.pp} x dp={lay.dp} = {lay.gpus} GPUs per replica exceeds "
-            f"gpus_per_node={gpu.gpus_per_node} of {gpu.name}: multi-node serving needs LeaderWorkerSet / Ray "
-            "and is not rendered; choose layout.tp, layout.pp and layout.dp with tp*pp*dp <= "
-            f"{gpu.gpus_per_node}, and scale out with replicas"
+            f"gpus_per_node={gpu.gpus_per_node} of {gpu.name}: one pod cannot hold it; render it as a "
+            "LeaderWorkerSet (inferasim.render_lws, what `render` and `tune --manifest` write for it), or "
+            f"choose layout.tp, layout.pp and layout.dp with tp*pp*dp <= {gpu.gpus_per_node}"
         )
+
+
+# LeaderWorkerSet sets these in every pod of a group (kubernetes-sigs/lws: LWS_LEADER_ADDRESS,
+# LWS_GROUP_SIZE, LWS_WORKER_INDEX; the leader's index is 0); Kubernetes expands $(NAME) in a
+# container's args from its environment.
+LWS_LEADER_ADDRESS = "$(LWS_LEADER_ADDRESS)"
+LWS_WORKER_INDEX = "$(LWS_WORKER_INDEX)"
+# Rendezvous port on the leader: vLLM's torch.distributed master port (docs.vllm.ai LWS example:
+# 29500), SGLang's --dist-init-addr port (docs.sglang.io multi-node: 20000).
+MULTINODE_PORT = {"vllm": 29500, "sglang": 20000}
+
+
+def nodes_of(cfg: ServingConfig) -> int:
+    """Nodes one replica spans: 1 within a node; beyond it, whole nodes (every pod the same GPUs)."""
+    gpu = cfg.gpu_spec
+    gpus, per_node = cfg.layout.gpus, gpu.gpus_per_node
+    if gpus <= per_node:
+        return 1
+    if gpus % per_node:
+        raise ValueError(
+            f"layout {cfg.layout.label()} needs {gpus} GPUs per replica, not a whole number of {gpu.name} nodes of "
+            f"{per_node}: a multi-node replica takes every GPU of each node; choose tp x pp x dp as a multiple of "
+            f"{per_node}")
+    return gpus // per_node
+
+
+def multinode_problem(engine: str, layout: Layout, gpus_per_node: int) -> str | None:
+    """Why a replica of ``layout`` spanning nodes could not be rendered and started (None: it can,
+    or it fits one node): whole nodes only, an engine whose multi-node launch is catalogued, and
+    for vLLM no data parallel across nodes."""
+    if layout.gpus <= gpus_per_node:
+        return None
+    if layout.gpus % gpus_per_node:
+        return (f"{layout.gpus} GPUs per replica is not a whole number of {gpus_per_node}-GPU nodes (a multi-node "
+                "replica takes every GPU of each node)")
+    if flag_for(engine, "nnodes") is None:
+        return f"{engine} multi-node serving is not rendered (its launch across nodes is not catalogued)"
+    if engine == "vllm" and layout.dp > 1:
+        return "vLLM data parallel across nodes is not rendered (dp 1 for a multi-node replica)"
+    return None
+
+
+def _multinode_args(cfg: ServingConfig, args: _Args, nodes: int, leader: bool) -> None:
+    """The flags that join one pod of a LeaderWorkerSet group into one engine spanning ``nodes``."""
+    eng = cfg.engine
+    if flag_for(eng, "nnodes") is None:
+        raise ValueError(f"{eng} multi-node serving is not rendered (its launch across nodes is not catalogued): "
+                         f"choose a layout within one node ({cfg.gpu_spec.gpus_per_node} GPUs), or vllm / sglang")
+    if eng == "vllm" and cfg.layout.dp > 1:
+        raise ValueError("vLLM data parallel across nodes (--data-parallel-size-local, --data-parallel-address) is "
+                         "not rendered: choose dp 1 for a multi-node replica, or replicas")
+    port = MULTINODE_PORT[eng]
+    if eng == "vllm":
+        # The multiprocessing executor: every pod runs `vllm serve`; rank 0 serves HTTP, the
+        # others run their engine ranks headless.
+        args.add(_role(eng, "executor_backend"), "mp")
+        args.add(_role(eng, "rendezvous_addr"), LWS_LEADER_ADDRESS)
+        args.add(_role(eng, "rendezvous_port"), port)
+    else:
+        args.add(_role(eng, "rendezvous_addr"), f"{LWS_LEADER_ADDRESS}:{port}")
+    args.add(_role(eng, "nnodes"), nodes)
+    args.add(_role(eng, "node_rank"), LWS_WORKER_INDEX)
+    if not leader and flag_for(eng, "headless") is not None:
+        args.add(_role(eng, "headless"))
 
 
 def _parallel_args(cfg: ServingConfig, args: _Args) -> None:
@@ -381,7 +446,7 @@ def _fmt_float(x: float) -> str:
     return format(float(x), "g")
 
 
-def engine_args(cfg: ServingConfig) -> list[str]:
+def engine_args(cfg: ServingConfig, node_role: str | None = None) -> list[str]:
     """Full argv of the engine server: launch command, model, then flags (real, catalogued flags only).
 
     vLLM: ``vllm serve <model> ...`` (model positional); SGLang: ``python3 -m sglang.launch_server
@@ -389,10 +454,16 @@ def engine_args(cfg: ServingConfig) -> list[str]:
     atom.entrypoints.openai_server --model <model> --server-port 8000 ...``. Raises ValueError for a
     layout that does not fit one node, a layout the engine cannot express, an unknown or duplicated
     flag (naming it), or a malformed ``extra_args``.
+
+    ``node_role`` ("leader" | "worker"): the argv of one pod of a multi-node replica (a
+    LeaderWorkerSet group, inferasim.render_lws), with the engine's flags that join the nodes.
     """
     eng = cfg.engine
     gpu = cfg.gpu_spec
-    _check_fits_node(cfg, gpu)
+    if node_role is None:
+        _check_fits_node(cfg, gpu)
+    elif node_role not in ("leader", "worker"):
+        raise ValueError(f"node_role {node_role!r}: leader or worker")
     argv = launch_command(eng)
     mflag = model_flag(eng)
     args = _Args(eng)
@@ -413,6 +484,11 @@ def engine_args(cfg: ServingConfig) -> list[str]:
         args.add(metrics)  # S --enable-metrics (off by default; /metrics is always on for vLLM and ATOM)
 
     _parallel_args(cfg, args)
+    if node_role is not None:
+        nodes = nodes_of(cfg)
+        if nodes < 2:
+            raise ValueError(f"layout {cfg.layout.label()} fits one node: render it as a Deployment")
+        _multinode_args(cfg, args, nodes, leader=node_role == "leader")
     _quantization_args(cfg, args)
     _scheduler_args(cfg, args)
     _memory_args(cfg, args)

@@ -88,7 +88,7 @@ def recommendation_manifests(result: TuneResult, e: Estimate, name: str,
     manifests = render_pools(result, e, name, namespace)
     note = predicted_annotation(result, e)
     for m in manifests:
-        if m["kind"] == "Deployment":
+        if m["kind"] in ("Deployment", "LeaderWorkerSet"):
             m["metadata"]["annotations"][ANNOTATION_PREDICTED] = note
     return manifests
 

@@ -17,6 +17,7 @@ from inferasim.catalog.checkpoints import precision_error
 from inferasim.catalog.engines import engine_gpu_error
 from inferasim.catalog.gpus import GPU
 from inferasim.catalog.models import ModelSpec
+from inferasim.core.engine_args import multinode_problem
 from inferasim.core.layout import Layout
 from inferasim.core.spec import SearchSpace
 from inferasim.model.memory import plan_memory
@@ -129,6 +130,12 @@ def build_space(model: ModelSpec, gpu: GPU, engines: list[str], precisions: list
                 continue
             good: list[Layout] = []
             for lay in layouts(model, gpu, max_gpus, gpus_per_node, space):
+                # What tune recommends, render writes and the engine starts: a replica beyond one
+                # node only as a LeaderWorkerSet the engine can run.
+                cannot = multinode_problem(engine, lay, gpus_per_node)
+                if cannot:
+                    out.pruned.append((f"{engine} {precision} {lay.label()}", cannot))
+                    continue
                 plan = plan_memory(model, gpu, lay, engine=engine, precision=precision)
                 if not plan.feasible:
                     out.pruned.append((f"{engine} {precision} {lay.label()}", "; ".join(plan.reasons)))

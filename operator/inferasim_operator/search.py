@@ -110,11 +110,12 @@ def render_payload(parsed: Any, result: Any, anchor_dirs: list[str], name: str, 
         out["slo_miss"] = slo_miss(rec, parsed.objective.slo)
         try:
             manifests = recommendation_manifests(result, rec, name, namespace)
-            if rec.candidate.disagg is None:
+            if rec.candidate.disagg is None and manifests[0]["kind"] == "Deployment":
                 adopt_selector(manifests[0], target_selector)
                 out["container"] = _container_view(manifests[0])
             # A disaggregated recommendation is two pools (name-prefill, name-decode) beside the
-            # target, not a patch of it: no single container to show, no selector to adopt.
+            # target, not a patch of it, and a multi-node one a LeaderWorkerSet (another kind than
+            # the target's Deployment): no single container to show, no selector to adopt.
             out["manifest"] = to_yaml(manifests)
         except ValueError as exc:  # e.g. a replica larger than one node: not renderable as a Deployment
             out["render_error"] = str(exc)

@@ -354,8 +354,9 @@ def test_render_writes_what_read_deployment_reads_back(tmp_path: Path) -> None:
     bad = run("render", "--model", "deepseek-ai/DeepSeek-R1", "--gpu", "b200", "--engine", "vllm", "--precision",
               "fp4", "--tp", "8")
     assert bad.returncode == 2 and "not fp4" in bad.stderr and "choose precision fp8" in bad.stderr
+    # A replica of two nodes renders as a LeaderWorkerSet (and says what it needs).
     wide = run("render", "--model", "meta-llama/Llama-3.1-70B", "--gpu", "h100", "--engine", "vllm", "--tp", "16")
-    assert wide.returncode == 2 and "gpus_per_node=8" in wide.stderr
+    assert wide.returncode == 0 and "kind: LeaderWorkerSet" in wide.stdout
 
 
 def test_predict_says_when_clients_queue_for_kv() -> None:

@@ -96,6 +96,25 @@ def test_the_vendored_schema_refuses_what_the_api_server_refuses() -> None:
         validate(missing)
 
 
+def test_a_leader_worker_set_holds_valid_pod_templates() -> None:
+    """LeaderWorkerSet is a CRD (no vendored schema): its leader and worker templates are checked as
+    core/v1 PodTemplateSpecs, its own fields as the LWS v1 API writes them."""
+    cfg = ServingConfig(engine="sglang", model="meta-llama/Llama-3.1-405B-Instruct", gpu="MI300X",
+                        layout=Layout(tp=16), replicas=2)
+    lws = render_manifests(cfg, "big", "serving", FULL)[0]
+    assert set(lws) == {"apiVersion", "kind", "metadata", "spec"} and set(lws["spec"]) == {"replicas",
+                                                                                          "leaderWorkerTemplate"}
+    lwt = lws["spec"]["leaderWorkerTemplate"]
+    assert set(lwt) == {"size", "restartPolicy", "leaderTemplate", "workerTemplate"} and lwt["size"] == 2
+    template = {"$ref": "#/definitions/io.k8s.api.core.v1.PodTemplateSpec", "definitions": _definitions()}
+    for t in (lwt["leaderTemplate"], lwt["workerTemplate"]):
+        jsonschema.Draft4Validator(template).validate(t)
+    broken = copy.deepcopy(lwt["workerTemplate"])
+    broken["spec"]["containers"][0]["args"] = "--tp-size 16"
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.Draft4Validator(template).validate(broken)
+
+
 def test_every_rendered_object_is_valid_kubernetes() -> None:
     rendered = _all_rendered()
     kinds = {m["kind"] for _, m in rendered}

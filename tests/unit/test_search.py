@@ -608,3 +608,28 @@ def test_a_disaggregated_pool_serves_no_more_requests_than_its_prefill_workers_p
         tokens_per_s = chunk / float(step_time(p, cost, 0.0, 0.0, chunk, new / 2.0))
         assert est.curve_rate.max() <= prefill_workers * tokens_per_s / new * (1 + 1e-9)
         assert np.all(np.diff(est.curve_ttft) >= -1e-9)  # the queue lands in TTFT as clients grow
+
+
+def test_what_tune_recommends_beyond_a_node_renders_and_starts() -> None:
+    """Issue 27 item 5: Kimi-K2 does not fit one 8 x H100 node. The space keeps multi-node layouts
+    only where render writes them and the engine starts them (whole nodes, an engine with a
+    multi-node launch, vLLM without dp across nodes), and the recommendation renders: as a
+    LeaderWorkerSet when it spans nodes."""
+    from inferasim.core.engine_args import multinode_problem
+    from inferasim.search.deploy import manifests_for
+
+    model, gpu = get_model("moonshotai/Kimi-K2-Instruct"), get_gpu("H100")
+    space = build_space(model, gpu, ["vllm", "sglang", "atom"], ["fp8"], 16, 8, SearchSpace())
+    wide = [c for c in space.candidates if c.layout.gpus > 8]
+    assert wide, "multi-node layouts are searched"
+    assert all(multinode_problem(c.engine, c.layout, 8) is None for c in wide)
+    assert any("vLLM data parallel across nodes" in why for _, why in space.pruned)
+    spec = parse_spec({"model": "moonshotai/Kimi-K2-Instruct", "hardware": {"gpu": "H100", "maxGPUs": 16},
+                       "engines": ["vllm", "sglang"], "workload": {"static": {"kind": "poisson", "requestRate": 2,
+                                                                              "inputTokens": 2048,
+                                                                              "outputTokens": 256}},
+                       "objective": {"maximize": "throughputPerGPU", "slo": {"ttftP90Ms": 5000, "itlP90Ms": 100}}})
+    result = tune(spec, stage2_top=4)
+    assert result.recommendation is not None and result.recommendation.candidate.layout.gpus > 8
+    kinds = [line for line in manifests_for(result).splitlines() if line.startswith("kind: ")]
+    assert kinds[0] == "kind: LeaderWorkerSet" and "kind: Service" in kinds
