@@ -26,6 +26,7 @@ from inferasim.catalog.gpus import GPU
 from inferasim.catalog.models import ModelSpec
 from inferasim.core.layout import Layout
 from inferasim.model.layoutcost import layout_cost
+from inferasim.model.memory import kv_dtype_bytes
 from inferasim.model.steptime import StepParams, step_time
 
 # Fixed-point iterations of the closed loop's rate (damped by half each step) and of the decode
@@ -105,7 +106,9 @@ def disagg_point(fitted: FittedKernelSet, prefill_layout: Layout, prefill_worker
     chunk = float(max(min(psched.max_batched_tokens, 16384), 1024))
     rate = chunk / float(step_time(prm, pc, 0.0, 0.0, chunk, isl / 2.0)) * prefill_layout.dp
     own = float(np.ceil(isl / chunk)) * float(step_time(prm, pc, 0.0, 0.0, min(chunk, isl), isl / 2.0))
-    xfer = kv_transfer_time(model, gpu, isl, same_domain=gpu.scale_up.domain >= 8 * gpu.gpus_per_node)
+    # The prompt's KV moves in the cache's own dtype (an FP8 cache sends one byte per element).
+    xfer = kv_transfer_time(model, gpu, isl, kv_dtype_bytes(fitted.kv_dtype),
+                            same_domain=gpu.scale_up.domain >= 8 * gpu.gpus_per_node)
     ttft = own + xfer
     # The prefill pool admits at most this many requests per second: past it, requests queue for
     # prefill (in TTFT, through `admission` below), whatever the decode pool could take. The M/D/1

@@ -28,6 +28,9 @@ def test_kv_transfer_grows_with_the_prompt_and_shrinks_with_the_link() -> None:
     assert (long - gpu.scale_out.latency) == pytest.approx(8 * (short - gpu.scale_out.latency), rel=0.02)
     fast = dataclasses.replace(gpu, scale_out=dataclasses.replace(gpu.scale_out, bandwidth=4 * gpu.scale_out.bandwidth))
     assert kv_transfer_time(model, fast, 8192) < long
+    # An FP8 cache sends one byte per element: half the bytes of a BF16 one.
+    half = kv_transfer_time(model, gpu, 8192, 1.0)
+    assert (half - gpu.scale_out.latency) == pytest.approx((long - gpu.scale_out.latency) / 2, rel=1e-6)
     # Inside one NVLink domain the KV moves over the scale-up link, far faster than the NIC.
     assert kv_transfer_time(model, gpu, 8192, same_domain=True) < long / 4
 
