@@ -11,10 +11,11 @@ in the rows themselves. A rule never drops a row and keeps every cell the file g
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 from inferasim.catalog.engines import ROCM_FORK_TAG
 from inferasim.catalog.gpus import UnknownGPUError, get_gpu
+from inferasim.catalog.models import ModelConfigError, UnknownModelError, get_model
 from inferasim.core.runs import BenchRow, Layout, recorded_clients
 
 
@@ -26,6 +27,9 @@ class SourceRule:
     applies: Callable[[BenchRow], bool]
     read: Callable[[BenchRow], BenchRow]
     why: str
+    # A rule whose evidence is other rows of the same file: given the file's rows, the rule bound
+    # to them (read_as_run binds it before reading any row).
+    bind: Callable[[Sequence[BenchRow]], SourceRule] | None = None
 
 
 def _gpu_name(system: str) -> str | None:
@@ -135,13 +139,81 @@ AIC_SILICON_SQUARED_WIDTH = SourceRule(
     why="aic-silicon writes vLLM tpT+EP as tp T x dp T x ep T^2 and SGLang --tp T --ep T as tp T^2: tp T, ep T",
 )
 
-SOURCE_RULES: tuple[SourceRule, ...] = (ARGONNE_MI250_PACKAGES, ROCM_DEV_DOCKER_FORK, AIC_SILICON_SQUARED_WIDTH)
+
+def _architecture(model_path: str) -> tuple[object, ...] | None:
+    """A model's architecture (its ModelSpec but for the name and where it was read from), so that
+    two names of one architecture (DeepSeek-R1 and DeepSeek-V3) compare equal; None when unknown."""
+    try:
+        spec = get_model(model_path)
+    except (UnknownModelError, ModelConfigError):
+        return None
+    return tuple(getattr(spec, f.name) for f in fields(spec) if f.name not in ("name", "source"))
+
+
+def _measurement(row: BenchRow) -> tuple[object, ...] | None:
+    """What identifies one disaggregated measurement across two records of it: engine build, GPU,
+    precision, lengths, clients, architecture, and the measured TTFT and TPOT to the last digit."""
+    if row.mode != "disagg" or row.ttft_ms is None or row.tpot_ms is None:
+        return None
+    return (row.backend, row.backend_version, row.system, row.precision, row.isl, row.osl, row.concurrency,
+            row.ttft_ms, row.tpot_ms, _architecture(row.model_path))
+
+
+def _pools_unrecorded(row: BenchRow) -> bool:
+    return row.mode == "disagg" and not (row.raw.get("prefill_num_workers") or row.raw.get("decode_num_workers"))
+
+
+def _bind_twins(rows: Sequence[BenchRow]) -> SourceRule:
+    recorded: dict[tuple[object, ...], BenchRow] = {}
+    for row in rows:
+        key = _measurement(row)
+        if key is not None and key[-1] is not None and not _pools_unrecorded(row):
+            recorded.setdefault(key, row)
+
+    def twin(row: BenchRow) -> BenchRow | None:
+        key = _measurement(row) if _pools_unrecorded(row) else None
+        return recorded.get(key) if key is not None and key[-1] is not None else None
+
+    def applies(row: BenchRow) -> bool:
+        t = twin(row)
+        return t is not None and (t.prefill, t.decode) != (row.prefill, row.decode)
+
+    def read(row: BenchRow) -> BenchRow:
+        t = twin(row)
+        assert t is not None
+        return replace(row, prefill=t.prefill, decode=t.decode)
+
+    return replace(DISAGG_TWINS, applies=applies, read=read, bind=None)
+
+
+# shared/data/aic-silicon holds SGLang's disaggregated DeepSeek runs on B200, GB200 and GB300 twice:
+# once from the benchmark's database (ids dsr1_*: every pool column, workers and per-rank batch
+# included) and once from its CSV exports (silicon_data_source "source_file=..."), which leave the
+# worker counts and batch sizes empty, write a worker's GPU count as its tp and drop attention dp.
+# The two records of one run agree on TTFT and TPOT to the last digit (the database labels some of
+# them DeepSeek-V3, the same architecture), and their layouts say the export is lossy: "tp8 ep8"
+# is one worker of dp 8 (--enable-dp-attention) in some runs and of tp 8 in others, "tp32 moe_tp4
+# ep8" one decode worker of dp 32 and ep 32, and prefill pools of 2-10 workers read as one. A row
+# that does not record its pools' workers and whose measurement a recorded row repeats is read
+# with that row's pools; a row without such a twin stays as written.
+DISAGG_TWINS = SourceRule(
+    name="disagg-pools-of-the-recorded-twin",
+    applies=lambda row: False,  # bound to a file's rows by read_as_run
+    read=lambda row: row,
+    why="a disaggregated row without its pools' worker counts whose TTFT and TPOT a fully recorded row of the same "
+        "run repeats is read with that row's pools",
+    bind=_bind_twins,
+)
+
+SOURCE_RULES: tuple[SourceRule, ...] = (ARGONNE_MI250_PACKAGES, ROCM_DEV_DOCKER_FORK, AIC_SILICON_SQUARED_WIDTH,
+                                        DISAGG_TWINS)
 
 
 def read_as_run(rows: Sequence[BenchRow], rules: Sequence[SourceRule] = SOURCE_RULES,
                 applied: dict[str, int] | None = None) -> list[BenchRow]:
     """`rows` with every source rule applied where it applies (the first that applies wins);
     `applied` receives how many rows each rule read (rules that read none are left out)."""
+    rules = [r.bind(rows) if r.bind is not None else r for r in rules]
     out = []
     for row in rows:
         rule = next((r for r in rules if r.applies(row)), None)

@@ -447,7 +447,12 @@ def run_validation(
     deployment: Deployment | None = getattr(predictor, "deployment", None)
 
     fitted: dict[KernelKey, FittedKernel | str] = {}
-    if measurement_free:
+    # A kernel set with target rows and no anchor of its own (disaggregated rows only) is priced
+    # from the population of the anchors this file gives, as predict and tune price a kernel set
+    # the store has no anchor for (model.measurement_free); its own rows inform nothing.
+    orphans = any(r.kernel_key not in anchors for r in filtered)
+    learns = hasattr(predictor, "learn_population") and hasattr(predictor, "population")
+    if measurement_free or (orphans and learns):
         for key, anchor in anchors.items():
             try:
                 fitted[key] = predictor.fit(key, list(anchor.rows))
@@ -465,7 +470,7 @@ def run_validation(
     no_anchor = "no aggregated anchor for this kernel set (no agg row of the same backend, version, model, system " \
                 "and precision)"
     results: list[RowResult] = []
-    if measurement_free:
+    if measurement_free or (orphans and learns):
         price_free = predictor.population  # type: ignore[attr-defined]
     for done, row in enumerate(targets, start=1):
         key = row.kernel_key

@@ -156,3 +156,31 @@ def test_aic_silicon_squared_widths_read_as_the_deployment_that_ran() -> None:
     assert read[small.id].layout == small.layout
     # Every cell the file gave is kept.
     assert read[vllm_id].raw == raw[vllm_id].raw
+
+
+def test_a_disagg_row_without_its_workers_reads_the_pools_of_its_recorded_twin(tmp_path: Path) -> None:
+    """Two records of one disaggregated run (TTFT and TPOT to the last digit, one architecture
+    under two names): the one that leaves the workers empty reads the recorded one's pools."""
+    common = {"backend": "sglang", "version": "0.5.8", "system": "gb200", "precision": "fp8", "mode": "disagg",
+              "tp": "", "dp": "", "moe_tp": "", "moe_ep": "", "c": "", "isl": 1024, "osl": 1024}
+    recorded = {"prefill_num_workers": 2, "prefill_tp_size": 1, "prefill_attention_dp_size": 8,
+                "prefill_moe_ep_size": 8, "decode_num_workers": 1, "decode_batch_size": 128,
+                "decode_tp_size": 1, "decode_attention_dp_size": 32, "decode_moe_ep_size": 32}
+    lossy = {"prefill_tp_size": 8, "prefill_moe_ep_size": 8, "decode_tp_size": 32, "decode_moe_tp_size": 4,
+             "decode_moe_ep_size": 8}
+    src = {"silicon_data_source": "silicon_concurrency=4096"}
+    records = [
+        rec(rid="db", model="deepseek-ai/DeepSeek-V3", ttft=2730.5, tpot=26.61, **common, **recorded, **src),
+        rec(rid="csv", model="deepseek-ai/DeepSeek-R1", ttft=2730.5, tpot=26.61, **common, **lossy, **src),
+        rec(rid="other", model="deepseek-ai/DeepSeek-R1", ttft=2730.6, tpot=26.61, **common, **lossy, **src),
+    ]
+    rows = {r.id: r for r in read_as_run(rows_of(tmp_path, records))}
+    assert rows["csv"].prefill == rows["db"].prefill and rows["csv"].decode == rows["db"].decode
+    assert rows["csv"].prefill.workers == 2 and rows["csv"].decode.layout.dp == 32
+    assert rows["csv"].gpus == 2 * 8 + 32 and rows["csv"].model_path == "deepseek-ai/DeepSeek-R1"
+    assert rows["csv"].raw["decode_tp_size"] == "32"  # the cells stay as written
+    # Another measurement (TTFT differs) has no twin: as written.
+    assert rows["other"].decode.layout.tp == 32 and rows["other"].prefill.workers == 1
+    applied: dict[str, int] = {}
+    again = read_as_run(list(rows.values()), applied=applied)  # a rule reads a row once
+    assert applied == {} and again[1].prefill == rows["db"].prefill

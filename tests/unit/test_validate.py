@@ -567,6 +567,35 @@ def test_a_kernel_set_without_an_agg_anchor_is_priced_measurement_free_where_the
     assert s["splits"]["reach"]["no anchor"]["measurement_free"]["tpot"]["n"] == 1
 
 
+def test_a_kernel_set_without_an_anchor_is_priced_from_the_population_of_the_files_anchors(
+        tmp_path: Path) -> None:
+    """As predict and tune price a kernel set the store has no anchor for (model.measurement_free),
+    a predictor that learns a population prices the file's anchor-less kernel sets from the
+    anchors of the others, not from the GPU family's defaults; an anchored row keeps its anchor."""
+    pools = {"prefill_num_workers": 1, "prefill_tp_size": 2, "decode_num_workers": 2, "decode_tp_size": 2}
+    rows = rows_of(tmp_path, [rec(tp=1, rid="a"), rec(tp=2, rid="b"),
+                              rec(mode="disagg", tp="", c=16, model="m/NoAgg", rid="d2", **pools)])
+
+    class Learns(DoublePredictor):
+        learned: dict[tuple[str, ...], _Kernel] = {}
+
+        def learn_population(self, fitted: dict[tuple[str, ...], _Kernel]) -> None:
+            self.learned = dict(fitted)
+
+        def population(self, kernel_key: tuple[str, ...], row: BenchRow) -> _Kernel:
+            assert kernel_key not in self.learned  # its own rows inform nothing
+            return _Kernel(tpot_110, self.truth, self.seen)
+
+        def unanchored(self, kernel_key: tuple[str, ...], row: BenchRow) -> _Kernel:
+            raise AssertionError("the GPU family's defaults are not asked where a population is learned")
+
+    predictor = Learns(rows, fn=oracle)
+    s = run_validation(rows, predictor).summary
+    assert list(predictor.learned) == [rows[0].kernel_key]
+    assert s["measurement_free"]["tpot"]["n"] == 1 and s["measurement_free"]["tpot"]["median_ape"] == pytest.approx(0.1)
+    assert s["tpot"]["median_ape"] == 0.0  # the anchored kernel set: its own anchor
+
+
 def test_reach_split_names_what_each_prediction_carries(tmp_path: Path) -> None:
     pools = {"prefill_num_workers": 1, "prefill_tp_size": 2, "decode_num_workers": 2, "decode_tp_size": 2}
     # Per model the anchor is tp1 at 512x256 (smallest isl + osl), at both concurrencies.
