@@ -12,6 +12,7 @@
   in process and as the command (start-up and output included);
 - start-up: `inferasim --help` against a bare interpreter;
 - the accuracy figures of `inferasim validate` on the dev files;
+- each dev anchor's fit of its own rows, per engine (benchmarks/self_fit.py);
 - the step model against isolated H200 step timings (benchmarks/h200_steps.py): held-out steps,
   tp slices, other models;
 - the trace simulator (benchmarks/sim_bench.py): the full Mooncake replay against its 2 s and 500 MB
@@ -253,6 +254,9 @@ def main() -> int:
     for f in files:
         if f.exists():
             bench_measurement_free(f)
+    from benchmarks import self_fit
+
+    self_fit.main()
     from benchmarks import h200_steps
 
     h200_steps.main()
