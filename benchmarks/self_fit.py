@@ -39,7 +39,7 @@ def self_fit(path: Path) -> dict[str, list[tuple[str, float, float, int]]]:
     """Per engine: (anchor, median TTFT error, median TPOT error, rows) of every anchor that fits."""
     rows = filter_rows(read_as_run(load_rows(path)))
     out: dict[str, list[tuple[str, float, float, int]]] = defaultdict(list)
-    for key, choice in select_anchors(rows).items():
+    for choice in select_anchors(rows).values():
         try:
             fitted = fit_anchor_rows(choice.rows)
         except InferasimError:
