@@ -267,7 +267,7 @@ def render_deployment(
     engine would not run the precision asked for with this checkpoint (precision_error).
 
     ``node_role`` ("leader" | "worker"): the pod of one node of a multi-node replica, for
-    inferasim.render_lws (the engine's multi-node flags; a worker serves no HTTP, so it has no
+    render_leader_worker_set (the engine's multi-node flags; a worker serves no HTTP, so it has no
     port and no probes).
     """
     check_k8s_names(name, namespace)

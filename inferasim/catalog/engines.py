@@ -875,7 +875,7 @@ _FLAG_ROLES: dict[str, dict[str, str | None]] = {
         "sglang": "--disaggregation-mode",
         "atom": "--kv-transfer-config",
     },
-    # multi-node replicas (render_lws); ATOM's multi-node launch is not catalogued
+    # multi-node replicas (render.render_leader_worker_set); ATOM's multi-node launch is not catalogued
     "nnodes": {"vllm": "--nnodes", "sglang": "--nnodes", "atom": None},
     "node_rank": {"vllm": "--node-rank", "sglang": "--node-rank", "atom": None},
     "rendezvous_addr": {"vllm": "--master-addr", "sglang": "--dist-init-addr", "atom": None},

@@ -179,7 +179,7 @@ def _check_fits_node(cfg: ServingConfig, gpu: GPU) -> None:
         raise ValueError(
             f"layout tp={lay.tp} x pp={lay.pp} x dp={lay.dp} = {lay.gpus} GPUs per replica exceeds "
             f"gpus_per_node={gpu.gpus_per_node} of {gpu.name}: one pod cannot hold it; render it as a "
-            "LeaderWorkerSet (inferasim.render_lws, what `render` and `tune --manifest` write for it), or "
+            "LeaderWorkerSet (what `render` and `tune --manifest` write for a colocated replica), or "
             f"choose layout.tp, layout.pp and layout.dp with tp*pp*dp <= {gpu.gpus_per_node}"
         )
 
@@ -456,7 +456,7 @@ def engine_args(cfg: ServingConfig, node_role: str | None = None) -> list[str]:
     flag (naming it), or a malformed ``extra_args``.
 
     ``node_role`` ("leader" | "worker"): the argv of one pod of a multi-node replica (a
-    LeaderWorkerSet group, inferasim.render_lws), with the engine's flags that join the nodes.
+    LeaderWorkerSet group, render.render_leader_worker_set), with the engine's flags that join the nodes.
     """
     eng = cfg.engine
     gpu = cfg.gpu_spec
