@@ -134,7 +134,6 @@ class Cluster:
             parent.generated = req.generated
             parent.preemptions += req.preemptions
             parent.max_gap = req.max_gap
-            parent.segs = req.segs
             parent.replica = req.replica
             assert self.driver is not None
             self.driver.on_finish(parent, self._client_submit)
@@ -179,6 +178,9 @@ class Cluster:
         assert self.driver is not None
         self.driver.on_finish(req, self._submit_direct)
 
+    def _finish_open(self, req: SimRequest) -> None:
+        """`_finish_direct` for a driver whose finishes cause nothing (open loop)."""
+
     # -- the loop --------------------------------------------------------------------------------
     def run(self, driver: Driver) -> None:
         self.driver = driver
@@ -186,6 +188,7 @@ class Cluster:
         if len(reps) == 1 or (not driver.closed and not self.disaggregated and self.router.kind == "rr"):
             # Routing does not depend on the replicas' state: hand every request over as it comes
             # and run each replica on its own.
+            finish = self._finish_open if type(driver).on_finish is Driver.on_finish else self._finish_direct
             batches = driver.stream()
             if batches is None:
                 driver.start(self._submit_direct)
@@ -195,11 +198,11 @@ class Cluster:
                 for batch in batches:
                     t = batch[0].arrival
                     for rep in reps:
-                        rep.run_until(t, self._finish_direct)
+                        rep.run_until(t, finish)
                     for req in batch:
                         self._submit_direct(req, req.arrival)
             for rep in reps:
-                rep.run_until(math.inf, self._finish_direct)
+                rep.run_until(math.inf, finish)
             return
         driver.start(self._client_submit)
         heap = self._heap

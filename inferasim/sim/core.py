@@ -40,6 +40,7 @@ class Core:
 
     min_compute = 1
     ratio_hook = False  # the policy evolves per step (SGLang's new_token_ratio): call _after_step
+    row_hooks = False  # the policy keeps aggregates over decoding rows (SGLang): call _on_join/_on_leave
 
     def __init__(self, sched: EngineSched, kv_capacity_tokens: int, delivery_delay: float = 0.0, *,
                  caching: bool = True, host_tokens: int = 0,
@@ -67,6 +68,7 @@ class Core:
         # Other rows.
         self.prows: list[Row] = []  # prefilling or recomputing, admission order
         self.order: list[Row] = []  # every row, admission order (dead ones dropped lazily)
+        self._tidy_at = 64
         self.waiting: deque[SimRequest] = deque()
         self.loading: list[tuple[float, int, int, object]] = []  # (ready, seq, kind, row or request)
         self.n_loading_rows = 0
@@ -86,7 +88,7 @@ class Core:
         self.gaps: list[float] = []
         self.joiners: dict[Row, float] = {}
         self.finished: list[SimRequest] = []  # since the report's last flush
-        self.open_segs: list[SimRequest] = []  # requests with a decode range the report has not folded
+        self.open_segs: list[tuple[SimRequest, int, int]] = []  # (request, first, last) step ranges, unfolded
         # Prefix-cache statistics (first admissions).
         self.hit_tokens = 0
         self.host_hit_tokens = 0
@@ -134,6 +136,7 @@ class Core:
         kv.take(m.nodes)
         promoted = kv.promote(m.host_segs, req.unit)
         req.pinned = list(m.nodes) + promoted
+        req._m, req._m_epoch = NO_MATCH, -1  # spent (see _admit)
         self._count_first(req, m.gpu, m.host)
         self._lseq += 1
         heapq.heappush(self.loading, (now + self.load_time(m.host), self._lseq, 1, req))
@@ -178,20 +181,26 @@ class Core:
         """Move the head of the queue into the running rows: reference its cached prefix, allocate
         `blocks` private blocks, `chunk` tokens scheduled from the end of the match."""
         kv = self.kv
-        if m.nodes:
-            kv.take(m.nodes)
+        nodes = m.nodes
+        if nodes:
+            kv.take(nodes)
         if req.pinned is not None:
             kv.drop(req.pinned)
             req.pinned = None
         kv.alloc(blocks)
         self._seq += 1
         b = self.B
-        row = Row(req, self._seq, m.gpu, req.generated, m.gpu // b if b > 1 else m.gpu, list(m.nodes), upto)
+        g = m.gpu
+        # The match is spent: the row takes its nodes (NO_MATCH's list is shared), the request drops
+        # it (kept, the run's matches outlive it as young objects that the collector scans once
+        # re-enabled). A preempted request matches afresh: the same answer, keyed by the epoch.
+        row = Row(req, self._seq, g, req.generated, g // b if b > 1 else g, nodes if m is not NO_MATCH else [], upto)
         row.reg_tok, row.tail_open = m.chain_end, m.tail_open
-        self._count_first(req, m.gpu, 0)
+        req._m, req._m_epoch = NO_MATCH, -1
+        self._count_first(req, g, 0)
         self.prows.append(row)
         self.order.append(row)
-        self.peak_alive = max(self.peak_alive, self.n_alive)
+        self.peak_alive = max(self.peak_alive, self.n_d + len(self.prows) + self.n_loading_rows)  # n_alive
         return row
 
     # -- decoding rows ---------------------------------------------------------------------------
@@ -211,11 +220,13 @@ class Core:
         row.in_d = True
         row.i0 = self.e_off + len(self.E)
         self.joiners[row] = t_prev
-        self._on_join(row)
+        if self.row_hooks:
+            self._on_join(row)
 
     def _leave(self, row: Row) -> None:
         G = self.G
-        self._on_leave(row)
+        if self.row_hooks:
+            self._on_leave(row)
         row.comp = row.cb + G
         row.gen = row.gb + G
         self.n_d -= 1
@@ -226,11 +237,7 @@ class Core:
         self.joiners.pop(row, None)
         i1 = self.e_off + len(self.E) - 1
         if i1 > row.i0:
-            req = row.req
-            if req.segs is None:
-                req.segs = []
-                self.open_segs.append(req)
-            req.segs.append((row.i0, i1))
+            self.open_segs.append((row.req, row.i0, i1))
 
     def _on_join(self, row: Row) -> None:  # noqa: B027 - optional hook
         """Hook: policy aggregates over decoding rows (SGLang's clipped remaining outputs)."""
@@ -340,21 +347,24 @@ class Core:
         self.batch = EMPTY
         done: list[SimRequest] = []
         if b.n_dec:
-            self.G += 1
+            G = self.G = self.G + 1
             self._record_decode(t_end, b.n_dec)
-            for row in self._pop_finished():
-                done.append(self._finish(row, t_end))
-        if b.pre:
-            kv = self.kv
-            delay = self.delay
-            for row, chunk, _ in b.pre:
-                row.comp += chunk
-                self.prefill_tokens += chunk
+            heap = self.fin_heap
+            if heap and heap[0][0] <= G:
+                for row in self._pop_finished():
+                    done.append(self._finish(row, t_end))
+        pre = b.pre
+        if pre:
+            kv, delay, B, tokens = self.kv, self.delay, self.B, 0
+            caching = kv.caching
+            for row, chunk, _ in pre:
+                comp = row.comp = row.comp + chunk
+                tokens += chunk
                 req = row.req
-                if req.ids is not None and not row.reg_stop and kv.caching and \
-                        min(row.comp, req.id_tokens) >= row.reg_tok + self.B:
-                    kv.register(row, row.comp)
-                if row.comp == row.prompt + row.gen:
+                if caching and not row.reg_stop and req.ids is not None and \
+                        (comp if comp < req.id_tokens else req.id_tokens) >= row.reg_tok + B:
+                    kv.register(row, comp)
+                if comp == row.prompt + row.gen:
                     row.gen += 1
                     if req.first_token is None:
                         req.first_token = t_end + delay
@@ -369,9 +379,10 @@ class Core:
                     else:
                         self.prows.remove(row)
                         self._join(row, t_end)
+            self.prefill_tokens += tokens
         if self.ratio_hook:
             self._after_step(1)
-        if len(self.order) > 2 * (self.n_d + len(self.prows)) + 64:
+        if len(self.order) > self._tidy_at:
             self._tidy()
         return done
 
@@ -390,7 +401,7 @@ class Core:
             self.cont.extend([n] * (k - 1))
         self._after_step(k)
         done = [self._finish(row, t_end) for row in self._pop_finished()]
-        if len(self.order) > 2 * (self.n_d + len(self.prows)) + 64:
+        if len(self.order) > self._tidy_at:
             self._tidy()
         return done
 
@@ -418,13 +429,14 @@ class Core:
     def _release(self, row: Row) -> None:
         kv = self.kv
         req = row.req
+        comp = row.comp
         if req.ids is not None and not row.reg_stop and kv.caching and \
-                min(row.comp, req.id_tokens) >= row.reg_tok + self.B:
-            kv.register(row, row.comp)
+                (comp if comp < req.id_tokens else req.id_tokens) >= row.reg_tok + self.B:
+            kv.register(row, comp)
         if row.nodes:
             kv.drop(row.nodes)
-        held = row.comp if row.comp > row.upto else row.upto
-        kv.release(kv.blocks_for(held) - row.shared)
+        held = comp if comp > row.upto else row.upto
+        kv.release(-(-held // self.B) - row.shared)  # kv.blocks_for(held)
         row.alive = False
 
     def _preempt(self, row: Row, to_head: bool = True) -> None:
@@ -459,7 +471,9 @@ class Core:
         raise RuntimeError("no request left to preempt")
 
     def _tidy(self) -> None:
+        # Dead rows are skipped wherever `order` is read: when they go is only a cost (here: once it doubled).
         self.order = [r for r in self.order if r.alive]
+        self._tidy_at = 2 * len(self.order) + 64
 
     # -- for drivers that follow requests token by token (the emulator) -------------------------
     def running(self) -> tuple[list[SimRequest], list[int]]:
@@ -508,8 +522,6 @@ class Core:
         self.cont.clear()
         self.gaps.clear()
         self.finished.clear()
-        for req in self.open_segs:
-            req.segs = None
         self.open_segs.clear()
 
     # -- policy ----------------------------------------------------------------------------------
@@ -556,7 +568,9 @@ class Core:
         kv = self.kv
         waiting = self.waiting
         max_seqs = self.max_seqs
-        while waiting and budget > 0 and self.n_alive < max_seqs:
+        prows, B = self.prows, self.B
+        # n_alive, kv.free and _new_blocks(..., False) written out: this loop runs at every step.
+        while waiting and budget > 0 and self.n_d + len(prows) + self.n_loading_rows < max_seqs:
             req = waiting[0]
             if req.prebuilt:
                 if kv.blocks_for(req.prompt) > kv.free:
@@ -573,9 +587,9 @@ class Core:
                 self._start_host_load(req, m, now)
                 continue
             h = m.gpu
-            chunk = min(known - h, budget)
-            blocks = self._new_blocks(known, h, chunk, reserve_prompt)
-            if blocks + m.revived > kv.free:
+            chunk = known - h if known - h < budget else budget
+            blocks = self._new_blocks(known, h, chunk, True) if reserve_prompt else -(-(h + chunk) // B) - h // B
+            if blocks + m.revived > kv.total - kv.used + kv.evictable:
                 break
             waiting.popleft()
             row = self._admit(req, m, chunk, blocks, upto=known) if reserve_prompt else self._admit(req, m, chunk,

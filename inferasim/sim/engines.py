@@ -86,9 +86,10 @@ class VllmCore(Core):
         self._stamp += 1
         stamp = self._stamp
         budget = self.max_tokens
-        need = self._need1()
+        # _need1 and kv.free written out: once or more per step.
+        need = self.n_d if B == 1 else self.hist[(-self.G) % B]
         preempted = False
-        if need > kv.free:
+        if need > kv.total - kv.used + kv.evictable:
             # V1 pops the newest running request until the older ones fit.
             while need > kv.free:
                 victim = self._newest()
@@ -96,7 +97,11 @@ class VllmCore(Core):
                     need -= 1
                 self._preempt(victim)
                 preempted = True
-        if need:
+        # The decode blocks are allocated with the first continuing prefill's when no preemption
+        # comes between: without a host tier, evicting a then b blocks from the head of the LRU
+        # is evicting a + b (the same pool, one eviction call less per step).
+        owed = need if not kv.host_cap else 0
+        if need and not owed:
             kv.alloc(need)
         n_d = self.n_d
         budget -= n_d
@@ -110,17 +115,26 @@ class VllmCore(Core):
                 if not row.alive:
                     continue
                 comp = row.comp
-                chunk = min(row.prompt + row.gen - comp, budget)
+                chunk = row.prompt + row.gen - comp
+                if chunk > budget:
+                    chunk = budget
                 blocks = -(-(comp + chunk) // B) - -(-comp // B)
-                while blocks > kv.free and row.alive:
-                    self._preempt(self._newest_unserved(stamp))
-                    preempted = True
-                if not row.alive:
-                    break  # preempted itself: V1 stops scheduling the running queue
-                kv.alloc(blocks)
+                if blocks + owed > kv.total - kv.used + kv.evictable:
+                    if owed:
+                        kv.alloc(owed)
+                        owed = 0
+                    while blocks > kv.total - kv.used + kv.evictable and row.alive:
+                        self._preempt(self._newest_unserved(stamp))
+                        preempted = True
+                    if not row.alive:
+                        break  # preempted itself: V1 stops scheduling the running queue
+                kv.alloc(blocks + owed)
+                owed = 0
                 row.served = stamp
                 pre.append((row, chunk, comp))
                 budget -= chunk
+        if owed:
+            kv.alloc(owed)
         if not preempted:
             self._admit_waiting(now, budget, pre)
         self.batch = b = Batch(n_d, ctx, pre)
@@ -133,13 +147,18 @@ class VllmCore(Core):
         return self._head_kv_fits(free_blocks, budget, reserve_prompt=False)
 
     def decode_run_limit(self) -> int | None:
-        if not self.n_d:
+        n_d = self.n_d
+        if not n_d:
             return self.idle_limit()
-        n = self.n_alive
-        if self.prows or n > self.max_tokens:
+        if self.prows:
             return 0
-        first = self._need1()
-        free = self.kv.free
+        n = n_d + self.n_loading_rows  # n_alive, written out (as _need1 and kv.free): at every step
+        if n > self.max_tokens:
+            return 0
+        B = self.B
+        first = n_d if B == 1 else self.hist[(-self.G) % B]
+        kv = self.kv
+        free = kv.total - kv.used + kv.evictable
         if first > free:
             return 0
         # Blocks only get scarcer during a decode run, so a head blocked now stays blocked.
@@ -157,6 +176,7 @@ class SglangCore(Core):
 
     min_compute = 1
     ratio_hook = True
+    row_hooks = True
 
     def __init__(self, sched: EngineSched, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
         super().__init__(sched, *args, **kwargs)

@@ -10,8 +10,10 @@ ordered by send time, until the owner's clock reaches their start. With t_front 
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
+from collections import deque
 from typing import Generic, Protocol, TypeVar
 
 from inferasim.model.steptime import StepParams
@@ -32,19 +34,32 @@ class FrontEnd(Generic[R]):
         self.t_front = float(p.t_front)
         self.per_token = float(p.t_front_token)  # per prompt token, on top of t_front
         self.on = self.t_front > 0.0 or self.per_token > 0.0
-        self.queue: list[tuple[float, int, R]] = []  # sent, not yet taken up
+        # Sent, not yet taken up, in order of (send time, seq). Requests come in that order but
+        # for a few a router hands over late (inserted in place): a sorted deque, where a heap of
+        # a whole trace's requests cost a sift through its depth for every one taken up.
+        self.queue: deque[tuple[float, int, R]] = deque()
         self.free = 0.0  # when the server has passed its last request
 
     def push(self, t: float, seq: int, req: R) -> None:
-        heapq.heappush(self.queue, (t, seq, req))
+        queue = self.queue
+        item = (t, seq, req)
+        if not queue or queue[-1] < item:  # (t, seq) pairs are unique: `req` is never compared
+            queue.append(item)
+        else:
+            bisect.insort(queue, item)
 
     def pass_until(self, now: float, pending: list[list[tuple[float, int, R]]]) -> None:
         """Take up, in order of sending, every request the server starts by `now`; each goes to
         `pending[req.rank]` keyed by its departure."""
         queue, tf, per_token, free = self.queue, self.t_front, self.per_token, self.free
-        while queue and (free if free > queue[0][0] else queue[0][0]) <= now:
-            t, seq, req = heapq.heappop(queue)
-            free = (t if t > free else free) + tf + per_token * req.prompt
+        while queue:
+            t, seq, req = queue[0]
+            if t < free:
+                t = free
+            if t > now:
+                break
+            queue.popleft()
+            free = t + tf + per_token * req.prompt
             heapq.heappush(pending[req.rank], (free, seq, req))
         self.free = free
 
@@ -59,11 +74,9 @@ class FrontEnd(Generic[R]):
 
     def sent_by(self, now: float) -> int:
         """Requests in the queue sent by `now`, counted without taking any up."""
-        queue, n = self.queue, 0
-        stack = [0]  # the heap's entries sent by `now` form a subtree at its root
-        while stack:
-            i = stack.pop()
-            if i < len(queue) and queue[i][0] <= now:
-                n += 1
-                stack += (2 * i + 1, 2 * i + 2)
+        n = 0
+        for t, _, _ in self.queue:
+            if t > now:
+                break
+            n += 1
         return n

@@ -50,29 +50,42 @@ class KVPoolFull(InferasimError, RuntimeError):
 
 class Node:
     """A cached segment: units `keys` of one chain from stream position `start` (tokens, a unit
-    boundary), `cov` tokens of them (the last unit may be partial)."""
+    boundary), `cov` tokens of them (the last unit may be partial). The keys are a window of a
+    chain tuple, not a copy: src[off:off + nk] (a request's `ids` with off = start // unit, or a
+    host segment's keys with off = 0). Trimming a node is nk -= ..., extending it points it at the
+    chain of the request that extends it (which holds the node's keys at the same places): copies
+    and concatenations of key tuples cost more than the rest of an eviction or a registration."""
 
-    __slots__ = ("key", "keys", "start", "cov", "blocks", "ref", "unit")
+    __slots__ = ("key", "src", "off", "nk", "start", "cov", "blocks", "ref", "unit")
 
-    def __init__(self, keys: tuple[int, ...], start: int, cov: int, blocks: int, unit: int) -> None:
-        self.key = keys[0]
-        self.keys = keys
+    def __init__(self, src: tuple[int, ...], off: int, nk: int, start: int, cov: int, blocks: int,
+                 unit: int) -> None:
+        self.key = src[off]
+        self.src = src
+        self.off = off
+        self.nk = nk
         self.start = start
         self.cov = cov
         self.blocks = blocks
         self.ref = 0
         self.unit = unit
 
+    @property
+    def keys(self) -> tuple[int, ...]:
+        return self.src[self.off:self.off + self.nk]
 
-def _common(ids: tuple[int, ...], j: int, keys: tuple[int, ...], n: int) -> int:
-    """Units of `keys` that ids[j:] matches, at most n (ids[j] == keys[0] is known; chained keys
-    agree on a prefix and never after it, so bisection finds where they part)."""
-    if ids[j + n - 1] == keys[n - 1]:
+
+def _common(ids: tuple[int, ...], j: int, keys: tuple[int, ...], off: int, n: int) -> int:
+    """Units of keys[off:] that ids[j:] matches, at most n (ids[j] == keys[off] is known; chained
+    keys agree on a prefix and never after it, so bisection finds where they part)."""
+    if ids[j + n - 1] == keys[off + n - 1]:
         return n
-    lo, hi = 1, n  # the first lo units match, the first hi do not
+    if ids[j + 1] != keys[off + 1]:
+        return 1  # most chains that part inside a node part at once (a shared first unit: a system prompt)
+    lo, hi = 2, n  # the first lo units match, the first hi do not
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if ids[j + mid - 1] == keys[mid - 1]:
+        if ids[j + mid - 1] == keys[off + mid - 1]:
             lo = mid
         else:
             hi = mid
@@ -155,10 +168,9 @@ class KVPool:
             if short > self.evictable:
                 raise KVPoolFull(f"allocate {blocks} blocks with {self.free} free of {self.total}")
             self._evict(short)
-        self.used += blocks
-        in_use = self.used - self.evictable
-        if in_use > self.peak:
-            self.peak = in_use
+        used = self.used = self.used + blocks
+        if used - self.evictable > self.peak:
+            self.peak = used - self.evictable
 
     def release(self, blocks: int) -> None:
         self.used -= blocks
@@ -168,40 +180,47 @@ class KVPool:
         """Free `blocks` blocks from the least recently used unreferenced nodes, tail first."""
         lru, nodes = self.lru, self.nodes
         b = self.block_size
+        host_cap = self.host_cap
         freed = 0
         while freed < blocks:
-            key, node = lru.popitem(last=False)
+            # The oldest node is read in place: a node that is only trimmed stays the oldest, and
+            # taking it out to put it back first cost more than the rest of an eviction.
+            node = next(iter(lru.values()))
             want = blocks - freed
-            if node.blocks <= want:
+            nb = node.blocks
+            if nb <= want:
+                key = node.key
+                del lru[key]
                 del nodes[key]
-                freed += node.blocks
-                if self.host_cap:
+                freed += nb
+                if host_cap:
                     self._to_host(node.keys, node.start, node.cov, node.unit)
                 continue
             # Trim the node's tail by `want` blocks.
             unit = node.unit
             cov = node.cov - (want * b if b > 1 else want)
-            if self.host_cap and cov % unit:
+            if host_cap and cov % unit:
                 # The host tier indexes whole units and a lookup continues into it only where the
                 # GPU chain ends on a unit boundary: the split unit goes to the host whole (less
                 # than one unit more evicted), or its tail, and all after it, could never be found.
                 cov = cov // unit * unit
                 if cov <= 0:
+                    key = node.key
+                    del lru[key]
                     del nodes[key]
-                    freed += node.blocks
+                    freed += nb
                     self._to_host(node.keys, node.start, node.cov, node.unit)
                     continue
-                want = node.blocks - self._blocks(cov)
+                want = nb - self._blocks(cov)
             keep = -(-cov // unit)
-            if self.host_cap and keep < len(node.keys):
-                # Whole units evicted go to the host; the unit that was split loses its tail.
-                self._to_host(node.keys[keep:], node.start + keep * unit, node.cov - keep * unit, unit)
-            node.keys = node.keys[:keep]
+            if keep < node.nk:
+                if host_cap:
+                    # Whole units evicted go to the host; the unit that was split loses its tail.
+                    self._to_host(node.keys[keep:], node.start + keep * unit, node.cov - keep * unit, unit)
+                node.nk = keep
             node.cov = cov
-            node.blocks -= want
+            node.blocks = nb - want
             freed += want
-            lru[key] = node  # what is left of it stays the oldest
-            lru.move_to_end(key, last=False)
         self.used -= freed
         self.evictable -= freed
         self.evicted_blocks += freed
@@ -230,7 +249,9 @@ class KVPool:
         if not self.caching or not ids:
             return NO_MATCH
         b = self.block_size
-        limit = min(known - self.min_compute, id_tokens)
+        limit = known - self.min_compute
+        if id_tokens < limit:
+            limit = id_tokens
         limit = limit // b * b
         if limit <= 0:
             return NO_MATCH
@@ -243,19 +264,21 @@ class KVPool:
                 return m if m.host else NO_MATCH
             return NO_MATCH
         m = Match()
+        m_nodes = m.nodes
         n_ids = len(ids)
         got = 0
         j = 0
         while True:
-            keys = node.keys
-            L = len(keys)
-            n = _common(ids, j, keys, L if L < n_ids - j else n_ids - j)
+            src, off, L = node.src, node.off, node.nk
+            n = L if L < n_ids - j else n_ids - j
+            if ids[j + n - 1] != src[off + n - 1]:  # _common's first two tests, inline (the usual answers)
+                n = 1 if ids[j + 1] != src[off + 1] else _common(ids, j, src, off, n)
             node_tok = node.cov if n == L else n * unit
             own = id_tokens - j * unit
             take = node_tok if node_tok < own else own
             if got >= limit:
                 break
-            m.nodes.append(node)
+            m_nodes.append(node)
             if node.ref == 0:
                 m.revived += node.blocks
             got += take
@@ -288,7 +311,7 @@ class KVPool:
                 break
             keys, _, cov, _ = seg
             L = len(keys)
-            n = _common(ids, j, keys, min(L, n_ids - j))
+            n = _common(ids, j, keys, 0, min(L, n_ids - j))
             seg_tok = cov if n == L else n * unit
             take = min(seg_tok, id_tokens - j * unit, limit - got - h)
             take = take // b * b
@@ -334,7 +357,7 @@ class KVPool:
                 continue
             blocks = self._blocks(tokens)
             self.alloc(blocks)
-            node = Node(keys, start, tokens, blocks, unit)
+            node = Node(keys, 0, len(keys), start, tokens, blocks, unit)
             node.ref = 1
             self.nodes[keys[0]] = node
             out.append(node)
@@ -350,7 +373,9 @@ class KVPool:
         ends where the chain does, else add a node. Returns the blocks converted: they move from
         the row's private blocks to its shared ones (`used` does not change)."""
         req = row.req
-        upto = min(comp, req.id_tokens)
+        upto = req.id_tokens
+        if comp < upto:
+            upto = comp
         b = self.block_size
         if b > 1:
             upto = upto // b * b
@@ -363,10 +388,12 @@ class KVPool:
         added = 0
         if row.tail_open:
             tail = row.nodes[-1]
-            if tail.start + tail.cov != start:
+            t0, cov = tail.start, tail.cov
+            if t0 + cov != start:
                 row.reg_stop = True  # extended by another request meanwhile
                 return 0
-            u_have = tail.start // unit + len(tail.keys)
+            u0 = t0 // unit
+            u_have = u0 + tail.nk
             edge = u_have * unit
             stop = upto
             if upto > edge:
@@ -374,10 +401,12 @@ class KVPool:
                     stop = edge  # someone else's copy of what follows: ours stays private
                     row.reg_stop = True
                 else:
-                    tail.keys = tail.keys + ids[u_have: -(-upto // unit)]
+                    # This chain holds the node's keys at the same places (it reached the node's end).
+                    tail.src, tail.off, tail.nk = ids, u0, -(-upto // unit) - u0
             if stop > start:
-                added = self._blocks(tail.cov + stop - start) - tail.blocks
-                tail.cov += stop - start
+                cov += stop - start
+                added = (cov // b if b > 1 else cov) - tail.blocks  # self._blocks(cov), inline (hot)
+                tail.cov = cov
                 tail.blocks += added
                 row.reg_tok = stop
         else:
@@ -388,8 +417,8 @@ class KVPool:
             if key in nodes:
                 row.reg_stop = True
                 return 0
-            added = self._blocks(upto - start)
-            node = Node(ids[u0: -(-upto // unit)], start, upto - start, added, unit)
+            added = (upto - start) // b if b > 1 else upto - start  # self._blocks
+            node = Node(ids, u0, -(-upto // unit) - u0, start, upto - start, added, unit)
             node.ref = 1
             nodes[key] = node
             row.nodes.append(node)

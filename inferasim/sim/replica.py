@@ -37,6 +37,9 @@ from inferasim.sim.request import SimRequest
 from inferasim.sim.tally import FLUSH_STEPS, Tally
 
 INF = math.inf
+# (n_dec, ctx_dec, n_pref, ctx_pref) where StepModel's fast forms are checked against step_time.
+CHECK_POINTS = ((1, 100.0, 0, 0.0), (37, 2048.5, 500, 300.25), (0, 0.0, 8192, 4000.0), (256, 9000.0, 0, 0.0),
+                (3, 70000.0, 1, 65000.5))
 
 
 class StepModel:
@@ -61,6 +64,11 @@ class StepModel:
         self._frac: dict[float, float] = {}  # pipeline micro-batch shares that are not whole tokens
         self._build(max(int(max_tokens), 1024))
         self.exact = self._check()
+        # The scalar step time the loop calls: `_fast1` (one stage, no DSA) where it gives `_fast`'s
+        # very floats at the check points, else `_fast`, else step_time itself.
+        fast1 = pp == 1 and not self.dsa and all(self._fast1(*pt) == self._fast(*pt) for pt in CHECK_POINTS)
+        self.fn: Callable[..., float] = (self._fast1 if self.exact and fast1 else
+                                         self._fast if self.exact else self)
 
     def _build(self, n: int) -> None:
         tokens = np.arange(n + 1, dtype=float)
@@ -68,9 +76,7 @@ class StepModel:
         self.nmax = n
 
     def _check(self) -> bool:
-        pts = [(1, 100.0, 0, 0.0), (37, 2048.5, 500, 300.25), (0, 0.0, 8192, 4000.0), (256, 9000.0, 0, 0.0),
-               (3, 70000.0, 1, 65000.5)]
-        for n_d, ctx, n_p, ctx_p in pts:
+        for n_d, ctx, n_p, ctx_p in CHECK_POINTS:
             ref = float(step_time(self.p, self.c, n_d, ctx, n_p, ctx_p))
             got = self._fast(n_d, ctx, n_p, ctx_p)
             if not abs(got - ref) <= 1e-9 * abs(ref):
@@ -110,6 +116,24 @@ class StepModel:
             if self.dsa and (2.0 * ctx_pref if seq_pref is None else seq_pref) > self.c.dsa_dense_upto:
                 t += n_pref * ((self.c.dsa_index_flops - self.c.dsa_dense_coeff) * ctx_pref * self.at_f +
                                self.sparse_t) / m
+        return t
+
+    def _fast1(self, n_dec: int, ctx_dec: float, n_pref: int, ctx_pref: float,
+               seq_pref: float | None = None) -> float:
+        """`_fast` for one pipeline stage and no DSA, the same floats: one micro-batch (its
+        divisions by 1.0 left out), `_base` and `kvb` written out. Once per simulated step."""
+        n = n_dec + n_pref
+        t = (self.base[n] if n <= self.nmax else self._base(float(n))) + self.t_seq * n_dec
+        if n_dec:
+            kvb = self.kv_lin * ctx_dec + self.kv_state
+            for coeff, window in self.kv_win:
+                kvb += coeff * (ctx_dec if ctx_dec < window else window)
+            t += n_dec * kvb * self.kv_f
+        if n_pref:
+            a = self.at_lin * ctx_pref
+            for coeff, window in self.at_win:
+                a += coeff * (ctx_pref if ctx_pref < window else window)
+            t += n_pref * a * self.at_f
         return t
 
     def __call__(self, n_dec: int, ctx_dec: float, n_pref: int = 0, ctx_pref: float = 0.0,
@@ -158,6 +182,8 @@ class Replica:
                 load_time=load_time, policy=policy, mixed_chunk=bool(mixed) and engine == "sglang")
             for _ in range(dp)]
         self.step = StepModel(p, c, max(int(sched.max_batched_tokens), SGLANG_TABLE) + int(sched.max_num_seqs))
+        # The longest prompt + output that `fits` cannot refuse (the model's context, the KV pool).
+        self._fits_upto = min(max_context or INF, self.ranks[0].max_request_tokens())
         self._pending: list[list[tuple[float, int, SimRequest]]] = [[] for _ in self.ranks]
         self.front: FrontEnd[SimRequest] = FrontEnd(p)
         self._pseq = 0
@@ -194,8 +220,9 @@ class Replica:
     def submit(self, req: SimRequest, t: float) -> bool:
         """Request `req` reaches this replica at time `t`; False (and `req.dropped` says why) when
         it can never run here."""
-        why = self.fits(req)
-        if why is not None:
+        need = req.prompt + req.output
+        # `fits`, asked only when the request could be too long: every request passes here.
+        if need > self._fits_upto and (why := self.fits(req)) is not None:
             req.dropped = why
             self.dropped.append(req)
             return False
@@ -289,7 +316,7 @@ class Replica:
         `at_least_one`, make one step or jump even if it starts at or after it; with
         `stop_on_finish`, return after a step that finished requests)."""
         ranks, pending, step = self.ranks, self._pending, self.step
-        step_fn = step._fast if step.exact else step
+        step_fn = step.fn
         single = len(ranks) == 1
         r0 = ranks[0]
         jump = self.jump
@@ -303,12 +330,12 @@ class Replica:
             if now >= horizon and not force:
                 return
             force = False
-            if queued:
+            if queued and queued[0][0] <= now and front.free <= now:  # someone passes (pass_until's test)
                 front.pass_until(now, pending)
             if single:
                 heap = pending[0]
                 while heap and heap[0][0] <= now:
-                    r0.enqueue(heapq.heappop(heap)[2])
+                    r0.waiting.append(heapq.heappop(heap)[2])  # r0.enqueue (SGLang's lpm replaces the deque)
                 if r0.loading and r0.loading[0][0] <= now:
                     done = r0.process_ready(now)
                     if done:
@@ -416,7 +443,7 @@ class Replica:
             t_cut = horizon
         if k == 1:
             dt = 0.0
-            step_fn = step._fast if step.exact else step
+            step_fn = step.fn
             for i in busy:
                 n, ctx1 = ranks[i].decode_state()
                 t = step_fn(n, ctx1, 0, 0.0)

@@ -18,7 +18,7 @@ class SimRequest:
 
     __slots__ = ("rid", "arrival", "prompt", "output", "ids", "unit", "id_tokens", "rank", "replica",
                  "first_token", "finish", "generated", "preemptions", "prefix_hit", "host_hit", "dropped",
-                 "prebuilt", "load_s", "t_last", "max_gap", "segs", "parent", "session", "pinned",
+                 "prebuilt", "load_s", "t_last", "max_gap", "parent", "session", "pinned",
                  "_m_epoch", "_m_known", "_m")
 
     def __init__(self, rid: int, arrival: float, prompt: int, output: int, ids: tuple[int, ...] | None = None,
@@ -43,7 +43,6 @@ class SimRequest:
         self.load_s = 0.0
         self.t_last: float | None = None  # engine time of its last token
         self.max_gap = 0.0  # largest inter-token gap recorded one by one (see report for the rest)
-        self.segs: list[tuple[int, int]] | None = None  # (first, last) decode-step index ranges
         self.parent: SimRequest | None = None
         self.session = session
         self.pinned: list[Node] | None = None
@@ -120,7 +119,8 @@ class Batch:
             for _, n, s in pre:
                 tot += n
                 acc += n * (s + n / 2.0)
-                longest = max(longest, s + n)
+                if s + n > longest:
+                    longest = s + n
             self.n_pref = tot
             self.ctx_pref = acc / tot if tot else 0.0
             self.seq_pref: float | None = float(longest)  # decides a DSA model's sparse prefill

@@ -5,7 +5,7 @@ Every client request is counted once, when it is over and its largest inter-toke
 a rank's finished requests wait in `Core.finished` until the rank is flushed (every
 `FLUSH_STEPS` engine steps, and at the end). A flush
 
-- folds the decode-step ranges each request spent decoding (`SimRequest.segs`, indices into the
+- folds the decode-step ranges each request spent decoding (`Core.open_segs`, indices into the
   rank's step-end list `Core.E`) into its largest gap, by a range maximum over E's differences
   (see `inferasim.sim.report` for why the gaps are E's differences);
 - counts the finished and dropped client requests (a disaggregated request when its decode phase
@@ -20,6 +20,9 @@ What is kept across a whole run is one `QuantileSketch` per latency and a few su
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
+from itertools import chain
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -28,6 +31,8 @@ from inferasim.sim.core import Core
 from inferasim.sim.request import SimRequest
 from inferasim.sim.sketch import QuantileSketch
 
+# What the buffer keeps of a completed request (the columns `drain` reads), read in one C call.
+_RECORD = attrgetter("arrival", "first_token", "finish", "output", "prompt", "max_gap")
 FLUSH_STEPS = 1 << 14  # engine steps between flushes: E holds at most this many more step ends
 QUANTILES = (50, 90, 99)
 
@@ -36,22 +41,21 @@ def range_max(d: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     """max(d[lo_i:hi_i]) for every i (hi > lo), by a sparse table: O(n log n) once."""
     if d.size == 0 or lo.size == 0:
         return np.zeros(lo.size)
-    levels = [d]
-    k = 1
-    top = int((hi - lo).max())
-    while 2 * k <= min(d.size, top):
-        prev = levels[-1]
-        levels.append(np.maximum(prev[:-k], prev[k:]))
-        k *= 2
+    n = d.size
     length = hi - lo
+    top = int(length.max())
+    # Level L (row L) holds the maxima of the 2^L-long windows; rows are padded to n, and no
+    # lookup reaches the padding (a window of level L starts at most n - 2^L).
+    tab = np.full((max(top, 1).bit_length(), n), -np.inf)
+    tab[0] = d
+    k = 1
+    while 2 * k <= min(n, top):
+        L = k.bit_length()
+        tab[L, :n - 2 * k + 1] = np.maximum(tab[L - 1, :n - 2 * k + 1], tab[L - 1, k:n - k + 1])
+        k *= 2
     lvl = np.floor(np.log2(np.maximum(length, 1))).astype(np.int64)
-    out = np.empty(lo.size)
-    for L in np.unique(lvl):
-        sel = lvl == L
-        tab = levels[int(L)]
-        span = 1 << int(L)
-        out[sel] = np.maximum(tab[lo[sel]], tab[hi[sel] - span])
-    return out
+    # One gather over the table: a mask and two lookups per level cost several times more.
+    return np.maximum(tab[lvl, lo], tab[lvl, hi - (np.int64(1) << lvl)])
 
 
 class Tally:
@@ -78,29 +82,44 @@ class Tally:
         self.itl = QuantileSketch()
 
     def add(self, r: SimRequest) -> None:
-        """One client request, over (finished or dropped), its largest gap final. Completed ones
+        """One client request, over (finished or dropped), its largest gap final."""
+        self.add_all((r,))
+
+    def add_all(self, reqs: Iterable[SimRequest]) -> None:
+        """Client requests, over (finished or dropped), their largest gaps final. Completed ones
         wait in a buffer that `drain` empties in one numpy pass (a sketch add per request and
         latency cost more than the rest of a flush)."""
-        self.issued += 1
-        if r.arrival < self.first_arrival:
-            self.first_arrival = r.arrival
-        if r.dropped is not None:
-            self.dropped += 1
-            key = str(r.dropped).split(":")[0]
-            self.reasons[key] = self.reasons.get(key, 0) + 1
-            return
-        if r.finish is None:
-            return
-        self.completed += 1
-        if r.first_token is not None:
-            self._buf.append((r.arrival, r.first_token, r.finish, r.output, r.prompt, r.max_gap))
+        buf = self._buf
+        first = self.first_arrival
+        issued = completed = 0
+        for r in reqs:
+            issued += 1
+            if r.arrival < first:
+                first = r.arrival
+            if r.dropped is not None:
+                self.dropped += 1
+                key = str(r.dropped).split(":")[0]
+                self.reasons[key] = self.reasons.get(key, 0) + 1
+                continue
+            if r.finish is None:
+                continue
+            completed += 1
+            if r.first_token is not None:
+                buf.append(_RECORD(r))
+        self.issued += issued
+        self.completed += completed
+        self.first_arrival = first
 
     def drain(self) -> None:
         """Move the buffered requests into the sums and sketches."""
-        if not self._buf:
+        buf = self._buf
+        if not buf:
             return
-        a = np.array(self._buf, dtype=float)
-        self._buf.clear()
+        # The rows flattened through an iterator: np.array over a list of tuples reads each one
+        # as a sequence, several times slower (the same float values).
+        n = len(buf)
+        a = np.fromiter(chain.from_iterable(buf), dtype=float, count=6 * n).reshape(n, 6)
+        buf.clear()
         arrival, first, finish, out, prompt, max_gap = a.T
         ttft = first - arrival
         self.ttft.add_many(ttft)
@@ -134,36 +153,27 @@ class Tally:
     def _flush_core(self, core: Core, final: bool) -> None:
         E, cont, off = core.E, core.cont, core.e_off
         d = np.diff(np.asarray(E, dtype=float)) if len(E) > 1 else np.zeros(0)
-        if core.open_segs:
-            owner: list[SimRequest] = []
-            lo: list[int] = []
-            hi: list[int] = []
-            for r in core.open_segs:
-                segs = r.segs
-                if not segs:
-                    continue  # listed twice (preempted, then finished): folded already
-                for a, b in segs:
-                    owner.append(r)
-                    lo.append(a - off)
-                    hi.append(b - off)
-                r.segs = None
-            core.open_segs.clear()
-            if owner:
-                m = range_max(d, np.asarray(lo, dtype=np.int64), np.asarray(hi, dtype=np.int64))
-                for r, v in zip(owner, m.tolist(), strict=True):
-                    if v > r.max_gap:
-                        r.max_gap = v
+        segs = core.open_segs
+        if segs:
+            owner, lo, hi = zip(*segs, strict=True)
+            segs.clear()
+            m = range_max(d, np.array(lo, dtype=np.int64) - off, np.array(hi, dtype=np.int64) - off)
+            for r, v in zip(owner, m.tolist(), strict=True):
+                if v > r.max_gap:
+                    r.max_gap = v
+        clients: list[SimRequest] = []
         for r in core.finished:
             parent = r.parent
             if parent is None:
-                self.add(r)
+                clients.append(r)
             elif r.prebuilt:  # the decode phase of a disaggregated request: the client's gaps
                 if r.max_gap > parent.max_gap:
                     parent.max_gap = r.max_gap
-                self.add(parent)
+                clients.append(parent)
             elif parent.output <= 1:  # its prefill phase was all it asked for
-                self.add(parent)
+                clients.append(parent)
         core.finished.clear()
+        self.add_all(clients)
         # E's differences up to the earliest step a row still decoding joined at stay (its range
         # maximum needs them); the last step end always stays (the next difference starts there).
         cut = off + len(E) - 1

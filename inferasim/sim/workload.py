@@ -63,7 +63,8 @@ class Driver:
         """Arrival span known up front (0 when arrivals depend on completions)."""
         if not self.requests:
             return 0.0
-        return max(r.arrival for r in self.requests) - min(r.arrival for r in self.requests)
+        arrivals = [r.arrival for r in self.requests]  # one pass over the requests, not two
+        return max(arrivals) - min(arrivals)
 
     def stream(self) -> Iterator[list[SimRequest]] | None:
         """The requests in arrival-ordered batches, made as the simulation reaches them (None: all

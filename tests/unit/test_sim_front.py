@@ -206,7 +206,7 @@ def test_closed_loop_driver_through_replica_front_end() -> None:
 def test_replica_front_end_off_leaves_no_state() -> None:
     c, s = _setup("vllm")
     rep = Replica(StepParams(), c, s)
-    assert not rep.front.on and rep.front.t_front == 0.0 and rep.front.queue == []
+    assert not rep.front.on and rep.front.t_front == 0.0 and not rep.front.queue
 
 
 # -- emulator -------------------------------------------------------------------------------------
