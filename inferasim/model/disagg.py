@@ -18,6 +18,7 @@ Pieces, each from the engines' P/D mechanics:
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from typing import Protocol
 
 import numpy as np
@@ -61,22 +62,40 @@ def kv_transfer_time(model: ModelSpec, gpu: GPU, tokens: float, kv_dtype_bytes: 
     return link.latency + nbytes / link.bandwidth
 
 
-def decode_batch(rate: float, osl: int, grid: np.ndarray, t_grid: np.ndarray, limit: float) -> tuple[float, float]:
+def _interp(x: float, xs: list[float], ys: list[float]) -> float:
+    """np.interp of one point, float for float (the same search, slope and sum), without numpy's
+    per-call overhead: the decode batch's fixed point calls it thousands of times per search."""
+    if x <= xs[0]:
+        return ys[0]
+    if x >= xs[-1]:
+        return ys[-1]
+    j = bisect_right(xs, x) - 1
+    if x == xs[j]:
+        return ys[j]
+    slope = (ys[j + 1] - ys[j]) / (xs[j + 1] - xs[j])
+    y = slope * (x - xs[j]) + ys[j]
+    return y if y == y else slope * (x - xs[j + 1]) + ys[j + 1]  # numpy's fallback for a NaN
+
+
+def decode_batch(rate: float, osl: int, grid: np.ndarray | list[float], t_grid: np.ndarray | list[float],
+                 limit: float) -> tuple[float, float]:
     """(batch, step time) of one decode worker serving `rate` requests/s of `osl` tokens each.
 
     A request decodes osl - 1 steps there, so by Little's law the worker holds rate x (osl - 1) x
     t_step(batch) requests: the smallest batch that solves it, or `limit` (the worker's KV and
     max-running cap, or its share of the clients) when none below it does (the pool saturated).
     `t_grid` is the step time at the batches of `grid` (ascending)."""
-    b = float(grid[0])
+    xs = grid if isinstance(grid, list) else [float(v) for v in grid]
+    ys = t_grid if isinstance(t_grid, list) else [float(v) for v in t_grid]
+    b = xs[0]
     for _ in range(BATCH_ITERATIONS):
-        b_new = min(rate * (osl - 1) * float(np.interp(b, grid, t_grid)), limit)
+        b_new = min(rate * (osl - 1) * _interp(b, xs, ys), limit)
         if abs(b_new - b) <= 1e-6 * max(b, 1.0):
             b = b_new
             break
         b = b_new
-    b = max(b, float(grid[0]))
-    return b, float(np.interp(b, grid, t_grid))
+    b = max(b, xs[0])
+    return b, _interp(b, xs, ys)
 
 
 def disagg_point(fitted: FittedKernelSet, prefill_layout: Layout, prefill_workers: int, decode_layout: Layout,
@@ -102,6 +121,7 @@ def disagg_point(fitted: FittedKernelSet, prefill_layout: Layout, prefill_worker
     limit = float(min(max(concurrency / dws, 1.0), cap))
     grid = np.unique(np.geomspace(1.0, max(limit, 1.0), BATCH_GRID))
     t_grid = np.asarray(step_time(prm, dc, grid / decode_layout.dp, isl + osl / 2.0), dtype=float)
+    grid_l, t_grid_l = grid.tolist(), t_grid.tolist()  # plain floats for the fixed points below
     # Prefill pool: tokens/s of one worker running full chunks.
     chunk = float(max(min(psched.max_batched_tokens, 16384), 1024))
     rate = chunk / float(step_time(prm, pc, 0.0, 0.0, chunk, isl / 2.0)) * prefill_layout.dp
@@ -118,7 +138,7 @@ def disagg_point(fitted: FittedKernelSet, prefill_layout: Layout, prefill_worker
     tpot = float(t_grid[-1])
     x = min(concurrency / (ttft + (osl - 1) * tpot), x_cap)
     for _ in range(RATE_ITERATIONS):
-        _, tpot = decode_batch(x / dws, osl, grid, t_grid, limit)
+        _, tpot = decode_batch(x / dws, osl, grid_l, t_grid_l, limit)
         u = min(x * isl / (pws * rate), 0.95)
         steady = own + u * own / (2 * (1 - u))
         wave = (min(concurrency, cap * dws) / pws * isl / rate + isl / rate) / 2.0
@@ -126,7 +146,7 @@ def disagg_point(fitted: FittedKernelSet, prefill_layout: Layout, prefill_worker
         service = ttft + (osl - 1) * tpot
         x_new = min(min(concurrency, cap * dws) / service, x_cap)
         x = 0.5 * x + 0.5 * x_new
-    _, tpot = decode_batch(x / dws, osl, grid, t_grid, limit)
+    _, tpot = decode_batch(x / dws, osl, grid_l, t_grid_l, limit)
     admission = max(concurrency / x - (ttft + (osl - 1) * tpot), 0.0)
     # The serial front end, as model.steady.closed_loop prices it: each prefill worker has its own
     # and takes 1/pws of the requests.
