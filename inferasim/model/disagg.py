@@ -87,14 +87,34 @@ def decode_batch(rate: float, osl: int, grid: np.ndarray | list[float], t_grid: 
     `t_grid` is the step time at the batches of `grid` (ascending)."""
     xs = grid if isinstance(grid, list) else [float(v) for v in grid]
     ys = t_grid if isinstance(t_grid, list) else [float(v) for v in t_grid]
-    b = xs[0]
+    k = rate * (osl - 1)
+    x0, x_last, y0, y_last = xs[0], xs[-1], ys[0], ys[-1]
+    b = x0
     for _ in range(BATCH_ITERATIONS):
-        b_new = min(rate * (osl - 1) * _interp(b, xs, ys), limit)
-        if abs(b_new - b) <= 1e-6 * max(b, 1.0):
+        # _interp(b, xs, ys), written out: this loop runs some 50,000 times in one search.
+        if b <= x0:
+            t = y0
+        elif b >= x_last:
+            t = y_last
+        else:
+            j = bisect_right(xs, b) - 1
+            xj = xs[j]
+            if b == xj:
+                t = ys[j]
+            else:
+                yj = ys[j]
+                slope = (ys[j + 1] - yj) / (xs[j + 1] - xj)
+                t = slope * (b - xj) + yj
+                if t != t:
+                    t = slope * (b - xs[j + 1]) + ys[j + 1]
+        b_new = k * t
+        if b_new > limit:
+            b_new = limit
+        if abs(b_new - b) <= 1e-6 * (b if b > 1.0 else 1.0):
             b = b_new
             break
         b = b_new
-    b = max(b, xs[0])
+    b = max(b, x0)
     return b, _interp(b, xs, ys)
 
 
