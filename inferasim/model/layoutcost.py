@@ -43,14 +43,16 @@ ArrayLike = float | np.ndarray
 # their points when read (STEP_MODEL_REVISION).
 BLOCK_FP8_RATE = 1.0
 
-# Expert-parallel dispatch and combine (all-to-all, or all-gather + reduce-scatter) cost far more
-# than a link's raw latency: synchronisation of every rank, token permutation, padding. The
-# vLLM DP+EP rows of shared/data/aic-silicon (MiniMax-M2.5, Kimi-K2.5) put it near 60 us per
-# collective per MoE layer at 4-16 ranks; the law scales it with log2(ranks).
-# (A flat exchange latency plus bytes, which the SGLang dp-32 disaggregated decode pools of that
-# file favour, was tried and reverted: with it, stage 1 of tune ranks attention-dp layouts high,
-# and its closed form does not price the ranks' lockstep prefill stalls that the replay shows, so
-# the search replayed ten times more candidates for the same answer. Left for a lockstep term.)
+# Expert-parallel dispatch and combine under attention dp (LayoutCost.moe_exchange) cost far more
+# than a link's raw latency: synchronisation of every rank, token permutation, padding. A fixed
+# cost per exchange, as DeepEP's low-latency kernels have (each rank writes to all its
+# destinations at once; the time grows with the bytes, not with a ring's hops). It was sized at
+# 30 us x log2(ranks) on vLLM rows of shared/data/aic-silicon that are now read as tp x ep without
+# attention dp (their loader rule, sources.AIC_SILICON_SQUARED_WIDTH), so no aggregated row prices it. The SGLang
+# disaggregated decode pools of that file (DeepSeek-R1/V3 at dp 8 on B200, dp 32 on GB200/GB300)
+# show it flat: their TPOT at 4-30 sequences per rank is 15-18 ms at dp 32 where 150 us per
+# exchange (30 x log2 32) gives 29-31 ms; 30, 45 and 60 us flat did alike on random halves of
+# the kernel sets (throughput per GPU 24.0-23.9%), 30 kept.
 A2A_LATENCY = 30e-6
 
 # Share of the BF16 peak FlashMLA's sparse prefill kernel reaches on the heads it computes
@@ -210,6 +212,25 @@ class LayoutCost:
         g = min(lay.tp, self.gpu.scale_up.domain)
         return 2.0 * self.n_layers * 2.0 * math.log2(max(g, 2)) / lay.pp
 
+    def moe_exchange(self, tokens: ArrayLike) -> ArrayLike:
+        """One of the two token exchanges (dispatch, combine) of an MoE layer under attention dp,
+        for `tokens` tokens on this dp rank.
+
+        With experts spread over ranks (moe_ep > 1), the all-to-all of SGLang's DeepEP (--moe-a2a-
+        backend deepep) and vLLM's expert-parallel kernels: every rank writes each token's top_k
+        copies straight to the ranks holding those experts, all destinations at once, so its time
+        is a fixed kernel latency (A2A_LATENCY) plus the bytes this rank sends over its own link,
+        and not a ring's latency per hop. With each expert split by moe_tp over every rank
+        (moe_ep = 1), SGLang's DP attention gathers all ranks' tokens before the layer and
+        scatters them after it (dp_attention.py: dp_gather / dp_scatter, an all-reduce over the
+        attention tp group each): a collective of every rank's tokens."""
+        lay = self.layout
+        if lay.moe_ep > 1:
+            link = self.gpu.scale_up if lay.moe_width <= self.gpu.scale_up.domain else self.gpu.scale_out
+            sent = tokens * self.top_k * self.hidden * self.act_bytes * (lay.moe_ep - 1) / lay.moe_ep
+            return A2A_LATENCY + link.latency + sent / link.bandwidth
+        return collective_time(tokens * lay.dp * self.hidden * self.act_bytes, lay.moe_width, self.gpu)
+
     def comm_time(self, tokens: ArrayLike) -> ArrayLike:
         """Collectives of one step for `tokens` tokens on this dp rank: two all-reduces per layer
         under tp; dispatch + combine of routed tokens when experts span ranks (dp or ep)."""
@@ -220,13 +241,11 @@ class LayoutCost:
             per_layer = per_layer + 2.0 * collective_time(tokens * self.hidden * self.act_bytes, lay.tp, self.gpu)
         moe_part = np.zeros_like(tokens)
         if self.n_experts and lay.dp > 1:
-            # Attention-dp ranks hold different tokens: each MoE layer dispatches top_k copies of
-            # every token's hidden state to the expert ranks and combines them back. (With dp = 1
-            # every rank already holds all tokens after the tp all-reduce; expert parallelism then
-            # costs nothing beyond the all-reduce that tp pays anyway.)
-            moved = tokens * self.top_k * self.hidden * self.act_bytes / lay.moe_ep
-            moe_part = 2.0 * (collective_time(moved, lay.moe_width, self.gpu)
-                              + A2A_LATENCY * math.log2(lay.moe_width))
+            # Attention-dp ranks hold different tokens: each MoE layer moves them to the expert
+            # ranks and back (moe_exchange, twice). (With dp = 1 every rank already holds all
+            # tokens after the tp all-reduce; expert parallelism then costs nothing beyond the
+            # all-reduce that tp pays anyway.)
+            moe_part = 2.0 * self.moe_exchange(tokens)
         return (per_layer * self.n_layers + moe_part * self.moe_layers) / lay.pp
 
 

@@ -11,7 +11,7 @@ from inferasim.catalog.gpus import get_gpu
 from inferasim.catalog.models import get_model
 from inferasim.core.layout import Layout
 from inferasim.model.disagg import decode_batch, disagg_point, kv_transfer_time
-from inferasim.model.layoutcost import layout_cost
+from inferasim.model.layoutcost import A2A_LATENCY, layout_cost
 from inferasim.model.predictor import FittedAnchor, unanchored
 from inferasim.model.steptime import step_time
 
@@ -73,3 +73,19 @@ def test_clients_waiting_for_prefill_are_not_in_the_decode_batch() -> None:
     # The closed loop holds: the clients are either waiting for their first token or decoding.
     x = 512 / (one["ttft"] + 1023 * one["tpot"])
     assert x * 1023 * one["tpot"] < 512 / 4
+
+
+def test_expert_exchange_under_attention_dp_does_not_grow_with_ring_hops() -> None:
+    """DeepEP-style dispatch: a fixed latency plus the bytes each rank sends, whatever the ranks;
+    experts split by moe_tp (moe_ep = 1): SGLang's dp_gather / dp_scatter over all ranks' tokens."""
+    model, gpu = get_model("deepseek-ai/DeepSeek-R1"), get_gpu("gb200")
+    ep8 = layout_cost(model, gpu, Layout(tp=1, dp=8, moe_ep=8), "fp8", "fp8", "sglang")
+    ep32 = layout_cost(model, gpu, Layout(tp=1, dp=32, moe_ep=32), "fp8", "fp8", "sglang")
+    small = float(ep32.moe_exchange(4.0))
+    assert A2A_LATENCY < small < 1.2 * A2A_LATENCY
+    assert float(ep8.moe_exchange(4.0)) == pytest.approx(small, rel=0.05)
+    assert float(ep32.moe_exchange(256.0)) > small  # bytes: more tokens, more to send
+    mtp = layout_cost(model, gpu, Layout(tp=1, dp=4, moe_tp=4), "fp8", "fp8", "sglang")
+    # Gathering every rank's tokens: four ranks' worth of bytes, as an all-reduce of them.
+    assert float(mtp.moe_exchange(64.0)) > float(mtp.moe_exchange(16.0)) > 0.0
+    assert float(mtp.moe_exchange(1.0)) < A2A_LATENCY
