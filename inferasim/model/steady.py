@@ -158,6 +158,9 @@ class BenchResult:
     running: np.ndarray  # requests running at once (per replica)
     throughput: np.ndarray  # output tokens/s of the replica
     step_decode: np.ndarray  # s, decode-only step at the steady batch
+    # s, the gap a prefill puts between two tokens of a request decoding on its rank: the mixed
+    # step (chunked prefill) or a decode step plus the prefill batch (separate prefills)
+    step_prefill: np.ndarray
     kv_limited: np.ndarray  # bool: the KV pool (not max_num_seqs, a client cap or the clients) set the batch
 
     def e2e_latency(self, osl: np.ndarray) -> np.ndarray:
@@ -456,8 +459,9 @@ def closed_loop(p: StepParams, c: LayoutCost, sched: EngineSched, isl: np.ndarra
     admission_wait = np.maximum(conc / running - 1.0, 0.0) * cycle
     ttft_mean = ttft_running + admission_wait
     throughput = np.maximum(conc, 1.0) / (ttft_mean + (osl - 1.0) * tpot) * osl
-    return BenchResult(ttft=ttft_mean, tpot=tpot, running=running, throughput=throughput,
-                       step_decode=t_dec, kv_limited=(kv_cap <= cap) & (cap < conc))
+    gap = t_mix if sched.mixed else t_dec + p_full
+    return BenchResult(ttft=ttft_mean, tpot=tpot, running=running, throughput=throughput, step_decode=t_dec,
+                       step_prefill=np.broadcast_to(gap, np.shape(tpot)), kv_limited=(kv_cap <= cap) & (cap < conc))
 
 
 @dataclass(frozen=True)

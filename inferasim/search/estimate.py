@@ -11,6 +11,7 @@ spikes).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -53,6 +54,8 @@ class Estimate:
     itl_p90: float = float("nan")
     slo_tpot: float = float("nan")  # mean TPOT at the highest rate within the SLO (a point of the curve)
     notes: list[str] = field(default_factory=list)
+    # s, ITL p90 along the curve where it is not the mean's ITL_P90_RATIO (lockstep ranks: lockstep_itl_p90)
+    curve_itl_p90: np.ndarray | None = None
 
     @property
     def gpus(self) -> int:
@@ -62,12 +65,25 @@ class Estimate:
         return self.max_rate_slo * osl / self.candidate.gpus_per_replica
 
 
-def slo_ok(ttft: np.ndarray, tpot: np.ndarray, slo: SLO) -> np.ndarray:
+def lockstep_itl_p90(tpot: np.ndarray, step_decode: np.ndarray, step_prefill: np.ndarray, dp: int) -> np.ndarray:
+    """ITL p90 of attention-dp ranks that run every MoE layer in lockstep (vLLM DP+EP, SGLang and
+    ATOM DP attention): a step lasts as long as the slowest rank's, so a rank's decodes wait
+    whenever any of the dp ranks runs a prefill. A rank prefills a share u = 1 - t_dec / TPOT of
+    its time (the closed loop's stretch); some rank does 1 - (1 - u)^dp of the time, and once that
+    passes a tenth, the 90th percentile gap is a step that carries a prefill."""
+    u = np.clip(1.0 - step_decode / np.maximum(tpot, 1e-12), 0.0, 1.0)
+    some_rank = 1.0 - np.power(1.0 - u, dp)
+    mean_based = tpot * ITL_P90_RATIO
+    return np.where(some_rank > 0.1, np.maximum(mean_based, step_prefill), mean_based)
+
+
+def slo_ok(ttft: np.ndarray, tpot: np.ndarray, slo: SLO, itl_p90: np.ndarray | None = None) -> np.ndarray:
+    """Where the curve meets the SLO; `itl_p90` (s) where it is not the mean's ITL_P90_RATIO."""
     ok = np.ones_like(ttft, dtype=bool)
     if slo.ttft_p90_ms is not None:
         ok &= ttft * TTFT_P90_RATIO * 1e3 <= slo.ttft_p90_ms
     if slo.itl_p90_ms is not None:
-        ok &= tpot * ITL_P90_RATIO * 1e3 <= slo.itl_p90_ms
+        ok &= (tpot * ITL_P90_RATIO if itl_p90 is None else itl_p90) * 1e3 <= slo.itl_p90_ms
     if slo.ttft_p99_ms is not None:
         ok &= ttft * TTFT_P99_RATIO * 1e3 <= slo.ttft_p99_ms
     if slo.itl_p99_ms is not None:
@@ -102,11 +118,14 @@ def estimate_group(fitted: FittedAnchor, candidates: list[Candidate], w: Workloa
         # Real traffic is not a lock-stepped benchmark: no wave term, and not the anchor's client.
         params = fitted.params.without_harness()
         r = closed_loop(params, cost, sched, np.full(sel.size, w.isl), np.full(sel.size, w.osl), conc[sel], w.hit)
+        dp = first.layout.dp
+        lockstep = dp > 1 and fitted.model.is_moe  # attention dp ranks meet at every MoE layer
+        itl = lockstep_itl_p90(r.tpot, r.step_decode, r.step_prefill, dp) if lockstep else None
         for k, i in enumerate(idx):
             s = slice(k * g, (k + 1) * g)
             rate = r.throughput[s] / w.osl
             out.append(Estimate(candidates[i], fitted, fitted.anchor_id != "unanchored", r.running[s],
-                                rate, r.ttft[s], r.tpot[s]))
+                                rate, r.ttft[s], r.tpot[s], curve_itl_p90=None if itl is None else itl[s]))
     return out
 
 
@@ -128,11 +147,12 @@ def estimate_disagg(fitted: FittedAnchor, cand: Candidate, w: WorkloadShape) -> 
                     np.array(ttft), np.array(tpot))
 
 
-def _slo_ok_point(ttft: float, tpot: float, slo: SLO) -> bool:
+def _slo_ok_point(ttft: float, tpot: float, slo: SLO, itl_p90: float | None = None) -> bool:
     """`slo_ok` of one point, in Python floats (the same operations: the same answer)."""
     if slo.ttft_p90_ms is not None and not ttft * TTFT_P90_RATIO * 1e3 <= slo.ttft_p90_ms:
         return False
-    if slo.itl_p90_ms is not None and not tpot * ITL_P90_RATIO * 1e3 <= slo.itl_p90_ms:
+    itl = tpot * ITL_P90_RATIO if itl_p90 is None else itl_p90
+    if slo.itl_p90_ms is not None and not itl * 1e3 <= slo.itl_p90_ms:
         return False
     if slo.ttft_p99_ms is not None and not ttft * TTFT_P99_RATIO * 1e3 <= slo.ttft_p99_ms:
         return False
@@ -143,7 +163,8 @@ def operate(e: Estimate, w: WorkloadShape, slo: SLO, max_gpus: int) -> Estimate:
     """Fill in the SLO capacity, the replica count for the workload and the latency there."""
     # Called once per candidate group (thousands of times): each numpy call on these short curves
     # costs more than its arithmetic, so none is made twice.
-    ok = slo_ok(e.curve_ttft, e.curve_tpot, slo)
+    ok = slo_ok(e.curve_ttft, e.curve_tpot, slo, e.curve_itl_p90)
+    e.itl_p90 = float("nan")  # read off the curve below, or from the mean
     rates = e.curve_rate
     if ok.any():
         within = rates[ok]
@@ -167,6 +188,8 @@ def operate(e: Estimate, w: WorkloadShape, slo: SLO, max_gpus: int) -> Estimate:
             xp = rates[order]
             e.ttft = float(np.interp(per_replica, xp, e.curve_ttft[order]))
             e.tpot = float(np.interp(per_replica, xp, e.curve_tpot[order]))
+            if e.curve_itl_p90 is not None:
+                e.itl_p90 = float(np.interp(per_replica, xp, e.curve_itl_p90[order]))
             e.conc = float(np.interp(per_replica, xp, e.curve_conc[order]))
         if e.max_rate_slo <= 0:
             # No rate meets the SLO on one replica: no replica count would (not "needs N").
@@ -180,8 +203,9 @@ def operate(e: Estimate, w: WorkloadShape, slo: SLO, max_gpus: int) -> Estimate:
         e.tpot = float(np.interp(conc, e.curve_conc, e.curve_tpot))
         e.conc = conc
     e.ttft_p90 = e.ttft * TTFT_P90_RATIO
-    e.itl_p90 = e.tpot * ITL_P90_RATIO
-    e.meets_slo = _slo_ok_point(e.ttft, e.tpot, slo) and not blocked(e)
+    if e.curve_itl_p90 is None or not math.isfinite(e.itl_p90) or not math.isfinite(e.tpot):
+        e.itl_p90 = e.tpot * ITL_P90_RATIO
+    e.meets_slo = _slo_ok_point(e.ttft, e.tpot, slo, e.itl_p90) and not blocked(e)
     return e
 
 

@@ -310,7 +310,8 @@ def _recalibrate_capacity(before: Estimate, after: Estimate, w: WorkloadShape, s
     k_ttft, k_itl = (max(f, 1.0) for f in factors)
     if k_ttft == 1.0 and k_itl == 1.0:
         return
-    ok = slo_ok(after.curve_ttft * k_ttft, after.curve_tpot * k_itl, slo)
+    ok = slo_ok(after.curve_ttft * k_ttft, after.curve_tpot * k_itl, slo,
+                None if after.curve_itl_p90 is None else after.curve_itl_p90 * k_itl)
     scaled = float(after.curve_rate[ok].max()) if ok.any() else 0.0
     # The replay itself met the SLO at the rate each replica got: the capacity is at least that.
     floor = w.rate / after.replicas if w.rate is not None and _simulated_slo_ok(after, slo) else 0.0
