@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields, replace
 
-from inferasim.catalog.engines import ROCM_FORK_TAG
+from inferasim.catalog.engines import ROCM_FORK_TAG, UnknownEngineError, normalize_engine
 from inferasim.catalog.gpus import UnknownGPUError, get_gpu
 from inferasim.catalog.models import ModelConfigError, UnknownModelError, get_model
 from inferasim.core.runs import BenchRow, Layout, recorded_clients
@@ -93,9 +93,16 @@ def _aic_silicon(row: BenchRow) -> bool:
     return "silicon_data_source" in row.raw and row.mode == "agg"
 
 
+def _engine(row: BenchRow) -> str | None:
+    try:
+        return normalize_engine(row.backend)
+    except UnknownEngineError:
+        return None  # trtllm and others: no rule of theirs here
+
+
 def _squared_vllm(row: BenchRow) -> bool:
     lay = row.layout
-    return row.backend.lower() == "vllm" and lay.tp > 1 and lay.dp == lay.tp and lay.moe_ep == lay.tp * lay.dp
+    return _engine(row) == "vllm" and lay.tp > 1 and lay.dp == lay.tp and lay.moe_ep == lay.tp * lay.dp
 
 
 def _squared_sglang(row: BenchRow) -> bool:
@@ -104,7 +111,7 @@ def _squared_sglang(row: BenchRow) -> bool:
         node = get_gpu(row.system).gpus_per_node
     except UnknownGPUError:
         return False
-    return row.backend.lower() == "sglang" and lay.dp == 1 and lay.moe_tp > 1 and lay.moe_tp == lay.moe_ep and \
+    return _engine(row) == "sglang" and lay.dp == 1 and lay.moe_tp > 1 and lay.moe_tp == lay.moe_ep and \
         lay.tp == lay.moe_tp * lay.moe_ep and lay.tp > node
 
 

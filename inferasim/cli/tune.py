@@ -50,12 +50,12 @@ def _slo_line(result: Any, rec: dict[str, Any]) -> str:
     asked = [f"{name} <= {v:g} ms" for name, v in (("TTFT p90", slo.ttft_p90_ms), ("ITL p90", slo.itl_p90_ms))
              if v is not None]
     p = rec["predicted"]
-    f = math.exp(p["interval_log"]) if isinstance(p.get("interval_log"), int | float) else None
     got = []
     for name, key in (("TTFT p90", "ttft_p90_ms"), ("ITL p90", "itl_p90_ms")):
         v = p.get(key)
         if isinstance(v, int | float) and math.isfinite(v):
-            got.append(f"{name} {v:.4g} ms" + (f" [{v / f:.4g}-{v * f:.4g}]" if f else ""))
+            b = _band(v, p.get("interval_log"))
+            got.append(f"{name} {v:.4g} ms" + (f" [{b[0]:.4g}-{b[1]:.4g}]" if b else ""))
     return (f"SLO: {', '.join(asked) or 'none'}; predicted at the workload's rate: {', '.join(got) or '-'} "
             "(90% bands)")
 

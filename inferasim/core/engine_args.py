@@ -201,10 +201,8 @@ def nodes_of(cfg: ServingConfig) -> int:
     if gpus <= per_node:
         return 1
     if gpus % per_node:
-        raise ValueError(
-            f"layout {cfg.layout.label()} needs {gpus} GPUs per replica, not a whole number of {gpu.name} nodes of "
-            f"{per_node}: a multi-node replica takes every GPU of each node; choose tp x pp x dp as a multiple of "
-            f"{per_node}")
+        raise ValueError(f"layout {cfg.layout.label()}: {multinode_problem(cfg.engine, cfg.layout, per_node)}; "
+                         f"choose tp x pp x dp as a multiple of {per_node} ({gpu.name})")
     return gpus // per_node
 
 
@@ -227,12 +225,10 @@ def multinode_problem(engine: str, layout: Layout, gpus_per_node: int) -> str | 
 def _multinode_args(cfg: ServingConfig, args: _Args, nodes: int, leader: bool) -> None:
     """The flags that join one pod of a LeaderWorkerSet group into one engine spanning ``nodes``."""
     eng = cfg.engine
-    if flag_for(eng, "nnodes") is None:
-        raise ValueError(f"{eng} multi-node serving is not rendered (its launch across nodes is not catalogued): "
-                         f"choose a layout within one node ({cfg.gpu_spec.gpus_per_node} GPUs), or vllm / sglang")
-    if eng == "vllm" and cfg.layout.dp > 1:
-        raise ValueError("vLLM data parallel across nodes (--data-parallel-size-local, --data-parallel-address) is "
-                         "not rendered: choose dp 1 for a multi-node replica, or replicas")
+    why = multinode_problem(eng, cfg.layout, cfg.gpu_spec.gpus_per_node)
+    if why:
+        raise ValueError(f"{why}: choose a layout within one node ({cfg.gpu_spec.gpus_per_node} GPUs), more "
+                         "replicas, or vllm / sglang")
     port = MULTINODE_PORT[eng]
     if eng == "vllm":
         # The multiprocessing executor: every pod runs `vllm serve`; rank 0 serves HTTP, the

@@ -150,6 +150,15 @@ def clients(row: BenchRow) -> int:
     return row.concurrency
 
 
+def refuse_unstartable(model: ModelSpec, layout: Layout, engine: str, what: str = "", written: str = "as written",
+                       after: str = "") -> None:
+    """CannotPredict naming the engine's reasons when it refuses `layout` at start-up
+    (`memory.layout_problems`: tp must divide the attention heads, ep the experts ...)."""
+    problems = layout_problems(model, layout, engine)
+    if problems:
+        raise CannotPredict(f"{engine} cannot start {what}{layout.label()} {written} ({'; '.join(problems)}){after}")
+
+
 def fit_point(row: BenchRow) -> FitPoint:
     return FitPoint(
         isl=row.isl, osl=row.osl, concurrency=clients(row), scenario=row.scenario,
@@ -305,9 +314,7 @@ class FittedAnchor:
         divide the attention heads, ep the experts ...) or the memory model cannot hold (no KV
         cache left after the weights): the row's layout fields then do not say how it ran, and a
         price would be noise."""
-        problems = layout_problems(self.model, layout, self.engine)
-        if problems:
-            raise CannotPredict(f"{self.engine} cannot start {what}{layout.label()} as written ({'; '.join(problems)})")
+        refuse_unstartable(self.model, layout, self.engine, what)
         sched = engine_sched(self.engine, self.model, self.gpu, layout, self.precision, self.engine_version,
                              self.kv_dtype)
         if sched.kv_tokens <= 0:
@@ -367,10 +374,9 @@ def fit_anchor_rows(rows: list[BenchRow]) -> FittedAnchor:
     first = rows[0]
     engine, model, gpu = resolve(first)
     layout = to_layout(first.layout)
-    problems = layout_problems(model, layout, engine)
-    if problems:  # the rows did not run as written: no anchor for a layout nobody can deploy
-        raise CannotPredict(f"{engine} cannot start {layout.label()} as the rows write it ({'; '.join(problems)}): "
-                            "no anchor for a layout nobody can deploy")
+    # The rows did not run as written: no anchor for a layout nobody can deploy.
+    refuse_unstartable(model, layout, engine, written="as the rows write it",
+                       after=": no anchor for a layout nobody can deploy")
     precision = row_precision(first, model)
     kv_dtype = benchmark_kv_dtype(precision)
     try:

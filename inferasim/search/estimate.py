@@ -201,9 +201,11 @@ def operate(e: Estimate, w: WorkloadShape, slo: SLO, max_gpus: int) -> Estimate:
         e.replicas = 1
         e.ttft = float(np.interp(conc, e.curve_conc, e.curve_ttft))
         e.tpot = float(np.interp(conc, e.curve_conc, e.curve_tpot))
+        if e.curve_itl_p90 is not None:
+            e.itl_p90 = float(np.interp(conc, e.curve_conc, e.curve_itl_p90))
         e.conc = conc
     e.ttft_p90 = e.ttft * TTFT_P90_RATIO
-    if e.curve_itl_p90 is None or not math.isfinite(e.itl_p90) or not math.isfinite(e.tpot):
+    if not math.isfinite(e.itl_p90):  # no curve of its own, or a rate beyond the curve
         e.itl_p90 = e.tpot * ITL_P90_RATIO
     e.meets_slo = _slo_ok_point(e.ttft, e.tpot, slo, e.itl_p90) and not blocked(e)
     return e
