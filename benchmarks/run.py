@@ -13,6 +13,8 @@
 - start-up: `inferasim --help` against a bare interpreter;
 - the accuracy figures of `inferasim validate` on the dev files;
 - each dev anchor's fit of its own rows, per engine (benchmarks/self_fit.py);
+- disaggregated rows carried from the aggregated anchor of the nearest other release, against their
+  measurement-free prices (benchmarks/disagg_carried.py);
 - the step model against isolated H200 step timings (benchmarks/h200_steps.py): held-out steps,
   tp slices, other models;
 - the trace simulator (benchmarks/sim_bench.py): the full Mooncake replay against its 2 s and 500 MB
@@ -258,6 +260,9 @@ def main() -> int:
     from benchmarks import self_fit
 
     self_fit.main()
+    from benchmarks import disagg_carried
+
+    disagg_carried.main()
     from benchmarks import h200_steps
 
     h200_steps.main()
