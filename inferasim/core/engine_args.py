@@ -20,7 +20,7 @@ import json
 import re
 from typing import Any
 
-from inferasim.catalog.checkpoints import names_quantized_checkpoint
+from inferasim.catalog.checkpoints import checkpoint_format, names_quantized_checkpoint
 from inferasim.catalog.engines import (
     DEFAULT_HOST,
     SGLANG_MAX_PREFILL_TOKENS,
@@ -310,7 +310,16 @@ def _parallel_args(cfg: ServingConfig, args: _Args) -> None:
 
 
 def online_fp8(cfg: ServingConfig) -> bool:
-    return normalize_knob(cfg.precision) == "fp8" and not names_quantized_checkpoint(cfg.model)
+    """Whether fp8 is reached by quantising a 16-bit checkpoint online. The checkpoint's own format
+    decides (catalog.checkpoints.checkpoint_format): native FP8 checkpoints whose ids do not say so
+    (DeepSeek-V3, Kimi-K2-Instruct, MiniMax-M2.5) carry their scheme in config.json and need no
+    flag. Only an id nothing states a format for is judged by its name (-FP8, -AWQ, ...)."""
+    if normalize_knob(cfg.precision) != "fp8":
+        return False
+    fmt = checkpoint_format(cfg.model)
+    if fmt is None:
+        return not names_quantized_checkpoint(cfg.model)
+    return fmt in ("bf16", "fp16", "fp32")
 
 
 def _quantization_args(cfg: ServingConfig, args: _Args) -> None:

@@ -306,6 +306,15 @@ def test_precision_fp8_quantizes_online_only_for_16_bit_checkpoints():
         assert "--quantization" not in argv  # the checkpoint carries its scheme
         argv = engine_args(ServingConfig(engine, MODEL, AMD, Layout(tp=8), precision="fp4"))
         assert "--quantization" not in argv
+        # Native FP8 checkpoints whose ids do not say so: the catalog's checkpoint format decides,
+        # not the name. An id nothing knows is still judged by its name.
+        for native in (MOE_MODEL, "moonshotai/Kimi-K2-Instruct", "MiniMaxAI/MiniMax-M2.5"):
+            argv = engine_args(ServingConfig(engine, native, AMD, Layout(tp=8), precision="fp8"))
+            assert "--quantization" not in argv, native
+        argv = engine_args(ServingConfig(engine, "some-org/unlisted-7b", AMD, Layout(tp=8), precision="fp8"))
+        assert _value(argv, "--quantization") == "fp8"
+        argv = engine_args(ServingConfig(engine, "some-org/unlisted-7b-FP8", AMD, Layout(tp=8), precision="fp8"))
+        assert "--quantization" not in argv
     argv = engine_args(ServingConfig("atom", MODEL, AMD, Layout(tp=8), precision="fp8"))
     assert "--quantization" not in argv
 
