@@ -36,7 +36,7 @@ from inferasim.core.runs import BenchRow, filter_rows, load_rows  # noqa: E402
 from inferasim.errors import InferasimError  # noqa: E402
 from inferasim.model.predictor import AnchoredPredictor, FittedAnchor, fit_anchor_rows  # noqa: E402
 from inferasim.sources import read_as_run  # noqa: E402
-from inferasim.validate import metric_values, run_validation  # noqa: E402
+from inferasim.validate import RowResult, metric_values, run_validation  # noqa: E402
 
 DEV = REPO.parent / "shared" / "data" / "aic-silicon" / "silicon_dev.csv"
 METRICS = ("tpot", "ttft", "throughput_per_gpu")
@@ -71,12 +71,6 @@ def neighbour_anchor(row: BenchRow, anchors: dict[tuple[str, ...], AnchorChoice]
     if not others:
         return None
     return min(others, key=lambda ka: _distance(ka[1].rows[0].backend_version, row.backend_version))[1]
-
-
-def _ape(measured: float | None, predicted: float | None) -> float | None:
-    if measured is None or predicted is None or not measured > 0:
-        return None
-    return abs(predicted - measured) / measured
 
 
 def _recorded(row: BenchRow) -> tuple[object, ...]:
@@ -119,12 +113,13 @@ def carried(path: Path) -> dict[str, dict[str, list[float]]]:
             p = fitted.predict(row)
         except InferasimError:
             continue
-        measured = metric_values(row, row.ttft_ms, row.tpot_ms, None, None)
-        predicted = metric_values(row, p.ttft_ms, p.tpot_ms, None, None)
+        # Scored as validate scores a row (its metric values and error).
+        scored_row = RowResult(row, "ok", measured=metric_values(row, row.ttft_ms, row.tpot_ms, None, None),
+                               predicted=metric_values(row, p.ttft_ms, p.tpot_ms, None, None))
         label = f"{row.backend} {row.backend_version} {row.model_path} {row.system} {row.precision} " \
                 f"<- {fitted.engine_version or '?'}"
         for name in METRICS:
-            e = _ape(measured[name], predicted[name])
+            e = scored_row.ape(name)
             if e is not None:
                 for group in (label, "all") + (() if id(row) in ambiguous else ("unambiguous",)):
                     errors[group]["carried:" + name].append(e)

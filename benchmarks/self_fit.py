@@ -24,15 +24,10 @@ from inferasim.core.runs import filter_rows, load_rows  # noqa: E402
 from inferasim.errors import InferasimError  # noqa: E402
 from inferasim.model.predictor import fit_anchor_rows  # noqa: E402
 from inferasim.sources import read_as_run  # noqa: E402
+from inferasim.validate import RowResult, metric_values  # noqa: E402
 
 DEV = REPO.parent / "shared" / "data" / "aic-silicon" / "silicon_dev.csv"
 TARGET = 0.08  # median TTFT error of an anchor on its own rows
-
-
-def _ape(pred: float | None, meas: float | None) -> float | None:
-    if pred is None or meas is None or not meas > 0:
-        return None
-    return abs(pred - meas) / meas
 
 
 def self_fit(path: Path) -> dict[str, list[tuple[str, float, float, int]]]:
@@ -47,8 +42,11 @@ def self_fit(path: Path) -> dict[str, list[tuple[str, float, float, int]]]:
         ttft, tpot = [], []
         for r in choice.rows:
             p = fitted.predict(r)
-            for errs, pred, meas in ((ttft, p.ttft_ms, r.ttft_ms), (tpot, p.tpot_ms, r.tpot_ms)):
-                e = _ape(pred, meas)
+            # Scored as validate scores a row (its metric values and error).
+            scored = RowResult(r, "ok", measured=metric_values(r, r.ttft_ms, r.tpot_ms, None, None),
+                               predicted=metric_values(r, p.ttft_ms, p.tpot_ms, None, None))
+            for errs, name in ((ttft, "ttft"), (tpot, "tpot")):
+                e = scored.ape(name)
                 if e is not None:
                     errs.append(e)
         if ttft:
