@@ -13,6 +13,9 @@
 - start-up: `inferasim --help` against a bare interpreter;
 - the accuracy figures of `inferasim validate` on the dev files;
 - each dev anchor's fit of its own rows, per engine (benchmarks/self_fit.py);
+- what the dev file's TTFT leaves to an anchored predictor (benchmarks/ttft_limits.py): the fit's
+  TTFT weight against the anchors' self-fit, the error left if each kernel set's level were known,
+  and whether an anchor's unexplained TTFT repeats in its kernel set's other rows;
 - disaggregated rows carried from the aggregated anchor of the nearest other release, against their
   measurement-free prices (benchmarks/disagg_carried.py);
 - the step model against isolated H200 step timings (benchmarks/h200_steps.py): held-out steps,
@@ -260,6 +263,9 @@ def main() -> int:
     from benchmarks import self_fit
 
     self_fit.main()
+    from benchmarks import ttft_limits
+
+    ttft_limits.main()
     from benchmarks import disagg_carried
 
     disagg_carried.main()

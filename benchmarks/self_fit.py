@@ -10,8 +10,10 @@ misses its own rows cannot carry them anywhere: the fit, not a transfer law, is 
 
 from __future__ import annotations
 
+import math
 import sys
 from collections import defaultdict
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +22,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from inferasim.anchor_rules import select_anchors  # noqa: E402
-from inferasim.core.runs import filter_rows, load_rows  # noqa: E402
+from inferasim.core.runs import KernelKey, filter_rows, load_rows  # noqa: E402
 from inferasim.errors import InferasimError  # noqa: E402
 from inferasim.model.predictor import fit_anchor_rows  # noqa: E402
 from inferasim.sources import read_as_run  # noqa: E402
@@ -30,16 +32,31 @@ DEV = REPO.parent / "shared" / "data" / "aic-silicon" / "silicon_dev.csv"
 TARGET = 0.08  # median TTFT error of an anchor on its own rows
 
 
-def self_fit(path: Path) -> dict[str, list[tuple[str, float, float, int]]]:
-    """Per engine: (anchor, median TTFT error, median TPOT error, rows) of every anchor that fits."""
+@dataclass(frozen=True)
+class AnchorFit:
+    """One anchor predicting its own rows."""
+
+    engine: str
+    anchor: str
+    kernel_key: KernelKey
+    ttft: float  # median TTFT error over its rows
+    tpot: float  # median TPOT error (NaN without a measured TPOT)
+    rows: int
+    # Per client count, the median log(measured / fitted) TTFT: what the fit leaves unexplained.
+    ttft_residual: dict[int, float] = field(default_factory=dict)
+
+
+def self_fit(path: Path) -> dict[str, list[AnchorFit]]:
+    """Per engine, every anchor that fits, predicting its own rows."""
     rows = filter_rows(read_as_run(load_rows(path)))
-    out: dict[str, list[tuple[str, float, float, int]]] = defaultdict(list)
+    out: dict[str, list[AnchorFit]] = defaultdict(list)
     for choice in select_anchors(rows).values():
         try:
             fitted = fit_anchor_rows(choice.rows)
         except InferasimError:
             continue  # validate reports these (an anchor at a layout the engine cannot start)
         ttft, tpot = [], []
+        unexplained: dict[int, list[float]] = defaultdict(list)
         for r in choice.rows:
             p = fitted.predict(r)
             # Scored as validate scores a row (its metric values and error).
@@ -49,9 +66,13 @@ def self_fit(path: Path) -> dict[str, list[tuple[str, float, float, int]]]:
                 e = scored.ape(name)
                 if e is not None:
                     errs.append(e)
+            if scored.ape("ttft") is not None:
+                unexplained[r.concurrency].append(math.log(r.ttft_ms / p.ttft_ms))  # type: ignore[operator]
         if ttft:
-            out[fitted.engine].append((fitted.anchor_id, float(np.median(ttft)),
-                                       float(np.median(tpot)) if tpot else float("nan"), len(choice.rows)))
+            out[fitted.engine].append(AnchorFit(
+                engine=fitted.engine, anchor=fitted.anchor_id, kernel_key=choice.rows[0].kernel_key,
+                ttft=float(np.median(ttft)), tpot=float(np.median(tpot)) if tpot else float("nan"),
+                rows=len(choice.rows), ttft_residual={c: float(np.median(v)) for c, v in unexplained.items()}))
     return out
 
 
@@ -63,13 +84,13 @@ def main() -> int:
     print(f"Anchor self-fit on {DEV.name} (each anchor predicting its own rows; target: median TTFT <= "
           f"{TARGET:.0%} per anchor)")
     for engine, fits in sorted(per.items()):
-        ttfts = np.array([f[1] for f in fits])
+        ttfts = np.array([f.ttft for f in fits])
         within = int((ttfts <= TARGET).sum())
         print(f"  {engine}: {len(fits)} anchors, {within} within {TARGET:.0%} TTFT ({within / len(fits):.0%}); "
-              f"median anchor TTFT {np.median(ttfts):.1%}, TPOT {np.nanmedian([f[2] for f in fits]):.1%}")
-        for anchor, t, p, n in sorted(fits, key=lambda f: -f[1])[:3]:
-            if t > TARGET:
-                print(f"    worst: {anchor} ({n} rows): TTFT {t:.1%}, TPOT {p:.1%}")
+              f"median anchor TTFT {np.median(ttfts):.1%}, TPOT {np.nanmedian([f.tpot for f in fits]):.1%}")
+        for f in sorted(fits, key=lambda f: -f.ttft)[:3]:
+            if f.ttft > TARGET:
+                print(f"    worst: {f.anchor} ({f.rows} rows): TTFT {f.ttft:.1%}, TPOT {f.tpot:.1%}")
     return 0
 
 
