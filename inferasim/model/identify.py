@@ -23,7 +23,15 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from inferasim.model.fit import FREE_PARAMS, FitPoint, FitProblem, first_run_points, fit_problem, predict_points
+from inferasim.model.fit import (
+    CAP_UNEXPLAINED,
+    FREE_PARAMS,
+    FitPoint,
+    FitProblem,
+    first_run_points,
+    fit_problem,
+    predict_points,
+)
 from inferasim.model.layoutcost import LayoutCost
 from inferasim.model.steady import EngineSched
 from inferasim.model.steptime import PARAM_BOUNDS, StepParams
@@ -37,6 +45,10 @@ LEAN_SLOPE = 0.1
 # Not a guess when left unfitted: the weight tile is one pass over the weights (a kernel law, see
 # steptime.StepParams.m_tile), the client cap a harness fact read from the points.
 _NOT_PRIORS = ("m_tile",)
+# A closed-loop point whose measured TTFT is this many times what the fitted engine explains (with
+# no client cap found) waited for something outside the engine's steps. The factor is fit.py's
+# CAP_UNEXPLAINED: the same "a factor 3 no step law gives" that reads a client cap.
+STALL_FACTOR = CAP_UNEXPLAINED
 # Relative step of the finite-difference sensitivities (log units).
 _STEP = 0.05
 METRICS = ("ttft", "tpot", "throughput", "batch_latency")
@@ -113,6 +125,8 @@ def _hints(prob: FitProblem, params: StepParams, idents: Sequence[ParamIdentity]
             out.append(f"{' and '.join(ceiling)} at the compute ceiling and TTFT still {math.expm1(excess):.0%} "
                        "above the anchor's own: its prompts were likely partly cached (a repeated prompt set "
                        "with prefix caching) or shorter than the stated input length")
+    if "ttft" in prob.metrics and params.client_cap <= 0.0:
+        out += _unexplained_ttft(prob, pred["ttft"])
     for p in idents:
         # The weight tile's upper bound is its law (one pass over the weights for any batch).
         if p.pinned and p.share is not None and p.name not in ("e_flops", "e_attn") and \
@@ -120,6 +134,26 @@ def _hints(prob: FitProblem, params: StepParams, idents: Sequence[ParamIdentity]
             side = "upper" if p.pinned == "high" else "lower"
             out.append(f"{p.name} pinned at its {side} bound {p.value:.4g}: the points ask for more than the "
                        "step model allows")
+    return out
+
+
+def _unexplained_ttft(prob: FitProblem, fitted: np.ndarray) -> list[str]:
+    """Closed-loop points whose TTFT is STALL_FACTOR times or more what the fitted engine gives. In a
+    closed loop at fixed lengths the wait for a first token is the engine's (queued prefills, the
+    steps, the KV pool, all in the model) or the client's (a capped connection pool, which the fit
+    reads as client_cap); a point far beyond both waited for something else (a warm-up, a stalled
+    client or network, a setting the run did not record), and the fit bends every parameter toward
+    it. On shared/data/aic-silicon one anchor shows it: SGLang DeepSeek-R1/V3 fp4 on B200 (no
+    version), 7.1 s at 32 clients against 0.9 s at 16 with TPOT 19 ms against 16."""
+    idx, meas = prob.metrics["ttft"]
+    out = []
+    for i, m in zip(idx, meas, strict=True):
+        pt = prob.points[int(i)]
+        if pt.scenario == "offline" or not np.isfinite(fitted[i]) or m < STALL_FACTOR * fitted[i]:
+            continue
+        out.append(f"TTFT at {pt.concurrency} clients ({pt.isl}x{pt.osl}) is {m / fitted[i]:.1f}x what the fitted "
+                   "engine explains, with no client cap in the points: a wait outside the engine's steps (a "
+                   "warm-up, a stalled client, an unrecorded setting); re-measure that point")
     return out
 
 

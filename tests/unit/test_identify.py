@@ -67,6 +67,15 @@ def test_ttft_faster_than_the_compute_ceiling_hints_at_cached_or_shorter_prompts
     assert not any("partly cached" in h for h in honest.hints)
 
 
+def test_a_first_token_wait_no_engine_step_explains_is_named_with_its_point() -> None:
+    points = _measured([FitPoint(isl=1024, osl=256, concurrency=c) for c in (1, 4, 16, 64)])
+    stalled = [replace(p, ttft=p.ttft * 8.0) if p.concurrency == 16 else p for p in points]  # type: ignore[operator]
+    _, ident = _fit(stalled)
+    named = [h for h in ident.hints if "what the fitted engine explains" in h]
+    assert len(named) == 1 and "at 16 clients (1024x256)" in named[0], ident.hints
+    assert not any("what the fitted engine explains" in h for h in _fit(points)[1].hints)
+
+
 def test_a_max_throughput_sweep_is_named() -> None:
     blank = [FitPoint(isl=1024, osl=128, concurrency=256), FitPoint(isl=4096, osl=1024, concurrency=64),
              FitPoint(isl=128, osl=2048, concurrency=128)]
