@@ -60,6 +60,11 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[typ
                    help="real ms between writes of a stream's intermediate tokens (first and last tokens "
                         "are written at once); default: 20 + 1 per open request; 0 = every engine step")
     p.add_argument("--seed", type=int, default=0, help="seed of output lengths and token text")
+    p.add_argument("--stall-at-batch", type=positive_int("stall-at-batch"), default=None,
+                   help="fault injection: the first step whose batch holds this many sequences stalls "
+                        "--stall-s emulated seconds, once (a kernel compiled at a new shape's first use)")
+    p.add_argument("--stall-s", type=positive_float("stall-s"), default=0.0,
+                   help="emulated seconds of the --stall-at-batch stall")
     p.set_defaults(func=cmd_emulate)
 
 
@@ -101,7 +106,8 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
         engine_version=args.engine_version, anchor=args.anchor, params=params, seed=args.seed,
         served_model_name=args.served_model_name, max_num_seqs=args.max_num_seqs,
         max_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
-        natural_output_mean=args.natural_output_mean, stream_interval=interval)
+        natural_output_mean=args.natural_output_mean, stream_interval=interval,
+        stall_at_batch=args.stall_at_batch, stall_s=args.stall_s)
 
 
 def cmd_emulate(args: argparse.Namespace) -> int:

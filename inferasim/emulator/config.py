@@ -55,6 +55,12 @@ class EmulatorConfig:
     # Real seconds between writes of a stream's intermediate tokens (first and last tokens are
     # always written at once); None = automatic (see Emulator.stream_interval), 0 = every step.
     stream_interval: float | None = None
+    # Fault injection, for testing what measures the emulator (the harvest's re-measurement): the
+    # first step whose batch holds `stall_at_batch` sequences or more takes `stall_s` emulated
+    # seconds longer, once, as a step pays a kernel compiled or autotuned at the first use of a
+    # new shape (SGLang's DeepGEMM JIT, FlashInfer's MoE autotuner). None: no stall.
+    stall_at_batch: int | None = None
+    stall_s: float = 0.0
 
     def layout(self) -> Layout:
         return Layout(tp=self.tp, pp=self.pp, dp=self.dp, moe_ep=self.ep)
@@ -89,6 +95,9 @@ def resolve(config: EmulatorConfig) -> Resolved:
         raise ValueError(f"--speedup must be positive, got {config.speedup!r}")
     if config.stream_interval is not None and not config.stream_interval >= 0:
         raise ValueError(f"stream interval must be >= 0 seconds, got {config.stream_interval!r}")
+    if config.stall_at_batch is not None and not (config.stall_at_batch >= 1 and config.stall_s > 0):
+        raise ValueError(f"a stall needs a batch of at least 1 sequence and a positive duration, got "
+                         f"--stall-at-batch {config.stall_at_batch!r} --stall-s {config.stall_s!r}")
     if not 0 <= config.port <= 65535:
         raise ValueError(f"--port must be within 0..65535, got {config.port}")
     engine = normalize_engine(config.engine)

@@ -77,7 +77,7 @@ class EngineLoop(TokenDelivery):
     delivery are :class:`~inferasim.emulator.delivery.TokenDelivery`'s."""
 
     def __init__(self, params: StepParams, cost: LayoutCost, sched: EngineSched, metrics: EngineMetrics,
-                 clock: VirtualClock) -> None:
+                 clock: VirtualClock, stall: tuple[int, float] | None = None) -> None:
         self.params = params
         self.cost = cost
         self.sched = sched
@@ -88,6 +88,9 @@ class EngineLoop(TokenDelivery):
         self.kv_capacity = int(sched.kv_tokens * params.kv_scale)
         self.ranks: list[Core] = [make_core(sched, self.kv_capacity) for _ in range(self.dp)]
         self.v = 0.0  # emulated time the engine is free (end of the last committed step)
+        # Fault injection (EmulatorConfig.stall_at_batch): (batch, emulated s), spent at first use.
+        self._stall = stall
+        self.stalls = 0
         self._pending: list[tuple[float, int, EmuRequest]] = []  # (enq_v, serial, req) heap
         self._slots: list[EmuRequest | None] = []
         self._free: list[int] = []
@@ -167,7 +170,7 @@ class EngineLoop(TokenDelivery):
             "waiting": sum(len(r.waiting) for r in self.ranks) + len(self._pending),
             "max_lag_real_s": self.max_lag_real, "clock_slips": self.clock_slips, "wakes": self.wakes,
             "speedup": self.clock.speedup, "kv_capacity_tokens_per_rank": self.kv_capacity,
-            "preemptions": sum(r.preemptions for r in self.ranks),
+            "preemptions": sum(r.preemptions for r in self.ranks), "stalls": self.stalls,
         }
 
     # ---- the loop --------------------------------------------------------------------------------
@@ -290,6 +293,13 @@ class EngineLoop(TokenDelivery):
             for b in batches:
                 if not b.empty:
                     dt = max(dt, float(step_time(self.params, self.cost, b.n_dec, b.ctx_dec, b.n_pref, b.ctx_pref)))
+            if self._stall is not None and dt > 0.0 and \
+                    any(b.n_dec + len(b.pre) >= self._stall[0] for b in batches if not b.empty):
+                # A batch only grows through a step that admits (prefills) requests, never in a
+                # pure decode run, so the first step at the stall's size is always one scheduled here.
+                dt += self._stall[1]
+                self._stall = None
+                self.stalls += 1
             if dt == 0.0:
                 if not self._reject_stuck():
                     nxt = self._next_pending()

@@ -76,6 +76,8 @@ def config_to_argv(config: EmulatorConfig) -> list[str]:
             "--seed", str(config.seed), "--natural-output-mean", str(config.natural_output_mean)]
     if config.stream_interval is not None:
         argv += ["--stream-interval-ms", repr(config.stream_interval * 1e3)]
+    if config.stall_at_batch is not None:
+        argv += ["--stall-at-batch", str(config.stall_at_batch), "--stall-s", repr(float(config.stall_s))]
     if config.params is not None:
         argv += ["--params-json", json.dumps(config.params.as_dict())]
     elif config.anchor:

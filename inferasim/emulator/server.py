@@ -69,7 +69,8 @@ class Emulator:
         kv_tokens = int(resolved.sched.kv_tokens * resolved.params.kv_scale)
         self.metrics = EngineMetrics(resolved.engine, self.served_name, resolved.layout.dp, resolved.max_model_len,
                                      resolved.sched.block_size, kv_tokens, resolved.layout.tp, resolved.layout.pp)
-        self.engine = EngineLoop(resolved.params, resolved.cost, resolved.sched, self.metrics, self.clock)
+        stall = (cfg.stall_at_batch, cfg.stall_s) if cfg.stall_at_batch is not None else None
+        self.engine = EngineLoop(resolved.params, resolved.cost, resolved.sched, self.metrics, self.clock, stall)
         self.rng = np.random.default_rng(cfg.seed)
         self.created = int(time.time())
         self.host = cfg.host

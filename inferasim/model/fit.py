@@ -348,15 +348,17 @@ def first_run_points(points: Sequence[FitPoint]) -> list[int]:
 
 
 def fit_anchor_params(cost: LayoutCost, sched: EngineSched, points: Sequence[FitPoint],
-                      prior: StepParams) -> FitResult:
+                      prior: StepParams, read_client_cap: bool = True) -> FitResult:
     """fit_params, then once more with the client cap the points show, if they show one and the
     refit explains them better (lower rms log error); the cap is measured, never fitted freely
     (running requests are whole, so no gradient reaches it). Points that show a first run's costs
-    (first_run_points) are left out of the fit, and the fit's message says which."""
+    (first_run_points) are left out of the fit, and the fit's message says which. `read_client_cap`
+    False: the points come from a client known to hold a connection per client (inferasim's own
+    harvester), so no cap is read from them."""
     warm = first_run_points(points)
     if warm and len(warm) < len(points):
         kept = [p for i, p in enumerate(points) if i not in warm]
-        result = fit_anchor_params(cost, sched, kept, prior)
+        result = fit_anchor_params(cost, sched, kept, prior, read_client_cap)
         left = ", ".join(f"{points[i].concurrency} at {points[i].isl}x{points[i].osl}" for i in warm)
         note = (f"left out of the fit as a first run (slower than a larger batch of the same lengths): "
                 f"batch {left}")
@@ -370,7 +372,7 @@ def fit_anchor_params(cost: LayoutCost, sched: EngineSched, points: Sequence[Fit
         other = fit_params(cost, sched, points, prior, start={"m_tile": TILE_START})
         if other.objective < first.objective:
             first = other
-    cap = client_cap_of(first, cost, sched, points)
+    cap = client_cap_of(first, cost, sched, points) if read_client_cap else 0.0
     if cap <= 0.0:
         return first
     second = fit_params(cost, sched, points, replace(prior, client_cap=cap))

@@ -137,23 +137,28 @@ def _hints(prob: FitProblem, params: StepParams, idents: Sequence[ParamIdentity]
     return out
 
 
+def unexplained_ttft(points: Sequence[FitPoint], fitted_ttft: np.ndarray) -> list[int]:
+    """Indices of the closed-loop points whose measured TTFT is STALL_FACTOR times or more the fitted
+    one (`fitted_ttft`, per point). In a closed loop at fixed lengths the wait for a first token is
+    the engine's (queued prefills, the steps, the KV pool, all in the model) or the client's (a
+    capped connection pool, which the fit reads as client_cap: callers check that none was found);
+    a point far beyond both waited for something else (a warm-up, a kernel compiled at a new
+    shape's first use, a stalled client or network, a setting the run did not record), and the fit
+    bends every parameter toward it. On shared/data/aic-silicon one anchor shows it: SGLang
+    DeepSeek-R1/V3 fp4 on B200 (no version), 7.1 s at 32 clients against 0.9 s at 16 with TPOT
+    19 ms against 16."""
+    return [i for i, pt in enumerate(points)
+            if pt.scenario != "offline" and pt.ttft and np.isfinite(fitted_ttft[i]) and
+            pt.ttft >= STALL_FACTOR * fitted_ttft[i]]
+
+
 def _unexplained_ttft(prob: FitProblem, fitted: np.ndarray) -> list[str]:
-    """Closed-loop points whose TTFT is STALL_FACTOR times or more what the fitted engine gives. In a
-    closed loop at fixed lengths the wait for a first token is the engine's (queued prefills, the
-    steps, the KV pool, all in the model) or the client's (a capped connection pool, which the fit
-    reads as client_cap); a point far beyond both waited for something else (a warm-up, a stalled
-    client or network, a setting the run did not record), and the fit bends every parameter toward
-    it. On shared/data/aic-silicon one anchor shows it: SGLang DeepSeek-R1/V3 fp4 on B200 (no
-    version), 7.1 s at 32 clients against 0.9 s at 16 with TPOT 19 ms against 16."""
-    idx, meas = prob.metrics["ttft"]
     out = []
-    for i, m in zip(idx, meas, strict=True):
-        pt = prob.points[int(i)]
-        if pt.scenario == "offline" or not np.isfinite(fitted[i]) or m < STALL_FACTOR * fitted[i]:
-            continue
-        out.append(f"TTFT at {pt.concurrency} clients ({pt.isl}x{pt.osl}) is {m / fitted[i]:.1f}x what the fitted "
-                   "engine explains, with no client cap in the points: a wait outside the engine's steps (a "
-                   "warm-up, a stalled client, an unrecorded setting); re-measure that point")
+    for i in unexplained_ttft(prob.points, fitted):
+        pt = prob.points[i]
+        out.append(f"TTFT at {pt.concurrency} clients ({pt.isl}x{pt.osl}) is {pt.ttft / fitted[i]:.1f}x what the "  # type: ignore[operator]
+                   "fitted engine explains, with no client cap in the points: a wait outside the engine's steps "
+                   "(a warm-up, a stalled client, an unrecorded setting); re-measure that point")
     return out
 
 

@@ -535,7 +535,9 @@ def fitted_from_anchor(anchor: Anchor) -> FittedAnchor:
     else:
         cost = layout_cost(model, gpu, layout, precision, kv_dtype, engine, ks.engine_version)
         sched = engine_sched(engine, model, gpu, layout, precision, ks.engine_version, kv_dtype)
-        result = fit_anchor_params(cost, sched, points, default_params(gpu, engine, ks.engine_version))
+        # inferasim's own harvester holds a connection per client: its points never show a client cap.
+        result = fit_anchor_params(cost, sched, points, default_params(gpu, engine, ks.engine_version),
+                                   read_client_cap=anchor.provenance.method != "harvest")
         if stale:
             result.message = f"{stale}; {result.message}"[:500]
     # A steps-only anchor spans the decode batches and the prompt chunks and contexts it timed.

@@ -227,3 +227,37 @@ def test_sglang_server_info_names_its_widths() -> None:
     assert layout_mismatch({"tp": 1, "dp": 2}, {"tp": 1, "dp": 1, "ep": 1, "pp": 1}) == \
         "--dp 1 but the endpoint runs dp 2"
     assert layout_mismatch(None, {"tp": 1}) is None and layout_mismatch({"tp": 2}, {"tp": 2}) is None
+
+
+def test_a_point_that_waited_outside_the_engine_is_measured_again() -> None:
+    """The emulator stalls 3 s (emulated) the first time its batch reaches 4 sequences, as an engine
+    compiling a kernel at a new shape's first use does: the 8-client point's first run reads a
+    TTFT no engine step explains, the harvest measures it again, and the anchor keeps the warm run.
+    Its short requests make the stalled run look like 2 requests in flight of 8: not a client cap,
+    since the harvester opens a connection per client."""
+    import httpx
+
+    from inferasim.emulator.config import resolve
+
+    with pytest.raises(ValueError, match="--stall-at-batch 4 --stall-s 0"):
+        resolve(EmulatorConfig(model=MODEL, gpu="H100", stall_at_batch=4))
+    with spawn_emulator(EmulatorConfig(model=MODEL, gpu="H100", tp=2, speedup=10.0, params=PARAMS,
+                                       stall_at_batch=4, stall_s=3.0)) as stalling:
+        cfg = HarvestConfig(endpoint=stalling.url, model=MODEL, gpu="H100", engine="vllm", tp=2, speedup=10.0,
+                            plan=parse_plan("256x32@1,2,8", min_requests=6), max_rms_log_error=0.5)
+        said: list[str] = []
+        report = harvest(cfg, progress=said.append)
+        assert httpx.get(f"{stalling.url}/_inferasim/stats", timeout=10).json()["stalls"] == 1
+    assert report.exit_code == 0, report.message
+    redone = [w for w in report.warnings if w.startswith("re-measured ")]
+    assert len(redone) == 1 and redone[0].startswith("re-measured 256x32@c8"), report.warnings
+    assert any("measuring it again" in line for line in said)
+    c8 = next(p for p in report.points if p.point.concurrency == 8)
+    c2 = next(p for p in report.points if p.point.concurrency == 2)
+    # The warm run's TTFT is of the engine's order (a wave of 8 short prompts), not the 3 s stall's.
+    assert c8.ttft_s() < 0.5 < 3.0 * 8 / 24 and c8.ttft_s() < 10 * c2.ttft_s()
+    assert report.anchor is not None and "re-measured 256x32@c8" in report.anchor.provenance.notes
+    assert report.anchor.params["client_cap"] == 0.0
+    # Both runs' requests reached the server: its counters and the client's agree.
+    assert report.counters is not None
+    assert report.counters["generation_tokens"] == report.client_tokens["generation_tokens"] == (6 + 6 + 24 + 24) * 32
