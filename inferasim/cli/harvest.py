@@ -176,11 +176,13 @@ def cmd_harvest(args: argparse.Namespace) -> int:
 
 
 def report_dict(report: HarvestReport) -> dict[str, object]:
-    """The --report JSON: measured points (client and engine views), skips, counters, fit, anchor."""
+    """The --report JSON: measured points (client and engine views), skips, warnings (a layout the
+    endpoint contradicts, points measured again), counters, fit, anchor."""
     return {
         "exit_code": report.exit_code, "message": report.message, "wall_s": report.wall_s,
         "engine_time_s": report.emulated_s, "points": [p.summary() for p in report.points],
-        "skipped": report.skipped, "server_counter_deltas": report.counters, "client_tokens": report.client_tokens,
+        "skipped": report.skipped, "warnings": report.warnings, "server_counter_deltas": report.counters,
+        "client_tokens": report.client_tokens,
         "fit": None if report.fit is None else {
             "rms_log_error": report.fit.rms_log_error, "max_abs_log_error": report.fit.max_abs_log_error,
             "per_metric": report.fit.per_metric_mape, "params": report.fit.params.as_dict(),

@@ -153,6 +153,7 @@ def test_cli_exit_codes(emu: EmulatorProcess, tmp_path: Path) -> None:
     assert anchor.provenance.method == "harvest" and len(anchor.points) == 2
     rep = json.loads(report.read_text())
     assert rep["server_counter_deltas"]["generation_tokens"] == rep["client_tokens"]["generation_tokens"]
+    assert rep["warnings"] == []  # the endpoint runs the layout given; nothing was measured again
     r = run_cli(*common[:-4], "--out", "-", "--plan", "256x16@1", "--min-requests", "2", "--quiet",
                 "--max-rms-log-error", "5")
     assert r.returncode == 0, r.stderr
