@@ -57,8 +57,14 @@ from inferasim.model.anchors import (
     Provenance,
     write_anchor_file,
 )
-from inferasim.model.fit import FitPoint, FitResult, fit_anchor_params, predict_points
-from inferasim.model.identify import STALL_FACTOR, unexplained_ttft
+from inferasim.model.fit import (
+    CAP_UNEXPLAINED,
+    FitPoint,
+    FitResult,
+    fit_anchor_params,
+    predict_points,
+    unexplained_ttft,
+)
 from inferasim.model.layoutcost import LayoutCost, layout_cost
 from inferasim.model.steady import EngineSched, engine_sched
 from inferasim.model.steptime import STEP_MODEL_REVISION, default_params
@@ -241,7 +247,7 @@ async def harvest_async(cfg: HarvestConfig, progress: Callable[[str], None] | No
                     break
                 old = points[i]
                 _log(progress, f"{old.point.label()}: TTFT {_ttft(old, cfg.timing) * 1e3:.1f} ms is "
-                               f"{STALL_FACTOR:g}x or more what the other points explain; measuring it again")
+                               f"more than {CAP_UNEXPLAINED:g}x what the other points explain; measuring it again")
                 res = await measure(old.point)
                 if not res.ok:
                     continue
@@ -291,7 +297,7 @@ def _fit(cost: LayoutCost, sched: EngineSched, gpu: GPU, engine: str, cfg: Harve
 
 def _unexplained(cost: LayoutCost, sched: EngineSched, gpu: GPU, engine: str, cfg: HarvestConfig, fit: FitResult,
                  points: list[PointResult]) -> list[int]:
-    """Points whose TTFT is STALL_FACTOR times what the others explain (model.identify.unexplained_ttft
+    """Points whose TTFT is over CAP_UNEXPLAINED times what the others explain (fit.unexplained_ttft
     against a fit without that point: with it, a few points' fit bends toward the stall and hides it).
     This client holds no requests back (a connection per client), so no client cap explains them."""
     if len(points) < 3:

@@ -24,13 +24,13 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from inferasim.model.fit import (
-    CAP_UNEXPLAINED,
     FREE_PARAMS,
     FitPoint,
     FitProblem,
     first_run_points,
     fit_problem,
     predict_points,
+    unexplained_ttft,
 )
 from inferasim.model.layoutcost import LayoutCost
 from inferasim.model.steady import EngineSched
@@ -45,10 +45,6 @@ LEAN_SLOPE = 0.1
 # Not a guess when left unfitted: the weight tile is one pass over the weights (a kernel law, see
 # steptime.StepParams.m_tile), the client cap a harness fact read from the points.
 _NOT_PRIORS = ("m_tile",)
-# A closed-loop point whose measured TTFT is this many times what the fitted engine explains (with
-# no client cap found) waited for something outside the engine's steps. The factor is fit.py's
-# CAP_UNEXPLAINED: the same "a factor 3 no step law gives" that reads a client cap.
-STALL_FACTOR = CAP_UNEXPLAINED
 # Relative step of the finite-difference sensitivities (log units).
 _STEP = 0.05
 METRICS = ("ttft", "tpot", "throughput", "batch_latency")
@@ -135,21 +131,6 @@ def _hints(prob: FitProblem, params: StepParams, idents: Sequence[ParamIdentity]
             out.append(f"{p.name} pinned at its {side} bound {p.value:.4g}: the points ask for more than the "
                        "step model allows")
     return out
-
-
-def unexplained_ttft(points: Sequence[FitPoint], fitted_ttft: np.ndarray) -> list[int]:
-    """Indices of the closed-loop points whose measured TTFT is STALL_FACTOR times or more the fitted
-    one (`fitted_ttft`, per point). In a closed loop at fixed lengths the wait for a first token is
-    the engine's (queued prefills, the steps, the KV pool, all in the model) or the client's (a
-    capped connection pool, which the fit reads as client_cap: callers check that none was found);
-    a point far beyond both waited for something else (a warm-up, a kernel compiled at a new
-    shape's first use, a stalled client or network, a setting the run did not record), and the fit
-    bends every parameter toward it. On shared/data/aic-silicon one anchor shows it: SGLang
-    DeepSeek-R1/V3 fp4 on B200 (no version), 7.1 s at 32 clients against 0.9 s at 16 with TPOT
-    19 ms against 16."""
-    return [i for i, pt in enumerate(points)
-            if pt.scenario != "offline" and pt.ttft and np.isfinite(fitted_ttft[i]) and
-            pt.ttft >= STALL_FACTOR * fitted_ttft[i]]
 
 
 def _unexplained_ttft(prob: FitProblem, fitted: np.ndarray) -> list[str]:
